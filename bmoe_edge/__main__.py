@@ -1,0 +1,3 @@
+from bmoe_edge.cli import run
+
+run()

@@ -1,0 +1,23 @@
+#include "bmoe/build_info.h"
+
+#include "llama.h"
+
+#ifdef BMOE_HAVE_EXPERT_READY_HOOK
+#include "ggml-cpu.h"
+#endif
+
+namespace bmoe {
+
+BuildInfo build_info() {
+    BuildInfo info;
+    info.llama_pin = BMOE_LLAMA_PIN_VERSION;
+    info.llama_commit = BMOE_LLAMA_UPSTREAM_COMMIT;
+#ifdef BMOE_HAVE_EXPERT_READY_HOOK
+    // Taking the address proves the patched symbol is linked in, not merely declared.
+    info.expert_ready_hook = &ggml_cpu_set_expert_ready_hook != nullptr;
+#endif
+    info.system_info = llama_print_system_info();
+    return info;
+}
+
+}  // namespace bmoe

@@ -1,0 +1,63 @@
+#include "llama_runtime.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "ggml.h"
+#include "llama.h"
+
+namespace bmoe::detail {
+namespace {
+
+std::mutex g_log_mutex;
+std::string g_last_error;
+std::string g_partial_line;  // llama.cpp logs some messages in pieces
+
+bool verbose() {
+    const char * v = std::getenv("BMOE_LLAMA_LOG");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+}
+
+void log_sink(ggml_log_level level, const char * text, void *) {
+    if (verbose()) {
+        std::fputs(text, stderr);
+    }
+    if (level != GGML_LOG_LEVEL_ERROR && !(level == GGML_LOG_LEVEL_CONT && !g_partial_line.empty())) {
+        return;
+    }
+    std::lock_guard<std::mutex> lock(g_log_mutex);
+    g_partial_line += text;
+    if (!g_partial_line.empty() && g_partial_line.back() == '\n') {
+        std::string line = g_partial_line;
+        while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) {
+            line.pop_back();
+        }
+        g_last_error = line;
+        g_partial_line.clear();
+    }
+}
+
+}  // namespace
+
+void ensure_llama_backend() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        llama_log_set(log_sink, nullptr);
+        ggml_log_set(log_sink, nullptr);
+        llama_backend_init();
+    });
+}
+
+std::string last_llama_error() {
+    std::lock_guard<std::mutex> lock(g_log_mutex);
+    return g_last_error;
+}
+
+void clear_llama_error() {
+    std::lock_guard<std::mutex> lock(g_log_mutex);
+    g_last_error.clear();
+    g_partial_line.clear();
+}
+
+}  // namespace bmoe::detail

@@ -1,0 +1,16 @@
+// Process-wide llama.cpp setup shared by every room of the engine: backend init once, and a log
+// sink that keeps llama.cpp quiet but remembers its last error so our messages can quote it.
+#pragma once
+
+#include <string>
+
+namespace bmoe::detail {
+
+// Idempotent and thread-safe.
+void ensure_llama_backend();
+
+// The last ERROR-level line llama.cpp or ggml logged (trimmed), or "" if none since the last clear.
+std::string last_llama_error();
+void clear_llama_error();
+
+}  // namespace bmoe::detail

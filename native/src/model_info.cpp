@@ -1,0 +1,108 @@
+#include "bmoe/model_info.h"
+
+#include "bmoe/error.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "gguf.h"
+#include "llama.h"
+#include "llama_runtime.h"
+
+namespace bmoe {
+namespace {
+
+struct GgufDeleter {
+    void operator()(gguf_context * ctx) const { gguf_free(ctx); }
+};
+struct ModelDeleter {
+    void operator()(llama_model * model) const { llama_model_free(model); }
+};
+
+[[noreturn]] void fail(const std::string & path, const std::string & what) {
+    throw Error(path + ": " + what);
+}
+
+uint64_t file_size_or_fail(const std::string & path) {
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0) {
+        fail(path, std::strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fail(path, "not a regular file");
+    }
+    return static_cast<uint64_t>(st.st_size);
+}
+
+void check_magic(const std::string & path) {
+    std::unique_ptr<FILE, int (*)(FILE *)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+    char magic[4] = {};
+    if (!f || std::fread(magic, 1, 4, f.get()) != 4 || std::memcmp(magic, "GGUF", 4) != 0) {
+        fail(path, "not a gguf file (no GGUF magic at the start)");
+    }
+}
+
+std::string meta(const llama_model * model, const std::string & key) {
+    char buf[256];
+    const int32_t n = llama_model_meta_val_str(model, key.c_str(), buf, sizeof(buf));
+    return n < 0 ? std::string() : std::string(buf);
+}
+
+int32_t meta_int(const llama_model * model, const std::string & key) {
+    const std::string value = meta(model, key);
+    return value.empty() ? 0 : static_cast<int32_t>(std::stol(value));
+}
+
+}  // namespace
+
+ModelInfo probe_model(const std::string & path) {
+    detail::ensure_llama_backend();
+    ModelInfo info;
+    info.path = path;
+    info.file_bytes = file_size_or_fail(path);
+    check_magic(path);
+
+    detail::clear_llama_error();
+    gguf_init_params gparams{};
+    gparams.no_alloc = true;
+    gparams.ctx = nullptr;
+    std::unique_ptr<gguf_context, GgufDeleter> gguf(gguf_init_from_file(path.c_str(), gparams));
+    if (!gguf) {
+        const std::string why = detail::last_llama_error();
+        fail(path, "invalid or truncated gguf" + (why.empty() ? std::string() : " (" + why + ")"));
+    }
+    info.n_tensors = gguf_get_n_tensors(gguf.get());
+    const uint64_t data_offset = gguf_get_data_offset(gguf.get());
+    for (int64_t i = 0; i < info.n_tensors; ++i) {
+        const uint64_t end = data_offset + gguf_get_tensor_offset(gguf.get(), i) + gguf_get_tensor_size(gguf.get(), i);
+        if (end > info.file_bytes) {
+            fail(path, std::string("tensor ") + gguf_get_tensor_name(gguf.get(), i) + " ends at byte " +
+                           std::to_string(end) + ", past the end of the file (" + std::to_string(info.file_bytes) +
+                           " bytes): truncated or corrupt");
+        }
+    }
+
+    // vocab_only: llama.cpp validates the architecture and reads hparams and vocab, no weights.
+    llama_model_params mparams = llama_model_default_params();
+    mparams.vocab_only = true;
+    mparams.n_gpu_layers = 0;
+    std::unique_ptr<llama_model, ModelDeleter> model(llama_model_load_from_file(path.c_str(), mparams));
+    if (!model) {
+        const std::string why = detail::last_llama_error();
+        fail(path, "llama.cpp could not load it" + (why.empty() ? std::string() : " (" + why + ")"));
+    }
+    info.architecture = meta(model.get(), "general.architecture");
+    info.name = meta(model.get(), "general.name");
+    info.n_layer = llama_model_n_layer(model.get());
+    info.n_embd = llama_model_n_embd(model.get());
+    info.n_expert = meta_int(model.get(), info.architecture + ".expert_count");
+    info.n_expert_used = meta_int(model.get(), info.architecture + ".expert_used_count");
+    info.n_vocab = static_cast<uint64_t>(llama_vocab_n_tokens(llama_model_get_vocab(model.get())));
+    return info;
+}
+
+}  // namespace bmoe
