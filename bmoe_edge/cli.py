@@ -53,7 +53,9 @@ def main(
 
 
 @app.command("doctor")
-def doctor_cmd(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
+def doctor_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
     """Check that this machine has what building, emulating and deploying need."""
     checks = doctor.run_checks()
     fix_all = doctor.install_command(checks)

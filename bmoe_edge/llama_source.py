@@ -150,7 +150,7 @@ def _extract_subdir(tarball: Path, subdir: str, into: Path) -> None:
 def _apply_patches(tree: Path, patches: list[Path]) -> None:
     for p in patches:
         result = subprocess.run(
-            ["patch", "-p1", "--forward", "--batch", "--quiet", "-i", str(p)],
+            ["patch", "-p1", "--forward", "--batch", "--fuzz=0", "--quiet", "-i", str(p)],
             cwd=tree, capture_output=True, text=True,
         )
         if result.returncode != 0:
