@@ -10,7 +10,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from bmoe_edge import __version__, doctor, info, llama_source
+from bmoe_edge import __version__, doctor, info, llama_source, profiles
 from bmoe_edge.errors import BmoeError
 
 app = typer.Typer(
@@ -21,6 +21,9 @@ app = typer.Typer(
 )
 llama_app = typer.Typer(help="The pinned llama.cpp source.", no_args_is_help=True)
 app.add_typer(llama_app, name="llama")
+profiles_app = typer.Typer(help="Board profiles: what each board is and how to build for it.",
+                           no_args_is_help=True)
+app.add_typer(profiles_app, name="profiles")
 
 
 def fail(message: str) -> NoReturn:
@@ -112,6 +115,35 @@ def llama_fetch_cmd(
     except llama_source.LlamaSourceError as exc:
         fail(str(exc))
     typer.echo(f"llama.cpp source {'extracted to' if changed else 'up to date at'} {dest}")
+
+
+ProfilesDir = Annotated[
+    list[Path] | None,
+    typer.Option("--profiles-dir", help=f"Extra profiles directory, searched before ${profiles.PROFILES_ENV} "
+                 "and the shipped ones (repeatable)."),
+]
+
+
+@profiles_app.command("list")
+def profiles_list_cmd(profiles_dir: ProfilesDir = None) -> None:
+    """Every known board: name, arch, CPU, march, RAM, storage."""
+    found, errors = profiles.load_all(profiles.profile_dirs(profiles_dir or ()))
+    typer.echo(profiles.format_table(found))
+    for exc in errors:
+        typer.echo(f"error: {exc}", err=True)
+    if errors:
+        raise typer.Exit(1)
+
+
+@profiles_app.command("show")
+def profiles_show_cmd(
+    name: Annotated[str, typer.Argument(help="A board name (see `profiles list`).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    profiles_dir: ProfilesDir = None,
+) -> None:
+    """One board's resolved profile (its fragments merged), as YAML or JSON."""
+    profile = profiles.load_profile(name, profiles.profile_dirs(profiles_dir or ()))
+    typer.echo(json.dumps(profile.to_dict(), indent=2) if as_json else profiles.format_record(profile))
 
 
 def run() -> None:
