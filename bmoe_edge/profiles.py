@@ -18,7 +18,7 @@ import difflib
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -172,7 +172,8 @@ class BoardProfile:
     ssh: Ssh
     exec_wrapper: tuple[str, ...] | None
     hook: bool
-    files: tuple[Path, ...]     # every file merged, first to last (the profile's own file is last)
+    # every file merged, first to last (the profile's own file is last); not part of equality
+    files: tuple[Path, ...] = field(compare=False)
 
     @property
     def source(self) -> Path:
@@ -221,8 +222,8 @@ def _show(path: Path) -> str:
         return str(path)
 
 
-def _error(path: Path, line: int, field: str, message: str) -> BmoeError:
-    return BmoeError(f"{_show(path)}:{line}: field '{field}': {message}")
+def _error(path: Path, line: int, name: str, message: str) -> BmoeError:
+    return BmoeError(f"{_show(path)}:{line}: field '{name}': {message}")
 
 
 def _mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, path: Path, prefix: str) -> dict[str, _Value]:
@@ -293,7 +294,7 @@ def _check(name: str, table: Mapping[str, Field], v: _Value, prefix: str = "") -
         hint = f"did you mean '{close[0]}'?" if close else f"known fields: {', '.join(table)}"
         raise _error(v.path, v.line, where, f"unknown field; {hint}")
     x = v.value
-    if x is None or (x == "" and not spec.required):
+    if x is None or x == "":
         return _Value(None, v.path, v.line)
     accepts, wanted = KINDS[spec.kind]
     if not accepts(x):  # type: ignore[operator]
@@ -312,7 +313,7 @@ def _check(name: str, table: Mapping[str, Field], v: _Value, prefix: str = "") -
                 raise _error(v.path, line, f"{where}[{i}]", f"expected a string, got {_describe(item)}")
             _check_scalar(spec, item, v.path, line, f"{where}[{i}]")
         return v
-    if x != "auto":
+    if not (spec.kind == "int|auto" and x == "auto"):
         _check_scalar(spec, x, v.path, v.line, where)
     return v
 
@@ -451,11 +452,13 @@ def _cross_checks(path: Path, f: Mapping[str, _Value]) -> None:
             if not is_set(key):
                 raise _error(path, 1, key, "required when cache_mb is auto (set at "
                              f"{_show(f['cache_mb'].path)}:{f['cache_mb'].line})")
+    # A fixed budget or the floor kept free cannot exceed the RAM; the ceiling is only an upper bound
+    # (a user profile that lowers ram_mb need not lower it too).
     ram = f["ram_mb"]
-    for key in ("cache_mb", "cache_floor_mb", "cache_ceil_mb"):
+    for key in ("cache_mb", "cache_floor_mb"):
         v = f.get(key)
-        if v is not None and _is_int(v.value) and v.value > ram.value:  # type: ignore[operator]
-            raise _error(v.path, v.line, key, f"{v.value} MiB is more than ram_mb {ram.value} "
+        if v is not None and _is_int(v.value) and v.value >= ram.value:  # type: ignore[operator]
+            raise _error(v.path, v.line, key, f"{v.value} MiB is not less than ram_mb {ram.value} "
                          f"({_show(ram.path)}:{ram.line})")
 
 
