@@ -1,11 +1,16 @@
 // nanobind bindings only: every type and function here is defined in native/include/bmoe.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "bmoe/build_info.h"
+#include "bmoe/config.h"
+#include "bmoe/engine.h"
 #include "bmoe/error.h"
+#include "bmoe/metrics.h"
 #include "bmoe/model_info.h"
 #include "bmoe/quantize.h"
+#include "bmoe/recipes.h"
 
 namespace nb = nanobind;
 
@@ -32,9 +37,90 @@ NB_MODULE(_native, m) {
         .def_ro("n_tensors", &bmoe::ModelInfo::n_tensors)
         .def_ro("file_bytes", &bmoe::ModelInfo::file_bytes)
         .def_ro("n_vocab", &bmoe::ModelInfo::n_vocab);
-    m.def("probe_model", &bmoe::probe_model, nb::arg("path"),
-          nb::call_guard<nb::gil_scoped_release>());
+    m.def("probe_model", &bmoe::probe_model, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>());
 
     m.def("quantize_model", &bmoe::quantize_model, nb::arg("input"), nb::arg("output"), nb::arg("ftype"),
           nb::arg("threads") = 0, nb::call_guard<nb::gil_scoped_release>());
+
+    nb::class_<bmoe::Recipe>(m, "Recipe")
+        .def_ro("architecture", &bmoe::Recipe::architecture)
+        .def_ro("expert_suffixes", &bmoe::Recipe::expert_suffixes)
+        .def_ro("note", &bmoe::Recipe::note);
+    m.def("recipes", &bmoe::recipes);
+
+    nb::enum_<bmoe::ReadPath>(m, "ReadPath").value("pread", bmoe::ReadPath::Pread).value("odirect", bmoe::ReadPath::ODirect);
+    nb::enum_<bmoe::DenseMode>(m, "DenseMode").value("mmap", bmoe::DenseMode::Mmap).value("anon", bmoe::DenseMode::Anon);
+    nb::enum_<bmoe::FaultKind>(m, "FaultKind")
+        .value("none", bmoe::FaultKind::None)
+        .value("corrupt", bmoe::FaultKind::Corrupt)
+        .value("fail", bmoe::FaultKind::Fail);
+
+    nb::class_<bmoe::StreamConfig>(m, "StreamConfig")
+        .def(nb::init<>())
+        .def_rw("stream", &bmoe::StreamConfig::stream)
+        .def_rw("cache_mb", &bmoe::StreamConfig::cache_mb)
+        .def_rw("cache_floor_mb", &bmoe::StreamConfig::cache_floor_mb)
+        .def_rw("cache_ceil_mb", &bmoe::StreamConfig::cache_ceil_mb)
+        .def_rw("io_threads", &bmoe::StreamConfig::io_threads)
+        .def_rw("read_path", &bmoe::StreamConfig::read_path)
+        .def_rw("dense", &bmoe::StreamConfig::dense)
+        .def_rw("overlap", &bmoe::StreamConfig::overlap)
+        .def_rw("threads", &bmoe::StreamConfig::threads)
+        .def_rw("ctx", &bmoe::StreamConfig::ctx)
+        .def_rw("batch", &bmoe::StreamConfig::batch)
+        .def_rw("ubatch", &bmoe::StreamConfig::ubatch)
+        .def_rw("flash_attn", &bmoe::StreamConfig::flash_attn)
+        .def_prop_rw(
+            "fault_kind", [](const bmoe::StreamConfig & c) { return c.fault.kind; },
+            [](bmoe::StreamConfig & c, bmoe::FaultKind k) { c.fault.kind = k; })
+        .def_prop_rw(
+            "fault_nth", [](const bmoe::StreamConfig & c) { return c.fault.nth; },
+            [](bmoe::StreamConfig & c, int64_t n) { c.fault.nth = n; });
+
+    nb::class_<bmoe::SamplingParams>(m, "SamplingParams")
+        .def(nb::init<>())
+        .def_rw("temp", &bmoe::SamplingParams::temp)
+        .def_rw("top_k", &bmoe::SamplingParams::top_k)
+        .def_rw("top_p", &bmoe::SamplingParams::top_p)
+        .def_rw("seed", &bmoe::SamplingParams::seed);
+
+#define BMOE_RO(cls, field) .def_ro(#field, &bmoe::cls::field)
+    nb::class_<bmoe::TokenMetrics>(m, "TokenMetrics")
+        BMOE_RO(TokenMetrics, step) BMOE_RO(TokenMetrics, n_tokens) BMOE_RO(TokenMetrics, wall_ms)
+        BMOE_RO(TokenMetrics, io_ms) BMOE_RO(TokenMetrics, stall_ms) BMOE_RO(TokenMetrics, compute_ms)
+        BMOE_RO(TokenMetrics, bytes_read) BMOE_RO(TokenMetrics, slice_bytes) BMOE_RO(TokenMetrics, copy_bytes)
+        BMOE_RO(TokenMetrics, cache_lookups) BMOE_RO(TokenMetrics, cache_hits) BMOE_RO(TokenMetrics, evictions)
+        BMOE_RO(TokenMetrics, major_faults) BMOE_RO(TokenMetrics, rss_bytes)
+        BMOE_RO(TokenMetrics, resident_expert_bytes);
+
+    nb::class_<bmoe::RunInfo>(m, "RunInfo")
+        BMOE_RO(RunInfo, model) BMOE_RO(RunInfo, architecture) BMOE_RO(RunInfo, n_layer) BMOE_RO(RunInfo, n_expert)
+        BMOE_RO(RunInfo, n_expert_used) BMOE_RO(RunInfo, streaming) BMOE_RO(RunInfo, streamed_tensors)
+        BMOE_RO(RunInfo, expert_bytes) BMOE_RO(RunInfo, file_bytes) BMOE_RO(RunInfo, n_files)
+        BMOE_RO(RunInfo, threads) BMOE_RO(RunInfo, io_threads) BMOE_RO(RunInfo, read_path_requested)
+        BMOE_RO(RunInfo, read_path) BMOE_RO(RunInfo, read_path_note) BMOE_RO(RunInfo, dio_align)
+        BMOE_RO(RunInfo, page_size) BMOE_RO(RunInfo, cache_budget_mb) BMOE_RO(RunInfo, cache_mode)
+        BMOE_RO(RunInfo, dense) BMOE_RO(RunInfo, overlap) BMOE_RO(RunInfo, hook_compiled_in)
+        BMOE_RO(RunInfo, lazy_load) BMOE_RO(RunInfo, ctx) BMOE_RO(RunInfo, batch) BMOE_RO(RunInfo, ubatch)
+        BMOE_RO(RunInfo, flash_attn) BMOE_RO(RunInfo, fault) BMOE_RO(RunInfo, warning) BMOE_RO(RunInfo, load_ms)
+        BMOE_RO(RunInfo, load_bytes_read) BMOE_RO(RunInfo, load_major_faults) BMOE_RO(RunInfo, rss_after_load)
+        BMOE_RO(RunInfo, routed_bytes_per_token);
+#undef BMOE_RO
+
+    nb::class_<bmoe::StepResult>(m, "StepResult")
+        .def(nb::init<>())
+        .def_ro("token", &bmoe::StepResult::token)
+        .def_prop_ro("piece", [](const bmoe::StepResult & r) { return nb::bytes(r.piece.data(), r.piece.size()); })
+        .def_ro("end_of_generation", &bmoe::StepResult::end_of_generation)
+        .def_ro("metrics", &bmoe::StepResult::metrics)
+        .def_prop_ro("logits", [](const bmoe::StepResult & r) { return nb::bytes(r.logits.data(), r.logits.size()); });
+
+    nb::class_<bmoe::Engine>(m, "Engine")
+        .def(nb::init<const std::string &, const bmoe::StreamConfig &>(), nb::arg("model_path"), nb::arg("config"),
+             nb::call_guard<nb::gil_scoped_release>())
+        .def_prop_ro("run_info", &bmoe::Engine::run_info, nb::rv_policy::reference_internal)
+        .def("tokenize", &bmoe::Engine::tokenize, nb::arg("text"), nb::arg("add_special") = true)
+        .def("detokenize", &bmoe::Engine::detokenize, nb::arg("tokens"))
+        .def("begin", &bmoe::Engine::begin, nb::arg("prompt"), nb::arg("sampling"), nb::arg("want_logits") = false)
+        .def("next", &bmoe::Engine::next, nb::arg("out"), nb::call_guard<nb::gil_scoped_release>());
 }

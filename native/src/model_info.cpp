@@ -9,16 +9,13 @@
 #include <cstring>
 #include <memory>
 
-#include "gguf.h"
+#include "gguf_map.h"
 #include "llama.h"
 #include "llama_runtime.h"
 
 namespace bmoe {
 namespace {
 
-struct GgufDeleter {
-    void operator()(gguf_context * ctx) const { gguf_free(ctx); }
-};
 struct ModelDeleter {
     void operator()(llama_model * model) const { llama_model_free(model); }
 };
@@ -63,28 +60,12 @@ ModelInfo probe_model(const std::string & path) {
     detail::ensure_llama_backend();
     ModelInfo info;
     info.path = path;
-    info.file_bytes = file_size_or_fail(path);
+    file_size_or_fail(path);
     check_magic(path);
 
-    detail::clear_llama_error();
-    gguf_init_params gparams{};
-    gparams.no_alloc = true;
-    gparams.ctx = nullptr;
-    std::unique_ptr<gguf_context, GgufDeleter> gguf(gguf_init_from_file(path.c_str(), gparams));
-    if (!gguf) {
-        const std::string why = detail::last_llama_error();
-        fail(path, "invalid or truncated gguf" + (why.empty() ? std::string() : " (" + why + ")"));
-    }
-    info.n_tensors = gguf_get_n_tensors(gguf.get());
-    const uint64_t data_offset = gguf_get_data_offset(gguf.get());
-    for (int64_t i = 0; i < info.n_tensors; ++i) {
-        const uint64_t end = data_offset + gguf_get_tensor_offset(gguf.get(), i) + gguf_get_tensor_size(gguf.get(), i);
-        if (end > info.file_bytes) {
-            fail(path, std::string("tensor ") + gguf_get_tensor_name(gguf.get(), i) + " ends at byte " +
-                           std::to_string(end) + ", past the end of the file (" + std::to_string(info.file_bytes) +
-                           " bytes): truncated or corrupt");
-        }
-    }
+    const detail::GgufMap gguf(path);  // header, shards and tensor bounds
+    info.n_tensors = static_cast<int64_t>(gguf.n_tensors());
+    info.file_bytes = gguf.total_bytes();
 
     // vocab_only: llama.cpp validates the architecture and reads hparams and vocab, no weights.
     llama_model_params mparams = llama_model_default_params();

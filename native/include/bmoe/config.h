@@ -1,0 +1,49 @@
+// Everything a caller can set on the engine. Plain data; validated when an Engine opens.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace bmoe {
+
+enum class ReadPath { Pread, ODirect };
+enum class DenseMode { Mmap, Anon };
+
+// Test-only fault injection: act on the Nth slice read of the engine (1-based, counted across
+// the engine's life). Also settable with BMOE_FAULT=corrupt:N or BMOE_FAULT=fail:N.
+enum class FaultKind { None, Corrupt, Fail };
+struct FaultInjection {
+    FaultKind kind = FaultKind::None;
+    int64_t nth = 0;
+};
+
+constexpr int64_t kCacheAuto = -1;
+
+struct StreamConfig {
+    bool stream = true;               // false: a plain resident llama.cpp run (no eval callback)
+    int64_t cache_mb = 0;             // 0 = no cache beyond the layer in flight; kCacheAuto = auto
+    int64_t cache_floor_mb = 1024;    // auto: leave this much of MemAvailable to everything else
+    int64_t cache_ceil_mb = 1 << 20;  // auto: never more than this
+    int io_threads = 4;               // read lanes, each with its own file descriptors
+    ReadPath read_path = ReadPath::ODirect;
+    DenseMode dense = DenseMode::Mmap;
+    bool overlap = false;             // I/O-compute overlap through the expert-ready hook
+    int threads = 0;                  // compute threads; 0 = all cores
+    int ctx = 2048;
+    int batch = 512;
+    int ubatch = 512;
+    bool flash_attn = false;
+    FaultInjection fault;
+};
+
+struct SamplingParams {
+    float temp = 0.0f;  // 0 = greedy
+    int top_k = 40;
+    float top_p = 0.95f;
+    uint32_t seed = 0;
+};
+
+const char * to_string(ReadPath path);
+const char * to_string(DenseMode mode);
+
+}  // namespace bmoe

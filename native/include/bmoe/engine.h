@@ -1,0 +1,47 @@
+// The engine: one model, one context, expert streaming on or off. A generation is begun with a
+// prompt and advanced one token at a time, so callers can stream text and stop whenever.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bmoe/config.h"
+#include "bmoe/metrics.h"
+
+namespace bmoe {
+
+struct StepResult {
+    int32_t token = -1;
+    std::string piece;
+    bool end_of_generation = false;  // the model emitted an end-of-generation token
+    TokenMetrics metrics;
+    std::string logits;  // raw float32 logits of this step (n_vocab * 4 bytes) when requested
+};
+
+class Engine {
+public:
+    // Throws bmoe::Error with a one-line message for every expected failure (bad file, unknown
+    // architecture with streaming, dense model with streaming, invalid configuration, ...).
+    Engine(const std::string & model_path, const StreamConfig & config);
+    ~Engine();
+    Engine(const Engine &) = delete;
+    Engine & operator=(const Engine &) = delete;
+
+    const RunInfo & run_info() const;
+    std::vector<int32_t> tokenize(const std::string & text, bool add_special) const;
+    std::string detokenize(const std::vector<int32_t> & tokens) const;
+
+    // Start a generation: the KV cache is cleared (the expert cache is kept).
+    void begin(const std::vector<int32_t> & prompt, const SamplingParams & sampling, bool want_logits);
+    // Decode the pending tokens and sample the next one. False when nothing is pending (end of
+    // generation reached before) or the context is full. Throws bmoe::Error on a failed read.
+    bool next(StepResult & out);
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace bmoe

@@ -1,0 +1,66 @@
+// Telemetry: per generated token, and per run (the resolved configuration and what was measured).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace bmoe {
+
+struct TokenMetrics {
+    int step = 0;
+    int n_tokens = 0;               // tokens decoded in this step (the prompt for step 0)
+    double wall_ms = 0;
+    double io_ms = 0;               // wall time during which at least one read of this step was in flight
+    double stall_ms = 0;            // time the compute side spent blocked on reads
+    double compute_ms = 0;          // wall - stall
+    uint64_t bytes_read = 0;        // bytes read from the file (O_DIRECT windows included)
+    uint64_t slice_bytes = 0;       // bytes of the expert slices made resident
+    uint64_t copy_bytes = 0;        // bytes that went through an intermediate buffer (0 = zero-copy)
+    uint64_t cache_lookups = 0;
+    uint64_t cache_hits = 0;
+    uint64_t evictions = 0;
+    uint64_t major_faults = 0;
+    uint64_t rss_bytes = 0;
+    uint64_t resident_expert_bytes = 0;  // whole pages of the mirror currently holding expert bytes
+};
+
+struct RunInfo {
+    std::string model;
+    std::string architecture;
+    int n_layer = 0;
+    int n_expert = 0;
+    int n_expert_used = 0;
+    bool streaming = false;
+    int streamed_tensors = 0;
+    uint64_t expert_bytes = 0;      // all streamed expert bytes in the file(s)
+    uint64_t file_bytes = 0;
+    int n_files = 0;
+    // resolved configuration
+    int threads = 0;
+    int io_threads = 0;
+    std::string read_path_requested;
+    std::string read_path;           // what is actually used
+    std::string read_path_note;      // why it differs, if it does
+    uint64_t dio_align = 0;
+    uint64_t page_size = 0;
+    int64_t cache_budget_mb = 0;
+    std::string cache_mode;          // "off", "fixed", "auto"
+    std::string dense;
+    bool overlap = false;
+    bool hook_compiled_in = false;
+    bool lazy_load = false;          // patch 0002: expert ranges not prefetched at load
+    int ctx = 0;
+    int batch = 0;
+    int ubatch = 0;
+    bool flash_attn = false;
+    std::string fault;
+    std::string warning;
+    // load
+    double load_ms = 0;
+    uint64_t load_bytes_read = 0;    // storage reads during load (/proc/self/io read_bytes)
+    uint64_t load_major_faults = 0;
+    uint64_t rss_after_load = 0;
+    uint64_t routed_bytes_per_token = 0;  // n_expert_used slices of every streamed tensor
+};
+
+}  // namespace bmoe

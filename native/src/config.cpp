@@ -1,0 +1,8 @@
+#include "bmoe/config.h"
+
+namespace bmoe {
+
+const char * to_string(ReadPath path) { return path == ReadPath::ODirect ? "odirect" : "pread"; }
+const char * to_string(DenseMode mode) { return mode == DenseMode::Anon ? "anon" : "mmap"; }
+
+}  // namespace bmoe

@@ -1,0 +1,405 @@
+#include "bmoe/engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "bmoe/build_info.h"
+#include "bmoe/error.h"
+#include "bmoe/recipes.h"
+#include "gguf_map.h"
+#include "llama.h"
+#include "llama_runtime.h"
+#include "seam.h"
+#include "stream_setup.h"
+#include "telemetry.h"
+
+namespace bmoe {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+struct ModelDeleter {
+    void operator()(llama_model * m) const { llama_model_free(m); }
+};
+struct ContextDeleter {
+    void operator()(llama_context * c) const { llama_free(c); }
+};
+struct SamplerDeleter {
+    void operator()(llama_sampler * s) const { llama_sampler_free(s); }
+};
+
+void validate(const StreamConfig & c) {
+    if (c.cache_mb < 0 && c.cache_mb != kCacheAuto) {
+        throw Error("cache_mb must be >= 0 or auto, got " + std::to_string(c.cache_mb));
+    }
+    if (c.io_threads < 1 || c.io_threads > 64) {
+        throw Error("io_threads must be between 1 and 64, got " + std::to_string(c.io_threads));
+    }
+    if (c.threads < 0 || c.ctx < 16 || c.batch < 1 || c.ubatch < 1) {
+        throw Error("threads must be >= 0, ctx >= 16, batch and ubatch >= 1");
+    }
+    if (c.cache_floor_mb < 0 || c.cache_ceil_mb < 0) {
+        throw Error("cache_floor_mb and cache_ceil_mb must be >= 0");
+    }
+}
+
+// BMOE_FAULT=corrupt:N or fail:N (test-only) unless the config already asks for a fault.
+FaultInjection fault_from_env(FaultInjection configured) {
+    const char * env = std::getenv("BMOE_FAULT");
+    if (configured.kind != FaultKind::None || env == nullptr || *env == '\0') {
+        return configured;
+    }
+    const std::string v = env;
+    const size_t colon = v.find(':');
+    const std::string kind = v.substr(0, colon);
+    FaultInjection f;
+    f.kind = kind == "corrupt" ? FaultKind::Corrupt : kind == "fail" ? FaultKind::Fail : FaultKind::None;
+    f.nth = colon == std::string::npos ? 1 : std::atoll(v.c_str() + colon + 1);
+    if (f.kind == FaultKind::None || f.nth < 1) {
+        throw Error("BMOE_FAULT must be corrupt:N or fail:N with N >= 1, got " + v);
+    }
+    return f;
+}
+
+std::string describe(const FaultInjection & f) {
+    if (f.kind == FaultKind::None) {
+        return "";
+    }
+    return std::string(f.kind == FaultKind::Corrupt ? "corrupt" : "fail") + ":" + std::to_string(f.nth);
+}
+
+int64_t meta_int(const llama_model * model, const std::string & key) {
+    char buf[64];
+    return llama_model_meta_val_str(model, key.c_str(), buf, sizeof(buf)) < 0 ? 0 : std::atoll(buf);
+}
+
+// The names llama.cpp must map lazily so loading does not read the experts (patch 0002).
+std::vector<std::string> lazy_suffixes(const Recipe & recipe) {
+    std::vector<std::string> out;
+    for (const auto & s : recipe.expert_suffixes) {
+        out.push_back("." + s + ".weight");
+    }
+    return out;
+}
+
+}  // namespace
+
+struct Engine::Impl {
+    StreamConfig config;
+    RunInfo info;
+    std::unique_ptr<detail::GgufMap> gguf;
+    std::unique_ptr<detail::Seam> seam;
+    detail::StreamingParts streaming;  // after the seam, before the model: outlives both uses
+    std::unique_ptr<llama_model, ModelDeleter> model;
+    std::unique_ptr<llama_context, ContextDeleter> ctx;
+    std::unique_ptr<llama_sampler, SamplerDeleter> sampler;
+    const llama_vocab * vocab = nullptr;
+    std::vector<llama_token> pending;
+    bool want_logits = false;
+    int step = 0;
+
+    void open(const std::string & path);
+    void load_model(const std::string & path, const Recipe * recipe);
+    void create_context();
+    void warm_up_and_capture();
+    uint64_t cache_budget_bytes();
+    void decode(std::vector<llama_token> & tokens);
+};
+
+void Engine::Impl::open(const std::string & path) {
+    validate(config);
+    config.fault = fault_from_env(config.fault);
+    detail::ensure_llama_backend();
+
+    info.model = path;
+    info.streaming = config.stream;
+    info.threads = config.threads;
+    info.io_threads = config.io_threads;
+    info.read_path_requested = to_string(config.read_path);
+    info.page_size = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    info.dense = to_string(config.dense);
+    info.overlap = config.overlap;
+    info.hook_compiled_in = build_info().expert_ready_hook;
+    info.ctx = config.ctx;
+    info.batch = config.batch;
+    info.ubatch = config.ubatch;
+    info.flash_attn = config.flash_attn;
+    info.fault = describe(config.fault);
+
+    gguf = std::make_unique<detail::GgufMap>(path);  // header, shards, bounds: before any load
+    info.architecture = gguf->architecture();
+    info.n_files = static_cast<int>(gguf->files().size());
+    info.file_bytes = gguf->total_bytes();
+
+    const Recipe * recipe = nullptr;
+    if (config.stream) {
+        recipe = find_recipe(info.architecture);
+        if (recipe == nullptr) {
+            std::string known;
+            for (const auto & r : recipes()) {
+                known += (known.empty() ? "" : ", ") + r.architecture;
+            }
+            throw Error(path + ": architecture '" + info.architecture + "' has no streaming recipe (known: " + known +
+                        "); run it with --no-stream, or add a row to the recipe table (bmoe-edge archs)");
+        }
+        if (config.overlap) {
+            throw Error("overlap is not available in this version of the engine; run without --overlap");
+        }
+    }
+    load_model(path, recipe);
+    info.n_layer = llama_model_n_layer(model.get());
+    info.n_expert = static_cast<int>(meta_int(model.get(), info.architecture + ".expert_count"));
+    info.n_expert_used = static_cast<int>(meta_int(model.get(), info.architecture + ".expert_used_count"));
+    if (config.stream && info.n_expert == 0) {
+        throw Error(path + ": '" + info.architecture +
+                    "' model without experts (dense): nothing to stream; run it with --no-stream");
+    }
+    if (config.stream) {
+        seam = std::make_unique<detail::Seam>(*recipe);
+    }
+    create_context();
+    if (!config.stream) {
+        info.cache_mode = "off";
+        return;
+    }
+    warm_up_and_capture();
+    const uint64_t budget = cache_budget_bytes();
+    streaming = detail::attach_streaming(*gguf, *seam, config, budget, info);
+    if (budget > 0 && budget < info.routed_bytes_per_token) {
+        info.warning = "cache budget (" + std::to_string(budget >> 20) + " MiB) is below one token's routed experts (" +
+                       std::to_string(info.routed_bytes_per_token >> 20) + " MiB): expect a 0% hit rate";
+    }
+    seam->set_router([this](int layer, const std::vector<int> & experts) {
+        streaming.streamer->make_resident(layer, experts);
+    });
+    seam->set_mode(detail::Seam::Mode::Stream);
+    info.rss_after_load = detail::rss_bytes();
+}
+
+void Engine::Impl::load_model(const std::string & path, const Recipe * recipe) {
+    llama_model_params params = llama_model_default_params();
+    params.load_mode = LLAMA_LOAD_MODE_MMAP;
+    params.use_extra_bufts = false;  // repacked experts would not be the file's bytes
+    params.n_gpu_layers = 0;
+    std::vector<std::string> suffixes;
+    std::vector<const char *> suffix_ptrs;
+#ifdef BMOE_HAVE_LAZY_TENSOR_SUFFIXES
+    if (recipe != nullptr) {
+        suffixes = lazy_suffixes(*recipe);
+        for (const auto & s : suffixes) {
+            suffix_ptrs.push_back(s.c_str());
+        }
+        suffix_ptrs.push_back(nullptr);
+        params.lazy_tensor_suffixes = suffix_ptrs.data();
+        info.lazy_load = true;
+    }
+#else
+    (void) recipe;
+#endif
+    const uint64_t read0 = detail::storage_read_bytes();
+    const uint64_t faults0 = detail::major_faults();
+    const auto t0 = Clock::now();
+    detail::clear_llama_error();
+    model.reset(llama_model_load_from_file(path.c_str(), params));
+    if (!model) {
+        const std::string why = detail::last_llama_error();
+        throw Error(path + ": llama.cpp could not load the model" + (why.empty() ? "" : " (" + why + ")"));
+    }
+    info.load_ms = ms_since(t0);
+    info.load_bytes_read = detail::storage_read_bytes() - read0;
+    info.load_major_faults = detail::major_faults() - faults0;
+    vocab = llama_model_get_vocab(model.get());
+}
+
+void Engine::Impl::create_context() {
+    llama_context_params params = llama_context_default_params();
+    params.n_ctx = static_cast<uint32_t>(config.ctx);
+    params.n_batch = static_cast<uint32_t>(config.batch);
+    params.n_ubatch = static_cast<uint32_t>(config.ubatch);
+    params.n_seq_max = 1;
+    const int threads = config.threads > 0 ? config.threads : static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+    info.threads = threads;
+    params.n_threads = threads;
+    params.n_threads_batch = threads;
+    params.flash_attn_type = config.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    params.no_perf = true;
+    if (seam) {
+        params.cb_eval = &detail::Seam::callback;
+        params.cb_eval_user_data = seam.get();
+    }
+    detail::clear_llama_error();
+    ctx.reset(llama_init_from_model(model.get(), params));
+    if (!ctx) {
+        const std::string why = detail::last_llama_error();
+        throw Error("llama.cpp could not create a context" + (why.empty() ? "" : " (" + why + ")"));
+    }
+}
+
+// One decode with the seam observing: every weight the graph uses is recorded, experts by name.
+// The experts it routes to are read through llama.cpp's mapping this once.
+void Engine::Impl::warm_up_and_capture() {
+    seam->set_mode(detail::Seam::Mode::Capture);
+    llama_token token = llama_vocab_bos(vocab);
+    if (token == LLAMA_TOKEN_NULL) {
+        token = 0;
+    }
+    const int rc = llama_decode(ctx.get(), llama_batch_get_one(&token, 1));
+    seam->set_mode(detail::Seam::Mode::Off);
+    llama_memory_clear(llama_get_memory(ctx.get()), true);
+    if (rc != 0) {
+        throw Error("the warm-up decode failed (llama_decode returned " + std::to_string(rc) + ")");
+    }
+}
+
+uint64_t Engine::Impl::cache_budget_bytes() {
+    int64_t mb = config.cache_mb;
+    info.cache_mode = mb == 0 ? "off" : "fixed";
+    if (mb == kCacheAuto) {
+        info.cache_mode = "auto";
+        const int64_t available = static_cast<int64_t>(detail::mem_available_bytes() >> 20);
+        mb = std::min(std::max<int64_t>(0, available - config.cache_floor_mb), config.cache_ceil_mb);
+    }
+    info.cache_budget_mb = mb;
+    return static_cast<uint64_t>(mb) << 20;
+}
+
+void Engine::Impl::decode(std::vector<llama_token> & tokens) {
+    for (size_t done = 0; done < tokens.size();) {
+        const auto n = static_cast<int32_t>(std::min<size_t>(tokens.size() - done, static_cast<size_t>(config.batch)));
+        const int rc = llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
+        if (seam) {
+            const std::string error = seam->take_error();
+            if (!error.empty()) {
+                throw Error(error);
+            }
+        }
+        if (rc != 0) {
+            throw Error("llama_decode failed (" + std::to_string(rc) + ")");
+        }
+        done += static_cast<size_t>(n);
+    }
+}
+
+Engine::Engine(const std::string & model_path, const StreamConfig & config) : impl_(std::make_unique<Impl>()) {
+    impl_->config = config;
+    impl_->open(model_path);
+}
+
+Engine::~Engine() = default;
+
+const RunInfo & Engine::run_info() const { return impl_->info; }
+
+std::vector<int32_t> Engine::tokenize(const std::string & text, bool add_special) const {
+    const auto len = static_cast<int32_t>(text.size());
+    std::vector<llama_token> out(text.size() + 8);
+    int32_t n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()),
+                               add_special, true);
+    if (n < 0) {
+        out.resize(static_cast<size_t>(-n));
+        n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()), add_special,
+                           true);
+    }
+    out.resize(static_cast<size_t>(std::max(n, 0)));
+    return out;
+}
+
+std::string Engine::detokenize(const std::vector<int32_t> & tokens) const {
+    std::string text;
+    char buf[256];
+    for (int32_t t : tokens) {
+        const int32_t n = llama_token_to_piece(impl_->vocab, t, buf, sizeof(buf), 0, false);
+        if (n > 0) {
+            text.append(buf, static_cast<size_t>(n));
+        }
+    }
+    return text;
+}
+
+void Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams & sampling, bool want_logits) {
+    if (prompt.empty()) {
+        throw Error("the prompt is empty");
+    }
+    llama_memory_clear(llama_get_memory(impl_->ctx.get()), true);
+    llama_sampler_chain_params chain_params = llama_sampler_chain_default_params();
+    chain_params.no_perf = true;
+    impl_->sampler.reset(llama_sampler_chain_init(chain_params));
+    llama_sampler * chain = impl_->sampler.get();
+    if (sampling.temp <= 0.0f) {
+        llama_sampler_chain_add(chain, llama_sampler_init_greedy());
+    } else {
+        llama_sampler_chain_add(chain, llama_sampler_init_top_k(sampling.top_k));
+        llama_sampler_chain_add(chain, llama_sampler_init_top_p(sampling.top_p, 1));
+        llama_sampler_chain_add(chain, llama_sampler_init_temp(sampling.temp));
+        llama_sampler_chain_add(chain, llama_sampler_init_dist(sampling.seed));
+    }
+    impl_->pending.assign(prompt.begin(), prompt.end());
+    impl_->want_logits = want_logits;
+    impl_->step = 0;
+}
+
+bool Engine::next(StepResult & out) {
+    Impl & d = *impl_;
+    if (d.pending.empty()) {
+        return false;
+    }
+    const llama_pos used = llama_memory_seq_pos_max(llama_get_memory(d.ctx.get()), 0) + 1;
+    if (used + static_cast<llama_pos>(d.pending.size()) > static_cast<llama_pos>(d.config.ctx)) {
+        return false;
+    }
+    out = StepResult{};
+    out.metrics.step = d.step;
+    out.metrics.n_tokens = static_cast<int>(d.pending.size());
+    const uint64_t faults0 = detail::major_faults();
+    const auto t0 = Clock::now();
+    if (d.streaming.streamer) {
+        d.streaming.streamer->take_counters();  // start this step's counters from zero
+    }
+    d.decode(d.pending);
+    const llama_token token = llama_sampler_sample(d.sampler.get(), d.ctx.get(), -1);
+    out.metrics.wall_ms = ms_since(t0);
+
+    if (d.want_logits) {
+        const float * logits = llama_get_logits_ith(d.ctx.get(), -1);
+        const auto n_vocab = static_cast<size_t>(llama_vocab_n_tokens(d.vocab));
+        out.logits.assign(reinterpret_cast<const char *>(logits), n_vocab * sizeof(float));
+    }
+    if (d.streaming.streamer) {
+        const detail::StreamCounters c = d.streaming.streamer->take_counters();
+        out.metrics.io_ms = c.io_ms;
+        out.metrics.stall_ms = c.stall_ms;
+        out.metrics.bytes_read = c.storage_bytes;
+        out.metrics.slice_bytes = c.slice_bytes;
+        out.metrics.copy_bytes = c.copy_bytes;
+        out.metrics.cache_lookups = c.lookups;
+        out.metrics.cache_hits = c.hits;
+        out.metrics.evictions = c.evictions;
+        out.metrics.resident_expert_bytes = d.streaming.streamer->resident_expert_bytes();
+    }
+    out.metrics.compute_ms = out.metrics.wall_ms - out.metrics.stall_ms;
+    out.metrics.major_faults = detail::major_faults() - faults0;
+    out.metrics.rss_bytes = detail::rss_bytes();
+
+    out.token = token;
+    out.end_of_generation = llama_vocab_is_eog(d.vocab, token);
+    if (!out.end_of_generation) {
+        char buf[256];
+        const int32_t n = llama_token_to_piece(d.vocab, token, buf, sizeof(buf), 0, false);
+        out.piece.assign(buf, static_cast<size_t>(std::max(n, 0)));
+        d.pending.assign(1, token);
+    } else {
+        d.pending.clear();
+    }
+    ++d.step;
+    return true;
+}
+
+}  // namespace bmoe

@@ -1,0 +1,134 @@
+#include "read_lanes.h"
+
+#include "bmoe/error.h"
+#include "slice_file.h"
+
+namespace bmoe::detail {
+
+Batch::Batch(std::vector<ReadJob> jobs)
+    : jobs_(std::move(jobs)), done_(new std::atomic<bool>[jobs_.size()]), remaining_(jobs_.size()) {
+    for (size_t i = 0; i < jobs_.size(); ++i) {
+        done_[i].store(false, std::memory_order_relaxed);
+    }
+}
+
+void Batch::finish(size_t i, uint64_t storage, uint64_t copies, const std::string * error) {
+    storage_bytes_ += storage;
+    copy_bytes_ += copies;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        last_end_ = Clock::now();
+        if (error != nullptr && !failed_) {
+            failed_ = true;
+            error_ = *error;
+        }
+        done_[i].store(true, std::memory_order_release);
+        remaining_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+    cv_.notify_all();
+}
+
+void Batch::wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return remaining_.load(std::memory_order_acquire) == 0; });
+    if (failed_) {
+        throw Error(error_);
+    }
+}
+
+void Batch::wait_for(size_t i) {
+    if (done_[i].load(std::memory_order_acquire)) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (failed_) {
+            throw Error(error_);
+        }
+        return;
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return failed_ || done_[i].load(std::memory_order_acquire); });
+    if (failed_) {
+        throw Error(error_);
+    }
+}
+
+double Batch::io_ms() const {
+    if (!started_ || jobs_.empty()) {
+        return 0.0;
+    }
+    return std::chrono::duration<double, std::milli>(last_end_ - first_start_).count();
+}
+
+ReadLanes::ReadLanes(int lanes, FaultInjection fault) : fault_(fault) {
+    for (int i = 0; i < lanes; ++i) {
+        threads_.emplace_back([this, i] { run(i); });
+    }
+}
+
+ReadLanes::~ReadLanes() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto & t : threads_) {
+        t.join();
+    }
+}
+
+void ReadLanes::submit(const std::shared_ptr<Batch> & batch) {
+    if (batch->jobs().empty()) {
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> lock(batch->mutex_);
+        batch->first_start_ = Batch::Clock::now();
+        batch->started_ = true;
+    }
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (size_t i = 0; i < batch->jobs().size(); ++i) {
+            queue_.push_back({batch, i});
+        }
+    }
+    cv_.notify_all();
+}
+
+void ReadLanes::run(int lane) {
+    for (;;) {
+        Task task;
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+            if (queue_.empty()) {
+                return;  // stopping and drained
+            }
+            task = std::move(queue_.front());
+            queue_.pop_front();
+        }
+        execute(lane, task);
+    }
+}
+
+void ReadLanes::execute(int lane, const Task & task) {
+    const ReadJob & job = task.batch->jobs()[task.index];
+    const int64_t n = ++reads_;
+    const bool injected = fault_.kind != FaultKind::None && n == fault_.nth;
+    try {
+        if (injected && fault_.kind == FaultKind::Fail) {
+            throw Error("read of " + std::to_string(job.length) + " bytes at offset " + std::to_string(job.offset) +
+                        " of " + job.file->path() + " failed: injected fault (read #" + std::to_string(n) + ")");
+        }
+        const ReadResult r = job.file->read(lane, job.offset, job.length);
+        if (injected && fault_.kind == FaultKind::Corrupt) {
+            // Flip one byte in the middle of the slice: what a bad flash page would do.
+            uint8_t * byte = job.file->mirror_base() + job.offset + job.length / 2;
+            *byte ^= 0xFF;
+        }
+        task.batch->finish(task.index, r.storage_bytes, r.copy_bytes, nullptr);
+    } catch (const std::exception & e) {
+        const std::string message = e.what();
+        task.batch->finish(task.index, 0, 0, &message);
+    }
+}
+
+}  // namespace bmoe::detail

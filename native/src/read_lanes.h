@@ -1,0 +1,93 @@
+// Read lanes: N threads, each with its own descriptors (its lane index), draining one queue of
+// slice reads. A batch is the set of reads one layer needs; the eval thread waits for all of it
+// (serial) or for one job at a time (overlap). Any failure is kept and rethrown to every waiter.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bmoe/config.h"
+
+namespace bmoe::detail {
+
+class SliceFile;
+
+struct ReadJob {
+    const SliceFile * file = nullptr;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+};
+
+class Batch {
+public:
+    using Clock = std::chrono::steady_clock;
+
+    explicit Batch(std::vector<ReadJob> jobs);
+
+    const std::vector<ReadJob> & jobs() const { return jobs_; }
+    // Block until every job is done; throws bmoe::Error if any failed.
+    void wait();
+    // Block until job i is done (or the batch failed); throws bmoe::Error on failure.
+    void wait_for(size_t i);
+    bool all_done() const { return remaining_.load(std::memory_order_acquire) == 0; }
+
+    uint64_t storage_bytes() const { return storage_bytes_.load(); }
+    uint64_t copy_bytes() const { return copy_bytes_.load(); }
+    // Wall time from the first read starting to the last one finishing.
+    double io_ms() const;
+
+private:
+    friend class ReadLanes;
+    void finish(size_t i, uint64_t storage, uint64_t copies, const std::string * error);
+
+    std::vector<ReadJob> jobs_;
+    std::unique_ptr<std::atomic<bool>[]> done_;
+    std::atomic<size_t> remaining_;
+    std::atomic<uint64_t> storage_bytes_{0};
+    std::atomic<uint64_t> copy_bytes_{0};
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::string error_;
+    bool failed_ = false;
+    Clock::time_point first_start_{};
+    Clock::time_point last_end_{};
+    bool started_ = false;
+};
+
+class ReadLanes {
+public:
+    ReadLanes(int lanes, FaultInjection fault);
+    ~ReadLanes();
+    ReadLanes(const ReadLanes &) = delete;
+    ReadLanes & operator=(const ReadLanes &) = delete;
+
+    // Queue every job of the batch (in order) and return at once. The batch must outlive its jobs.
+    void submit(const std::shared_ptr<Batch> & batch);
+    int lanes() const { return static_cast<int>(threads_.size()); }
+
+private:
+    struct Task {
+        std::shared_ptr<Batch> batch;
+        size_t index;
+    };
+    void run(int lane);
+    void execute(int lane, const Task & task);
+
+    FaultInjection fault_;
+    std::atomic<int64_t> reads_{0};
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::deque<Task> queue_;
+    bool stopping_ = false;
+    std::vector<std::thread> threads_;
+};
+
+}  // namespace bmoe::detail

@@ -1,0 +1,136 @@
+#include "seam.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <exception>
+
+#include "bmoe/error.h"
+#include "ggml-backend.h"
+#include "ggml.h"
+
+namespace bmoe::detail {
+namespace {
+
+constexpr const char * kTopkPrefix = "ffn_moe_topk-";
+
+bool starts_with(const char * s, const char * prefix) { return std::strncmp(s, prefix, std::strlen(prefix)) == 0; }
+
+}  // namespace
+
+bool parse_expert_name(const std::string & name, const Recipe & recipe, int & layer, int & projection) {
+    static const std::string blk = "blk.";
+    static const std::string weight = ".weight";
+    if (name.compare(0, blk.size(), blk) != 0 || name.size() <= blk.size() + weight.size() ||
+        name.compare(name.size() - weight.size(), weight.size(), weight) != 0) {
+        return false;
+    }
+    const size_t dot = name.find('.', blk.size());
+    if (dot == std::string::npos || dot == blk.size()) {
+        return false;
+    }
+    const std::string digits = name.substr(blk.size(), dot - blk.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos) {
+        return false;
+    }
+    const std::string suffix = name.substr(dot + 1, name.size() - weight.size() - dot - 1);
+    for (size_t i = 0; i < recipe.expert_suffixes.size(); ++i) {
+        if (recipe.expert_suffixes[i] == suffix) {
+            layer = std::stoi(digits);
+            projection = static_cast<int>(i);
+            return true;
+        }
+    }
+    return false;
+}
+
+bool Seam::callback(ggml_tensor * t, bool ask, void * user_data) {
+    auto * self = static_cast<Seam *>(user_data);
+    return ask ? self->on_ask(t) : self->on_computed(t);
+}
+
+bool Seam::on_ask(ggml_tensor * t) {
+    switch (mode_) {
+        case Mode::Capture:
+            capture_sources(t);
+            return false;  // observe only
+        case Mode::Stream:
+            return starts_with(t->name, kTopkPrefix);
+        case Mode::Off:
+            return false;
+    }
+    return false;
+}
+
+void Seam::capture_sources(ggml_tensor * node) {
+    for (ggml_tensor * src : node->src) {
+        if (src == nullptr || src->view_src != nullptr || src->buffer == nullptr ||
+            ggml_backend_buffer_get_usage(src->buffer) != GGML_BACKEND_BUFFER_USAGE_WEIGHTS || seen_.count(src)) {
+            continue;
+        }
+        CapturedTensor c;
+        c.tensor = src;
+        c.name = ggml_get_name(src);
+        c.nbytes = ggml_nbytes(src);
+        c.is_expert = node->op == GGML_OP_MUL_MAT_ID && node->src[0] == src &&
+                      parse_expert_name(c.name, recipe_, c.layer, c.projection);
+        if (c.is_expert) {
+            c.expert_stride = src->nb[2];
+            c.n_expert = static_cast<int>(src->ne[2]);
+        }
+        seen_[src] = captured_.size();
+        captured_.push_back(std::move(c));
+    }
+}
+
+bool Seam::on_computed(ggml_tensor * t) {
+    if (mode_ != Mode::Stream || !starts_with(t->name, kTopkPrefix)) {
+        return true;  // returning false would silently stop the rest of the graph
+    }
+    try {
+        const int layer = std::stoi(t->name + std::strlen(kTopkPrefix));
+        if (t->type != GGML_TYPE_I32) {
+            throw Error(std::string("unexpected type of ") + t->name + ": llama.cpp's MoE graph changed");
+        }
+        ids_.clear();
+        const auto * data = static_cast<const char *>(t->data);
+        for (int64_t j = 0; j < t->ne[1]; ++j) {
+            for (int64_t k = 0; k < t->ne[0]; ++k) {
+                ids_.push_back(*reinterpret_cast<const int32_t *>(data + j * t->nb[1] + k * t->nb[0]));
+            }
+        }
+        router_(layer, ids_);
+        return true;
+    } catch (const std::exception & e) {
+        error_ = e.what();
+        return false;  // stop the graph: nothing may compute on bytes that were not read
+    }
+}
+
+std::string Seam::take_error() {
+    std::string e;
+    e.swap(error_);
+    return e;
+}
+
+void Seam::check_file_layout(const CapturedTensor & c, int fd, uint64_t file_offset) {
+    ggml_tensor * t = c.tensor;
+    const char * buft = ggml_backend_buft_name(ggml_backend_buffer_get_type(t->buffer));
+    // "CPU_Mapped": llama.cpp's file mapping; "CPU": a plain host buffer holding the file's bytes.
+    if (!ggml_backend_buffer_is_host(t->buffer) || (std::strcmp(buft, "CPU_Mapped") != 0 && std::strcmp(buft, "CPU") != 0)) {
+        throw Error("tensor " + c.name + " lives in buffer type " + buft +
+                    ", not llama.cpp's mapped CPU buffer: refusing to stream (weight repacking must be off)");
+    }
+    unsigned char from_file[64];
+    const size_t n = std::min<uint64_t>(sizeof(from_file), c.nbytes);
+    if (pread(fd, from_file, n, static_cast<off_t>(file_offset)) != static_cast<ssize_t>(n) ||
+        std::memcmp(from_file, t->data, n) != 0) {
+        throw Error("tensor " + c.name + " in memory is not the file's bytes (converted or repacked): refusing to stream");
+    }
+}
+
+void * Seam::data(const CapturedTensor & c) { return c.tensor->data; }
+
+void Seam::repoint(const CapturedTensor & c, void * new_data) { c.tensor->data = new_data; }
+
+}  // namespace bmoe::detail

@@ -1,0 +1,75 @@
+// The seam with llama.cpp, in one place: the eval callback (capture phase and stream phase) and
+// everything that touches ggml_tensor internals (names, strides, buffers, ->data).
+//
+// Capture: during one warm-up decode, every node's sources are scanned; expert weights are
+// recognised by name through the architecture's recipe row. Nothing is isolated.
+// Stream: the ffn_moe_topk-<il> node is isolated; when the scheduler has computed it, the routed
+// expert ids are read (stride-aware: the node is a view) and handed to the router before the
+// layer's expert matmuls run. Returning false at ask=false stops the graph: that is how a failed
+// read aborts a decode (the error is kept and rethrown by the caller).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "bmoe/recipes.h"
+
+struct ggml_tensor;
+
+namespace bmoe::detail {
+
+struct CapturedTensor {
+    ggml_tensor * tensor = nullptr;
+    std::string name;
+    bool is_expert = false;
+    int layer = -1;
+    int projection = -1;
+    uint64_t nbytes = 0;
+    uint64_t expert_stride = 0;  // nb[2]
+    int n_expert = 0;            // ne[2]
+};
+
+class Seam {
+public:
+    enum class Mode { Off, Capture, Stream };
+    using Router = std::function<void(int layer, const std::vector<int> & experts)>;
+
+    explicit Seam(Recipe recipe) : recipe_(std::move(recipe)) {}
+
+    // The ggml_backend_sched_eval_callback to install, with `this` as user data.
+    static bool callback(ggml_tensor * t, bool ask, void * user_data);
+
+    void set_mode(Mode mode) { mode_ = mode; }
+    void set_router(Router router) { router_ = std::move(router); }
+    // The router's error from the last decode, if any (and clears it).
+    std::string take_error();
+
+    const std::vector<CapturedTensor> & captured() const { return captured_; }
+
+    // Throws bmoe::Error unless the tensor sits in llama.cpp's plain CPU buffer with exactly the
+    // file's bytes at the start of its data (repacked or converted weights would not).
+    static void check_file_layout(const CapturedTensor & t, int fd, uint64_t file_offset);
+    static void * data(const CapturedTensor & t);
+    static void repoint(const CapturedTensor & t, void * new_data);
+
+private:
+    bool on_ask(ggml_tensor * t);
+    bool on_computed(ggml_tensor * t);
+    void capture_sources(ggml_tensor * t);
+
+    Recipe recipe_;
+    Mode mode_ = Mode::Off;
+    Router router_;
+    std::string error_;
+    std::vector<CapturedTensor> captured_;
+    std::unordered_map<const ggml_tensor *, size_t> seen_;
+    std::vector<int> ids_;
+};
+
+// "blk.<il>.<suffix>.weight" with suffix from the recipe -> layer and projection index.
+bool parse_expert_name(const std::string & name, const Recipe & recipe, int & layer, int & projection);
+
+}  // namespace bmoe::detail

@@ -1,0 +1,53 @@
+// Reading byte ranges of one model file straight into its mirror: O_DIRECT of the aligned window
+// (no bounce buffer: the mirror has the file's page phase) or pread of the exact range. Each read
+// lane has its own descriptors. O_DIRECT is verified once per file; where the filesystem refuses
+// it or returns different bytes, the file falls back to pread and says why.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bmoe/config.h"
+
+namespace bmoe::detail {
+
+struct ReadResult {
+    uint64_t storage_bytes = 0;  // bytes requested from the file, alignment windows included
+    uint64_t copy_bytes = 0;     // bytes that went through an intermediate buffer
+};
+
+class SliceFile {
+public:
+    SliceFile(std::string path, uint64_t size, ReadPath requested, int lanes, uint8_t * mirror_base);
+    ~SliceFile();
+    SliceFile(const SliceFile &) = delete;
+    SliceFile & operator=(const SliceFile &) = delete;
+
+    ReadPath path_used() const { return used_; }
+    const std::string & note() const { return note_; }
+    uint64_t dio_align() const { return dio_align_; }
+    const std::string & path() const { return path_; }
+    uint8_t * mirror_base() const { return base_; }
+
+    // Make [offset, offset+length) of the file appear at mirror_base + offset. Throws bmoe::Error
+    // on any failure (EIO, a short read before EOF): the caller must not compute on the range.
+    ReadResult read(int lane, uint64_t offset, uint64_t length) const;
+
+private:
+    void open_lanes(int lanes);
+    bool verify_direct(std::string & why);
+    ReadResult read_buffered(int lane, uint64_t offset, uint64_t length) const;
+    ReadResult read_direct(int lane, uint64_t offset, uint64_t length) const;
+
+    std::string path_;
+    uint64_t size_ = 0;
+    uint8_t * base_ = nullptr;
+    ReadPath used_ = ReadPath::Pread;
+    std::string note_;
+    uint64_t dio_align_ = 0;
+    std::vector<int> buffered_fds_;
+    std::vector<int> direct_fds_;
+};
+
+}  // namespace bmoe::detail

@@ -1,0 +1,127 @@
+#include "stream_setup.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "bmoe/error.h"
+
+namespace bmoe::detail {
+namespace {
+
+// Return the whole pages of a no-longer-used range of llama.cpp's file mapping to the kernel.
+// File-backed and read-only: a stray access would fault the bytes back in, never corrupt them.
+void drop_mapped_pages(void * data, uint64_t bytes, uint64_t page) {
+    const auto start = reinterpret_cast<uintptr_t>(data);
+    const uintptr_t first = (start + page - 1) / page * page;
+    const uintptr_t last = (start + bytes) / page * page;
+    if (last > first) {
+        madvise(reinterpret_cast<void *>(first), last - first, MADV_DONTNEED);
+    }
+}
+
+class ScopedFd {
+public:
+    explicit ScopedFd(const std::string & path) : fd_(open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+        if (fd_ < 0) {
+            throw Error(path + ": " + std::strerror(errno));
+        }
+    }
+    ~ScopedFd() { close(fd_); }
+    ScopedFd(const ScopedFd &) = delete;
+    ScopedFd & operator=(const ScopedFd &) = delete;
+    int get() const { return fd_; }
+
+private:
+    int fd_;
+};
+
+}  // namespace
+
+StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config,
+                                uint64_t cache_budget_bytes, RunInfo & info) {
+    const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    StreamingParts parts;
+
+    // Every expert tensor the file has must have been seen in the graph as a MUL_MAT_ID weight.
+    std::set<std::string> expected;
+    for (const auto & c : seam.captured()) {
+        if (c.is_expert) {
+            expected.insert(c.name);
+        }
+    }
+    std::vector<StreamedTensor> streamed;
+    std::vector<std::unique_ptr<ScopedFd>> check_fds;
+    for (const auto & path : gguf.files()) {
+        check_fds.push_back(std::make_unique<ScopedFd>(path));
+    }
+    for (const auto & c : seam.captured()) {
+        if (!c.is_expert) {
+            continue;
+        }
+        const TensorLocation * loc = gguf.find(c.name);
+        if (loc == nullptr || loc->size < c.expert_stride * static_cast<uint64_t>(c.n_expert)) {
+            throw Error("expert tensor " + c.name + " does not match the file's tensor table");
+        }
+        Seam::check_file_layout(c, check_fds[loc->file]->get(), loc->offset);
+        streamed.push_back({c.layer, c.projection, loc->file, loc->offset, c.expert_stride, c.n_expert});
+        info.expert_bytes += c.nbytes;
+        info.routed_bytes_per_token += c.expert_stride * static_cast<uint64_t>(info.n_expert_used);
+    }
+    if (streamed.empty()) {
+        throw Error("no expert tensor was used by the graph: nothing to stream");
+    }
+    info.streamed_tensors = static_cast<int>(streamed.size());
+
+    for (size_t i = 0; i < gguf.files().size(); ++i) {
+        parts.mirrors.push_back(std::make_unique<Mirror>(gguf.file_sizes()[i], page));
+        parts.files.push_back(std::make_unique<SliceFile>(gguf.files()[i], gguf.file_sizes()[i], config.read_path,
+                                                          config.io_threads, parts.mirrors.back()->base()));
+    }
+    info.read_path = to_string(parts.files.front()->path_used());
+    for (const auto & f : parts.files) {
+        if (!f->note().empty()) {
+            info.read_path_note = f->note();
+            info.read_path = to_string(f->path_used());
+        }
+        info.dio_align = std::max(info.dio_align, f->dio_align());
+    }
+
+    // Repoint: from now on the expert matmuls read the mirror; llama.cpp's mapped copy goes.
+    for (const auto & c : seam.captured()) {
+        const TensorLocation * loc = gguf.find(c.name);
+        if (loc == nullptr) {
+            continue;  // a graph weight that is not in the file (llama.cpp made it): leave it
+        }
+        const bool move_dense = !c.is_expert && config.dense == DenseMode::Anon;
+        if (!c.is_expert && !move_dense) {
+            continue;
+        }
+        Mirror & mirror = *parts.mirrors[loc->file];
+        void * old_data = Seam::data(c);
+        if (move_dense) {
+            Seam::check_file_layout(c, check_fds[loc->file]->get(), loc->offset);
+            mirror.acquire(loc->offset, c.nbytes);  // permanently resident: a neighbour for eviction
+            parts.files[loc->file]->read(0, loc->offset, c.nbytes);
+        }
+        Seam::repoint(c, mirror.base() + loc->offset);
+        drop_mapped_pages(old_data, c.nbytes, page);
+    }
+
+    parts.lanes = std::make_unique<ReadLanes>(config.io_threads, config.fault);
+    std::vector<SliceFile *> files;
+    std::vector<Mirror *> mirrors;
+    for (size_t i = 0; i < parts.files.size(); ++i) {
+        files.push_back(parts.files[i].get());
+        mirrors.push_back(parts.mirrors[i].get());
+    }
+    parts.streamer = std::make_unique<Streamer>(std::move(streamed), std::move(files), std::move(mirrors),
+                                                cache_budget_bytes, *parts.lanes);
+    return parts;
+}
+
+}  // namespace bmoe::detail

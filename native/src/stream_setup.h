@@ -1,0 +1,31 @@
+// Turning a loaded, captured model into a streamed one: check every expert tensor, reserve the
+// mirrors, open the files on every lane, repoint the experts (and, for dense=anon, the dense
+// weights) into the mirrors and return llama.cpp's mapped pages of them to the kernel.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "bmoe/config.h"
+#include "bmoe/metrics.h"
+#include "gguf_map.h"
+#include "mirror.h"
+#include "read_lanes.h"
+#include "seam.h"
+#include "slice_file.h"
+#include "streamer.h"
+
+namespace bmoe::detail {
+
+// Member order is destruction order reversed: the streamer goes first, the mirrors last.
+struct StreamingParts {
+    std::vector<std::unique_ptr<Mirror>> mirrors;
+    std::vector<std::unique_ptr<SliceFile>> files;
+    std::unique_ptr<ReadLanes> lanes;
+    std::unique_ptr<Streamer> streamer;
+};
+
+StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config,
+                                uint64_t cache_budget_bytes, RunInfo & info);
+
+}  // namespace bmoe::detail

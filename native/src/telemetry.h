@@ -1,0 +1,13 @@
+// Readings of this process and machine for the telemetry (Linux /proc and getrusage).
+#pragma once
+
+#include <cstdint>
+
+namespace bmoe::detail {
+
+uint64_t rss_bytes();
+uint64_t major_faults();
+uint64_t storage_read_bytes();  // /proc/self/io read_bytes: what really came from the device
+uint64_t mem_available_bytes();
+
+}  // namespace bmoe::detail
