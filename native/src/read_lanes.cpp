@@ -1,5 +1,7 @@
 #include "read_lanes.h"
 
+#include <algorithm>
+
 #include "bmoe/error.h"
 #include "slice_file.h"
 
@@ -120,9 +122,14 @@ void ReadLanes::execute(int lane, const Task & task) {
         }
         const ReadResult r = job.file->read(lane, job.offset, job.length);
         if (injected && fault_.kind == FaultKind::Corrupt) {
-            // Flip one byte in the middle of the slice: what a bad flash page would do.
-            uint8_t * byte = job.file->mirror_base() + job.offset + job.length / 2;
-            *byte ^= 0xFF;
+            // Invert 256 bytes in the middle of the slice, as a bad flash page would garble them.
+            // (One flipped byte is not enough: activations are quantized for the dot products,
+            // and a weight that meets a zero activation changes nothing.)
+            const uint64_t span = std::min<uint64_t>(256, job.length);
+            uint8_t * bytes = job.file->mirror_base() + job.offset + (job.length - span) / 2;
+            for (uint64_t i = 0; i < span; ++i) {
+                bytes[i] ^= 0xFF;
+            }
         }
         task.batch->finish(task.index, r.storage_bytes, r.copy_bytes, nullptr);
     } catch (const std::exception & e) {
