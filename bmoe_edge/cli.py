@@ -10,7 +10,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from bmoe_edge import __version__, doctor, info, llama_source, profiles
+from bmoe_edge import __version__, doctor, info, llama_source, profiles, tinymoe
 from bmoe_edge.errors import BmoeError
 
 app = typer.Typer(
@@ -97,11 +97,26 @@ def info_cmd(
     typer.echo(f"embedding:     {summary.n_embd}")
     if summary.is_moe:
         typer.echo(f"experts:       {summary.n_expert} ({summary.n_expert_used} used per token)")
+        if summary.expert_bytes:
+            typer.echo(f"expert bytes:  {summary.expert_bytes / 2**20:.1f} MiB streamable")
     else:
         typer.echo("experts:       none (dense model: nothing to stream)")
     typer.echo(f"vocabulary:    {summary.n_vocab}")
     typer.echo(f"tensors:       {summary.n_tensors}")
     typer.echo(f"file size:     {summary.file_bytes / 2**20:.1f} MiB")
+
+
+@app.command("tiny-model")
+def tiny_model_cmd(
+    arch: Annotated[str, typer.Option("--arch", help=f"One of: {', '.join(tinymoe.ARCHS)}.")],
+    quant: Annotated[str, typer.Option("--quant", help=f"One of: {', '.join(tinymoe.QUANTS)}.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The gguf to write.")],
+    split: Annotated[int, typer.Option("--split", help="Write N shards <stem>-0000i-of-0000N.gguf.")] = 1,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random weights.")] = 0,
+) -> None:
+    """Write a tiny synthetic MoE gguf (8 experts, top-2, 4 layers, a real small tokenizer)."""
+    for path in tinymoe.write_tiny_moe(output, arch, quant, seed=seed, split=split):
+        typer.echo(str(path))
 
 
 @llama_app.command("fetch")

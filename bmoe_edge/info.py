@@ -28,6 +28,7 @@ class ModelSummary:
     n_tensors: int
     n_vocab: int
     file_bytes: int
+    expert_bytes: int
 
     @property
     def is_moe(self) -> bool:
@@ -53,4 +54,5 @@ def model_summary(path: Path) -> ModelSummary:
         n_tensors=info.n_tensors,
         n_vocab=info.n_vocab,
         file_bytes=info.file_bytes,
+        expert_bytes=info.expert_bytes,
     )

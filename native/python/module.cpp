@@ -36,7 +36,8 @@ NB_MODULE(_native, m) {
         .def_ro("n_expert_used", &bmoe::ModelInfo::n_expert_used)
         .def_ro("n_tensors", &bmoe::ModelInfo::n_tensors)
         .def_ro("file_bytes", &bmoe::ModelInfo::file_bytes)
-        .def_ro("n_vocab", &bmoe::ModelInfo::n_vocab);
+        .def_ro("n_vocab", &bmoe::ModelInfo::n_vocab)
+        .def_ro("expert_bytes", &bmoe::ModelInfo::expert_bytes);
     m.def("probe_model", &bmoe::probe_model, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>());
 
     m.def("quantize_model", &bmoe::quantize_model, nb::arg("input"), nb::arg("output"), nb::arg("ftype"),

@@ -41,6 +41,9 @@ void validate(const StreamConfig & c) {
     if (c.cache_mb < 0 && c.cache_mb != kCacheAuto) {
         throw Error("cache_mb must be >= 0 or auto, got " + std::to_string(c.cache_mb));
     }
+    if (c.cache_mb > 1e9) {
+        throw Error("cache_mb is out of range: " + std::to_string(c.cache_mb));
+    }
     if (c.io_threads < 1 || c.io_threads > 64) {
         throw Error("io_threads must be between 1 and 64, got " + std::to_string(c.io_threads));
     }
@@ -175,8 +178,8 @@ void Engine::Impl::open(const std::string & path) {
     const uint64_t budget = cache_budget_bytes();
     streaming = detail::attach_streaming(*gguf, *seam, config, budget, info);
     if (budget > 0 && budget < info.routed_bytes_per_token) {
-        info.warning = "cache budget (" + std::to_string(budget >> 20) + " MiB) is below one token's routed experts (" +
-                       std::to_string(info.routed_bytes_per_token >> 20) + " MiB): expect a 0% hit rate";
+        info.warning = "cache budget (" + std::to_string(budget >> 10) + " KiB) is below one token's routed experts (" +
+                       std::to_string(info.routed_bytes_per_token >> 10) + " KiB): expect a 0% hit rate";
     }
     seam->set_router([this](int layer, const std::vector<int> & experts) {
         streaming.streamer->make_resident(layer, experts);
@@ -261,15 +264,16 @@ void Engine::Impl::warm_up_and_capture() {
 }
 
 uint64_t Engine::Impl::cache_budget_bytes() {
-    int64_t mb = config.cache_mb;
+    double mb = config.cache_mb;
     info.cache_mode = mb == 0 ? "off" : "fixed";
     if (mb == kCacheAuto) {
         info.cache_mode = "auto";
-        const int64_t available = static_cast<int64_t>(detail::mem_available_bytes() >> 20);
-        mb = std::min(std::max<int64_t>(0, available - config.cache_floor_mb), config.cache_ceil_mb);
+        const auto available = static_cast<double>(detail::mem_available_bytes() >> 20);
+        mb = std::min(std::max(0.0, available - static_cast<double>(config.cache_floor_mb)),
+                      static_cast<double>(config.cache_ceil_mb));
     }
     info.cache_budget_mb = mb;
-    return static_cast<uint64_t>(mb) << 20;
+    return static_cast<uint64_t>(mb * 1048576.0);
 }
 
 void Engine::Impl::decode(std::vector<llama_token> & tokens) {

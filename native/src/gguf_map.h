@@ -27,6 +27,7 @@ public:
     const std::string & architecture() const { return architecture_; }
     uint64_t total_bytes() const;
     size_t n_tensors() const { return tensors_.size(); }
+    const std::unordered_map<std::string, TensorLocation> & tensors() const { return tensors_; }
 
 private:
     void add_file(const std::string & path, uint32_t index);

@@ -9,7 +9,9 @@
 #include <cstring>
 #include <memory>
 
+#include "bmoe/recipes.h"
 #include "gguf_map.h"
+#include "seam.h"
 #include "llama.h"
 #include "llama_runtime.h"
 
@@ -78,11 +80,21 @@ ModelInfo probe_model(const std::string & path) {
     }
     info.architecture = meta(model.get(), "general.architecture");
     info.name = meta(model.get(), "general.name");
-    info.n_layer = llama_model_n_layer(model.get());
-    info.n_embd = llama_model_n_embd(model.get());
+    // vocab_only leaves the hparams unset: read the counts from the metadata.
+    info.n_layer = meta_int(model.get(), info.architecture + ".block_count");
+    info.n_embd = meta_int(model.get(), info.architecture + ".embedding_length");
     info.n_expert = meta_int(model.get(), info.architecture + ".expert_count");
     info.n_expert_used = meta_int(model.get(), info.architecture + ".expert_used_count");
     info.n_vocab = static_cast<uint64_t>(llama_vocab_n_tokens(llama_model_get_vocab(model.get())));
+    if (const Recipe * recipe = find_recipe(info.architecture)) {
+        for (const auto & [name, loc] : gguf.tensors()) {
+            int layer = 0;
+            int projection = 0;
+            if (detail::parse_expert_name(name, *recipe, layer, projection)) {
+                info.expert_bytes += loc.size;
+            }
+        }
+    }
     return info;
 }
 

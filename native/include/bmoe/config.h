@@ -17,11 +17,11 @@ struct FaultInjection {
     int64_t nth = 0;
 };
 
-constexpr int64_t kCacheAuto = -1;
+constexpr double kCacheAuto = -1;
 
 struct StreamConfig {
     bool stream = true;               // false: a plain resident llama.cpp run (no eval callback)
-    int64_t cache_mb = 0;             // 0 = no cache beyond the layer in flight; kCacheAuto = auto
+    double cache_mb = 0;              // MiB (fractions allowed); 0 = nothing kept beyond the layer in flight; kCacheAuto = auto
     int64_t cache_floor_mb = 1024;    // auto: leave this much of MemAvailable to everything else
     int64_t cache_ceil_mb = 1 << 20;  // auto: never more than this
     int io_threads = 4;               // read lanes, each with its own file descriptors

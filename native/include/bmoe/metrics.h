@@ -43,7 +43,7 @@ struct RunInfo {
     std::string read_path_note;      // why it differs, if it does
     uint64_t dio_align = 0;
     uint64_t page_size = 0;
-    int64_t cache_budget_mb = 0;
+    double cache_budget_mb = 0;
     std::string cache_mode;          // "off", "fixed", "auto"
     std::string dense;
     bool overlap = false;

@@ -17,6 +17,7 @@ struct ModelInfo {
     int64_t n_tensors = 0;
     uint64_t file_bytes = 0;
     uint64_t n_vocab = 0;
+    uint64_t expert_bytes = 0;  // routed-expert tensors per the recipe table (0: unknown arch or dense)
 };
 
 // Throws bmoe::Error with a one-line message when the file is missing, not a gguf, or
