@@ -10,7 +10,8 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from bmoe_edge import __version__, doctor, info, llama_source, profiles, tinymoe
+from bmoe_edge import __version__, doctor, gates, info, llama_source, profiles, runner, tinymoe
+from bmoe_edge.engine import Sampling
 from bmoe_edge.errors import BmoeError
 
 app = typer.Typer(
@@ -117,6 +118,71 @@ def tiny_model_cmd(
     """Write a tiny synthetic MoE gguf (8 experts, top-2, 4 layers, a real small tokenizer)."""
     for path in tinymoe.write_tiny_moe(output, arch, quant, seed=seed, split=split):
         typer.echo(str(path))
+
+
+@app.command("archs")
+def archs_cmd() -> None:
+    """The architectures the engine can stream: the recipe table (general.architecture -> expert tensors)."""
+    for recipe in info.recipes():
+        typer.echo(f"{recipe.architecture:<12} {', '.join(recipe.expert_suffixes):<40} {recipe.note}")
+
+
+@app.command("generate")
+def generate_cmd(
+    model: Annotated[Path, typer.Option("-m", "--model", help="The gguf model (first shard of a split model).")],
+    prompt: Annotated[str, typer.Option("-p", "--prompt")],
+    max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1)] = 64,
+    stream: Annotated[bool | None, typer.Option("--stream/--no-stream", help="Stream experts (default on).")] = None,
+    cache_mb: Annotated[str | None, typer.Option("--cache-mb", help="Expert cache: MiB, 0 = off, or auto.")] = None,
+    cache_floor_mb: Annotated[int | None, typer.Option("--cache-floor-mb", help="auto: MiB left free.")] = None,
+    cache_ceil_mb: Annotated[int | None, typer.Option("--cache-ceil-mb", help="auto: at most this.")] = None,
+    io_threads: Annotated[int | None, typer.Option("--io-threads", help="Read lanes.")] = None,
+    read_path: Annotated[str | None, typer.Option("--read-path", help="pread or odirect.")] = None,
+    dense: Annotated[str | None, typer.Option("--dense", help="Dense weights: mmap or anon.")] = None,
+    overlap: Annotated[bool | None, typer.Option("--overlap/--no-overlap", help="I/O-compute overlap.")] = None,
+    threads: Annotated[int | None, typer.Option("-t", "--threads", help="Compute threads (0 = all).")] = None,
+    ctx: Annotated[int | None, typer.Option("-c", "--ctx", help="Context length.")] = None,
+    board: Annotated[str | None, typer.Option("--board", help="Take the defaults from this board profile.")] = None,
+    temp: Annotated[float, typer.Option("--temp", help="0 = greedy.")] = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k")] = 40,
+    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    progress: Annotated[bool, typer.Option("--progress", help="Per-token telemetry on stderr.")] = False,
+    csv_path: Annotated[Path | None, typer.Option("--csv", help="Write per-token telemetry here.")] = None,
+) -> None:
+    """Generate text headlessly, streaming the routed experts from flash (greedy by default)."""
+    config = runner.resolve_config(board, {
+        "stream": stream, "cache_mb": None if cache_mb is None else runner.parse_cache_mb(cache_mb),
+        "cache_floor_mb": cache_floor_mb, "cache_ceil_mb": cache_ceil_mb, "io_threads": io_threads,
+        "read_path": read_path, "dense": dense, "overlap": overlap, "threads": threads, "ctx": ctx,
+    })
+    outputs = runner.Outputs(as_json=as_json, progress=progress, csv_path=csv_path)
+    runner.generate(model, prompt, max_tokens, config, Sampling(temp, top_k, top_p, seed), outputs)
+
+
+@app.command("gates")
+def gates_cmd(
+    quick: Annotated[bool, typer.Option("--quick", help="The representative subset (slow targets).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="The report as JSON.")] = False,
+    fixtures: Annotated[Path | None, typer.Option("--fixtures", help="Use a bundle's fixtures directory.")] = None,
+) -> None:
+    """Streamed == resident, token ids and every step's logits, over the gate matrix."""
+    cells = gates.quick_matrix() if quick else gates.full_matrix()
+    steps = gates.QUICK_STEPS if quick else gates.STEPS
+    results = []
+    for result in gates.run_gates(cells, gates.fixture_resolver(fixtures), steps):
+        results.append(result)
+        if not as_json:
+            typer.echo(gates.format_result(result))
+    failed = sum(not r.passed for r in results)
+    if as_json:
+        typer.echo(json.dumps({"passed": len(results) - failed, "failed": failed,
+                               "cells": [gates.as_record(r) for r in results]}, indent=2))
+    else:
+        typer.echo(f"gates: {len(results) - failed} passed, {failed} failed")
+    if failed:
+        raise typer.Exit(1)
 
 
 @llama_app.command("fetch")

@@ -40,6 +40,11 @@ def version_info() -> VersionInfo:
     return VersionInfo(__version__, build.llama_pin, build.llama_commit, build.expert_ready_hook)
 
 
+def recipes() -> list:
+    """The engine's recipe table (bmoe_edge._native.Recipe rows)."""
+    return list(native.load().recipes())
+
+
 def model_summary(path: Path) -> ModelSummary:
     with native.engine_errors():
         info = native.load().probe_model(str(path))
