@@ -1,8 +1,10 @@
 #include "slice_file.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -101,6 +103,19 @@ void SliceFile::open_lanes(int lanes) {
 }
 
 bool SliceFile::verify_direct(std::string & why) {
+    // Memory-backed filesystems may accept O_DIRECT but it is not direct I/O there, and FUSE's
+    // O_DIRECT semantics depend on the daemon: both get pread.
+    struct statfs fs {};
+    if (statfs(path_.c_str(), &fs) == 0) {
+        if (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC) {
+            why = "a memory-backed filesystem (tmpfs/ramfs) has no direct I/O";
+            return false;
+        }
+        if (fs.f_type == FUSE_SUPER_MAGIC) {
+            why = "FUSE filesystems do not promise O_DIRECT semantics";
+            return false;
+        }
+    }
     dio_align_ = query_dio_align(path_);
     const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     if (page % dio_align_ != 0) {

@@ -1,0 +1,65 @@
+"""The gate matrix passes on this machine, and it has teeth: corrupted reads make cells fail."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from bmoe_edge import gates
+from conftest import run_cli
+
+
+@pytest.mark.slow
+def test_full_gate_matrix_passes_through_the_cli() -> None:
+    result = run_cli("gates", "--json", timeout=1800)
+    report = json.loads(result.stdout)
+    failures = [c for c in report["cells"] if not c["passed"]]
+    assert not failures, failures[:3]
+    assert result.returncode == 0
+    cells = report["cells"]
+    assert len(cells) >= 40
+    assert {c["arch"] for c in cells} >= {"qwen3moe", "qwen2moe", "olmoe", "llama", "gpt-oss", "gemma4"}
+    assert {c["quant"] for c in cells} >= {"F32", "F16", "Q8_0", "Q4_0", "Q4_K_M"}
+    assert {c["config"] for c in cells} >= {"cache-off", "cache-small", "cache-large", "pread", "odirect-1-lane",
+                                            "dense-anon", "two-generations"}
+    assert any(c["split"] > 1 for c in cells)
+    assert all(c["bytes_read"] > 0 for c in cells)
+
+
+def test_quick_gates_pass() -> None:
+    result = run_cli("gates", "--quick")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().splitlines()[-1].startswith("gates: ")
+    assert ", 0 failed" in result.stdout
+
+
+@pytest.mark.parametrize("arch,quant", [("qwen3moe", "Q8_0"), ("gpt-oss", "Q4_0"), ("gemma4", "F16"),
+                                        ("qwen2moe", "Q4_K_M")])
+def test_a_corrupted_read_fails_the_gate(arch: str, quant: str) -> None:
+    spec = gates.FixtureSpec(arch, quant)
+    good = gates.CASES["cache-off"]
+    cells = [gates.Cell(spec, good)] + [
+        gates.Cell(spec, replace(good, name=f"corrupt-{n}", overrides={"fault": f"corrupt:{n}"}))
+        for n in (1, 7, 40)
+    ]
+    results = list(gates.run_gates(cells, gates.fixture_resolver(None), steps=12))
+    assert results[0].passed, results[0]
+    for bad in results[1:]:
+        assert not bad.passed and not bad.equal_logits, bad
+        assert bad.first_difference is not None
+
+
+def test_a_failed_read_fails_the_cell_with_the_message() -> None:
+    spec = gates.FixtureSpec("olmoe", "Q8_0")
+    case = replace(gates.CASES["cache-off"], name="fail", overrides={"fault": "fail:5"})
+    (result,) = gates.run_gates([gates.Cell(spec, case)], gates.fixture_resolver(None), steps=8)
+    assert not result.passed
+    assert "injected fault" in result.error
+
+
+def test_bundle_fixture_names_cover_every_shard() -> None:
+    spec = gates.FixtureSpec("olmoe", "Q8_0", split=3)
+    assert spec.filenames == [f"tiny-olmoe-Q8_0-split3-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert all(s.filenames for s in gates.quick_fixture_specs())
