@@ -172,6 +172,7 @@ void Engine::Impl::open(const std::string & path) {
     create_context();
     if (!config.stream) {
         info.cache_mode = "off";
+        info.rss_after_load = detail::rss_bytes();
         return;
     }
     warm_up_and_capture();

@@ -1,0 +1,117 @@
+"""`bmoe-edge generate` as a user runs it: output, telemetry files, and one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bmoe_edge import tinymoe
+from conftest import assert_clean_error, run_cli
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    return tinymoe.fixture("qwen3moe", "Q8_0")
+
+
+def json_lines(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+def test_streamed_generate_prints_the_same_ids_as_resident(model: Path) -> None:
+    ids = {}
+    for flag in ("--stream", "--no-stream"):
+        result = run_cli("generate", "-m", str(model), "-p", "Once upon a time", "-n", "16", "-t", "1", "--json", flag)
+        assert result.returncode == 0, result.stderr
+        records = json_lines(result.stdout)
+        assert records[0]["type"] == "run" and records[-1]["type"] == "summary"
+        ids[flag] = [r["id"] for r in records if r["type"] == "token"]
+        assert records[-1]["generated_tokens"] == len(ids[flag]) == 16
+    assert ids["--stream"] == ids["--no-stream"]
+
+
+def test_progress_csv_and_summary(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "telemetry.csv"
+    result = run_cli("generate", "-m", str(model), "-p", "Hello", "-n", "8", "--cache-mb", "0", "--io-threads", "2",
+                     "--progress", "--csv", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("[step") == 8
+    assert "tok/s decode" in result.stderr and "read path odirect" in result.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 8
+    assert all(int(r["bytes_read"]) > 0 for r in rows)
+    assert {"wall_ms", "io_ms", "stall_ms", "compute_ms", "cache_hits", "cache_lookups", "evictions",
+            "major_faults", "rss_bytes"} <= set(rows[0])
+
+
+def test_board_profile_supplies_the_defaults(model: Path) -> None:
+    result = run_cli("generate", "-m", str(model), "-p", "Hi", "-n", "2", "--board", "rpi5", "--json")
+    assert result.returncode == 0, result.stderr
+    run = json_lines(result.stdout)[0]
+    assert run["threads"] == 4 and run["cache_mode"] == "auto"
+
+
+def test_a_failed_read_stops_generation_with_one_line(model: Path) -> None:
+    env = dict(os.environ, BMOE_FAULT="fail:60")
+    result = run_cli("generate", "-m", str(model), "-p", "Once upon a time", "-n", "40", "--cache-mb", "0",
+                     "--json", env=env, timeout=120)
+    assert_clean_error(result, "injected fault", "failed")
+    tokens = [r for r in json_lines(result.stdout) if r["type"] == "token"]
+    assert 0 < len(tokens) < 40, "some tokens before the failure, none after it"
+    assert not any(r["type"] == "summary" for r in json_lines(result.stdout))
+
+
+@pytest.fixture(scope="module")
+def bad_models(tmp_path_factory: pytest.TempPathFactory, model: Path) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("bad")
+    data = model.read_bytes()
+    (d / "truncated.gguf").write_bytes(data[:2000])
+    (d / "past-eof.gguf").write_bytes(data[: len(data) // 2])
+    unknown = d / "unknown-arch.gguf"
+    tinymoe.write_tiny_moe(unknown, "qwen3moe", "Q8_0", vocab_size=300)
+    raw = unknown.read_bytes().replace(b"qwen3moe", b"qwen9zzz")
+    unknown.write_bytes(raw)
+    dense = d / "dense.gguf"
+    tinymoe.write_tiny_moe(dense, "dense", "Q8_0", vocab_size=300)
+    split = tinymoe.fixture("olmoe", "Q8_0", split=3)
+    for i, shard in enumerate(tinymoe.shard_paths(split, 3)):
+        if i != 1:
+            shutil.copyfile(shard, d / shard.name)
+    return {"truncated": d / "truncated.gguf", "past_eof": d / "past-eof.gguf", "unknown": unknown,
+            "dense": dense, "missing_shard": d / tinymoe.shard_paths(split, 3)[0].name}
+
+
+@pytest.mark.parametrize("case,needles", [
+    ("truncated", ["truncated.gguf", "gguf"]),
+    ("past_eof", ["past the end of the file"]),
+    ("unknown", ["qwen9zzz", "no streaming recipe", "--no-stream"]),
+    ("dense", ["dense", "--no-stream"]),
+    ("missing_shard", ["missing shard 2 of 3"]),
+])
+def test_bad_models_get_one_line(bad_models: dict[str, Path], case: str, needles: list[str]) -> None:
+    result = run_cli("generate", "-m", str(bad_models[case]), "-p", "Hi", "-n", "2", "--stream")
+    assert_clean_error(result, *needles)
+
+
+def test_dense_model_runs_resident(bad_models: dict[str, Path]) -> None:
+    result = run_cli("generate", "-m", str(bad_models["dense"]), "-p", "Hi", "-n", "3", "--no-stream", "--json")
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["-m", "/no/such/model.gguf"], "No such file"),
+    (["--cache-mb", "-5"], "--cache-mb"),
+    (["--cache-mb", "lots"], "--cache-mb"),
+    (["--io-threads", "0"], "io_threads"),
+    (["--read-path", "mmap"], "read_path"),
+])
+def test_bad_arguments_get_one_line(model: Path, args: list[str], needle: str) -> None:
+    base = ["generate", "-p", "Hi", "-n", "2"]
+    if "-m" not in args:
+        base += ["-m", str(model)]
+    assert_clean_error(run_cli(*base, *args), needle)
