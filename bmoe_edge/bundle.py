@@ -199,6 +199,7 @@ def write_manifest(
     try:
         with os.fdopen(fd, "w") as f:
             f.write(manifest.to_json())
+        os.chmod(tmp, 0o644)
         os.replace(tmp, bundle_dir / MANIFEST_NAME)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -43,6 +43,9 @@ def _print_version(value: bool) -> None:
     typer.echo(f"bmoe-edge {v.version}")
     typer.echo(f"llama.cpp: {v.llama_pin} (upstream {v.llama_commit})")
     typer.echo(f"hook: {'yes' if v.hook else 'no'}")
+    import platform  # which build this is: a board bundle run under qemu says aarch64
+
+    typer.echo(f"machine: {platform.machine()} (python {platform.python_version()})")
     raise typer.Exit(0)
 
 
@@ -225,6 +228,36 @@ def profiles_show_cmd(
     """One board's resolved profile (its fragments merged), as YAML or JSON."""
     profile = profiles.load_profile(name, profiles.profile_dirs(profiles_dir or ()))
     typer.echo(json.dumps(profile.to_dict(), indent=2) if as_json else profiles.format_record(profile))
+
+
+@app.command("build")
+def build_cmd(
+    board: Annotated[str, typer.Option("--board", help="A board name (see `profiles list`).")],
+    out: Annotated[Path, typer.Option("--out", help="The bundle goes to OUT/<board>/.")] = Path("dist"),
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Compile jobs (default: all cores).")] = None,
+    no_fixtures: Annotated[bool, typer.Option("--no-fixtures", help="Leave the gate fixtures out.")] = False,
+    profiles_dir: ProfilesDir = None,
+) -> None:
+    """Build a board's bundle: its wheel (cross-compiled when needed), dependency wheels, launcher, manifest."""
+    from bmoe_edge import build
+
+    dirs = profiles.profile_dirs(profiles_dir or ())
+    result = build.build_board(board, out=out, jobs=jobs, profile_dirs=dirs, fixtures=not no_fixtures)
+    typer.echo(str(result.bundle_dir))
+
+
+@app.command("run")
+def run_cmd(
+    board: Annotated[str, typer.Option("--board", help="The board whose bundle to run.")],
+    args: Annotated[list[str] | None, typer.Argument(help="bmoe-edge arguments, after --.")] = None,
+    bundle_dir: Annotated[Path | None, typer.Option("--bundle", help="Default: dist/<board>.")] = None,
+    cpu: Annotated[str | None, typer.Option("--cpu", help="qemu CPU model instead of the profile's.")] = None,
+) -> None:
+    """Run a bundle's bmoe-edge under qemu-user (`bmoe-edge run --board qemu-arm64 -- --version`)."""
+    from bmoe_edge import build
+
+    result = build.run_bundle(bundle_dir or Path("dist") / board, args or [], cpu=cpu)
+    raise typer.Exit(build.exit_code(result.returncode))
 
 
 def run() -> None:
