@@ -36,8 +36,9 @@ import time
 import tomllib
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from bmoe_edge import __version__, bundle, llama_source, profiles, sysroot
 from bmoe_edge.errors import BmoeError
@@ -202,36 +203,36 @@ class Progress:
     """Shows a build's log as it grows: one status line on a terminal, sparse lines otherwise."""
 
     title: str
-    stream: object = field(default_factory=lambda: sys.stderr)
+    stream: TextIO | None = None   # None: show nothing
     _last_pct: int = -10
     _shown: bool = False
 
     def line(self, text: str) -> None:
         m = re.search(r"\[(\d+)/(\d+)\]\s*(.*)", text)
-        tty = getattr(self.stream, "isatty", lambda: False)()
-        if m:
-            done, total, what = int(m[1]), int(m[2]), m[3]
-            what = re.sub(r"^(Building \w+ object|Linking \w+ \w+ library|Linking \w+ \w+ module) ", "", what)
-            if tty:
-                width = shutil.get_terminal_size((100, 20)).columns
-                status = f"{self.title} [{done}/{total}] {what}"
-                print("\r" + status[: width - 1].ljust(width - 1), end="", file=self.stream, flush=True)
-                self._shown = True
-            else:
-                pct = 100 * done // max(total, 1)
-                if pct >= self._last_pct + 10 or done == total:
-                    self._last_pct = pct
-                    print(f"{self.title}: [{done}/{total}] {what}", file=self.stream, flush=True)
+        if self.stream is None or not m:
+            return
+        done, total, what = int(m[1]), int(m[2]), m[3]
+        what = re.sub(r"^(Building \w+ object|Linking \w+ \w+ library|Linking \w+ \w+ module) ", "", what)
+        if self.stream.isatty():
+            width = shutil.get_terminal_size((100, 20)).columns
+            status = f"{self.title} [{done}/{total}] {what}"
+            print("\r" + status[: width - 1].ljust(width - 1), end="", file=self.stream, flush=True)
+            self._shown = True
+        else:
+            pct = 100 * done // max(total, 1)
+            if pct >= self._last_pct + 10 or done == total:
+                self._last_pct = pct
+                print(f"{self.title}: [{done}/{total}] {what}", file=self.stream, flush=True)
 
     def close(self) -> None:
-        if self._shown:
+        if self._shown and self.stream is not None:
             print("", file=self.stream, flush=True)
 
 
 def _run_logged(cmd: Sequence[str], log_path: Path, env: Mapping[str, str], title: str,
                 quiet: bool = False) -> int:
     """Run `cmd`, all its output into `log_path` (appended), with a live status from its lines."""
-    progress = Progress(title, stream=open(os.devnull, "w") if quiet else sys.stderr)  # noqa: SIM115
+    progress = Progress(title, stream=None if quiet else sys.stderr)
     with open(log_path, "a", encoding="utf-8", errors="replace") as log:
         log.write(f"\n$ {shlex.join(cmd)}\n")
         log.flush()
@@ -484,7 +485,6 @@ def dependency_wheels(profile: BoardProfile, log: Callable[[str], None] = print)
                *(a for t in tags for a in ("--platform", t)),
                "-c", str(staging / "constraints.txt"), "-d", str(staging), *requirements]
         env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
-        env.pop("PIP_FIND_LINKS", None)   # a host wheelhouse holds host-platform wheels only
         result = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if result.returncode != 0:
             tail = [ln for ln in result.stderr.splitlines() if ln.strip()][-3:]

@@ -51,6 +51,13 @@ def test_boards_with_equal_flags_share_a_build_dir_and_others_do_not() -> None:
     assert rpi5.bundle_dir.name == "rpi5" and qemu.bundle_dir.name == "qemu-arm64"
 
 
+def test_every_shipped_board_has_a_build_plan() -> None:
+    for name in profiles.board_names():
+        plan = build.plan_build(profiles.load_profile(name))
+        assert plan.wheel_tag.startswith("cp311-cp311-linux_"), name
+        assert plan.build_dir.parent == REPO / "build", name
+
+
 def test_malformed_profile_fails_before_any_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "badboard.yaml").write_text(
         "extends: [_cortex-a76, _debian-bookworm-arm64, _engine-defaults]\n"
@@ -218,11 +225,12 @@ def _token_ids(stdout: str) -> list[int]:
     return [rec["id"] for rec in map(json.loads, stdout.splitlines()) if rec.get("type") == "token"]
 
 
-def _generate(bundle_dir: Path, cpu: str | None, tmp: Path) -> subprocess.CompletedProcess[str]:
+def _generate(bundle_dir: Path, cpu: str | None, tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     manifest = bundle.load_manifest(bundle_dir)
     model = bundle_dir / next(fx for fx in manifest.fixtures if fx.arch == "qwen3moe").files[0]
     return build.run_bundle(bundle_dir, ["generate", "-m", str(model), "-p", PROMPT, "-n", "6", "--json",
-                                         "-t", "1", "--ctx", "128"], cpu=cpu, capture=True, timeout=600, cwd=tmp)
+                                         "-t", "1", "--ctx", "128", *extra],
+                            cpu=cpu, capture=True, timeout=600, cwd=tmp)
 
 
 @pytest.mark.slow
@@ -254,6 +262,26 @@ def test_qemu_arm64_version_under_qemu_reports_aarch64_with_the_hook(qemu_bundle
                      cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "hook: yes" in result.stdout and "machine: aarch64" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.emulated
+def test_streamed_generate_equals_resident_under_qemu(qemu_bundle: Path, tmp_path: Path) -> None:
+    streamed = _generate(qemu_bundle, None, tmp_path, "--stream", "--cache-mb", "0")
+    resident = _generate(qemu_bundle, None, tmp_path, "--no-stream")
+    assert streamed.returncode == 0 and resident.returncode == 0, streamed.stderr + resident.stderr
+    assert len(_token_ids(streamed.stdout)) == 6
+    assert _token_ids(streamed.stdout) == _token_ids(resident.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.emulated
+def test_quick_gates_pass_under_qemu(qemu_bundle: Path, tmp_path: Path) -> None:
+    result = build.run_bundle(qemu_bundle, ["gates", "--quick", "--json", "--fixtures", str(qemu_bundle / "fixtures")],
+                              capture=True, timeout=1200, cwd=tmp_path)
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+    report = json.loads(result.stdout)
+    assert report["failed"] == 0 and report["passed"] > 0
 
 
 @pytest.mark.slow
