@@ -3,6 +3,7 @@ proven under qemu-aarch64 with each board's CPU model."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -76,7 +77,7 @@ def test_malformed_profile_fails_before_any_compiler(tmp_path: Path, monkeypatch
     monkeypatch.setattr(build.llama_source, "fetch", no_compiler)
     monkeypatch.setattr(build.sysroot, "ensure_sysroot", no_compiler)
     with pytest.raises(BmoeError) as err:
-        build.build_board("badboard", out=tmp_path / "dist", profile_dirs=[tmp_path])
+        build.build_board("badboard", out=tmp_path / "dist", profile_dirs=profiles.profile_dirs([tmp_path]))
     message = str(err.value)
     assert "badboard.yaml:8" in message and "read_path" in message
     assert not (tmp_path / "dist").exists()
@@ -341,3 +342,49 @@ def test_second_unchanged_build_takes_under_a_minute(qemu_bundle: Path, dist: Pa
     assert elapsed < 60, f"warm build took {elapsed:.0f} s"
     # nothing changed, so neither did the bundle
     assert again.manifest.bundle_id == first.bundle_id
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("field, value, needle", [
+    ("glibc", '"2.30"', "need GLIBC_2.3"),
+    ("libs", "[libc.so.6, libm.so.6, libgcc_s.so.1, ld-linux-aarch64.so.1]", "needs libstdc++.so.6"),
+])
+def test_output_checks_fail_the_build_with_a_clear_error(
+    qemu_bundle: Path, tmp_path: Path, field: str, value: str, needle: str,
+) -> None:
+    """A user profile that differs from qemu-arm64 only in what the board provides: same build dir
+    (warm), and the check on the binaries refuses to make a bundle."""
+    (tmp_path / "strict.yaml").write_text(f"extends: qemu-arm64\n{field}: {value}\n")
+    with pytest.raises(BmoeError, match="board strict") as err:
+        build.build_board("strict", out=tmp_path / "dist", profile_dirs=profiles.profile_dirs([tmp_path]),
+                          fixtures=False, quiet=True, log=lambda _m: None)
+    assert needle in str(err.value)
+    assert not (tmp_path / "dist" / "strict").exists()
+
+
+@pytest.mark.slow
+def test_march_and_hook_checks_compare_with_what_the_build_used(
+    qemu_bundle: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan = build.plan_build(profiles.load_profile("qemu-arm64"))
+    wheel = next((plan.build_dir / "wheelhouse").glob("*.whl"))
+    assert build.check_build(plan, wheel).march_used == A76
+    as_pi4 = dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, march="armv8-a"))
+    with pytest.raises(BmoeError, match=r"compiled with -march=armv8\.2-a\+dotprod\+fp16, .* needs armv8-a"):
+        build.check_build(as_pi4, wheel)
+    monkeypatch.setattr(build, "defined_symbols", lambda *_a: set())
+    with pytest.raises(BmoeError, match="ggml_cpu_set_expert_ready_hook is not in"):
+        build.check_build(plan, wheel)
+    no_hook = dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, hook=False))
+    assert build.check_build(no_hook, wheel).hook is False
+
+
+@pytest.mark.slow
+def test_host_bundle_goes_through_the_same_path_natively(dist: Path, tmp_path: Path) -> None:
+    result = build.build_board("host", out=dist, quiet=True, log=lambda _m: None)
+    manifest = bundle.verify_bundle(result.bundle_dir)
+    assert not result.plan.cross and manifest.wheel.endswith("-cp311-cp311-linux_x86_64.whl")
+    assert manifest.cmake_flags["ggml_cpu_march_used"] == "" and manifest.cmake_flags["GGML_NATIVE"] == "OFF"
+    version = build.run_bundle(result.bundle_dir, ["--version"], capture=True, timeout=120, cwd=tmp_path)
+    assert version.returncode == 0, version.stderr
+    assert "hook: yes" in version.stdout and "machine: x86_64" in version.stdout
