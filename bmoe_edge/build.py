@@ -50,6 +50,7 @@ DEPLOY_DIR = PROJECT_ROOT / "deploy"
 BUILD_ROOT = PROJECT_ROOT / "build"
 LOG_NAME = "build.log"
 HOOK_SYMBOL = llama_source.HOOK_SYMBOL
+RUN_SITES_KEPT = 8                 # unpacked bundles kept under ~/.cache/bmoe-edge/run/
 REPRODUCIBLE_EPOCH = "315619200"   # 1980-01-02: zip's earliest date, for every entry of the wheel
 
 # ELF e_machine values (elf.h) and the arch names profiles use.
@@ -685,7 +686,9 @@ def bundle_site(bundle_dir: Path, manifest: bundle.Manifest) -> Path:
     base = llama_source.cache_dir() / "run" / manifest.bundle_id
     site = base / "site"
     if (base / ".complete").is_file() and site.is_dir():
+        os.utime(base / ".complete")
         return site
+    _prune_sites(base.parent, keep=RUN_SITES_KEPT - 1)
     base.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=base, prefix=".site-"))
     try:
@@ -696,6 +699,16 @@ def bundle_site(bundle_dir: Path, manifest: bundle.Manifest) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return site
+
+
+def _prune_sites(runs: Path, keep: int) -> None:
+    """Keep the `keep` most recently used unpacked bundles under `runs`."""
+    if not runs.is_dir():
+        return
+    done = sorted((d for d in runs.iterdir() if (d / ".complete").is_file()),
+                  key=lambda d: (d / ".complete").stat().st_mtime, reverse=True)
+    for old in done[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def emulated_command(bundle_dir: Path, python_args: Sequence[str], *, cpu: str | None = None,
