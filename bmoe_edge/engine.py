@@ -91,6 +91,7 @@ class TokenMetrics:
     wall_ms: float
     io_ms: float
     stall_ms: float
+    drain_ms: float
     compute_ms: float
     bytes_read: int
     slice_bytes: int

@@ -66,6 +66,11 @@ CASES: dict[str, StreamCase] = {c.name: c for c in (
     StreamCase("odirect-1-lane", cache=0.3, overrides={"io_threads": 1}),
     StreamCase("dense-anon", cache=0.3, overrides={"dense": "anon"}),
     StreamCase("two-generations", cache=0.5, generations=2),
+    StreamCase("overlap-cache-off", overrides={"overlap": True}),
+    StreamCase("overlap-cache-small", cache=0.3, overrides={"overlap": True}),
+    StreamCase("overlap-1-lane", cache=0.3, overrides={"overlap": True, "io_threads": 1}),
+    StreamCase("overlap-4-lanes-2-threads", overrides={"overlap": True, "io_threads": 4, "threads": 2}),
+    StreamCase("overlap-two-generations", cache=0.5, generations=2, overrides={"overlap": True}),
 )}
 
 
@@ -111,7 +116,7 @@ def quick_matrix() -> list[Cell]:
     cells = []
     for arch, quant in (("qwen3moe", "Q8_0"), ("gpt-oss", "Q4_0"), ("gemma4", "F16"), ("qwen2moe", "Q4_K_M")):
         spec = FixtureSpec(arch, quant)
-        cells += [Cell(spec, CASES[name]) for name in ("cache-off", "cache-small", "dense-anon")]
+        cells += [Cell(spec, CASES[name]) for name in ("cache-off", "cache-small", "dense-anon", "overlap-cache-small")]
     cells.append(Cell(FixtureSpec("olmoe", "Q8_0", split=3), CASES["two-generations"]))
     return cells
 
@@ -217,10 +222,13 @@ def run_gates(cells: Iterable[Cell], resolve: Callable[[FixtureSpec], Path],
         with native.engine_errors():
             expert_bytes = n.probe_model(str(model)).expert_bytes
         most = max(c.case.generations for c in group)
-        with Engine(model, replace(BASE, stream=False)) as engine:
-            resident = _generate(engine, most, steps)
+        resident: dict[int, list[Generation]] = {}  # by thread count: the one knob cases change
         for cell in group:
-            yield run_cell(cell, model, resident, expert_bytes, steps)
+            threads = stream_config(cell.case, expert_bytes).threads
+            if threads not in resident:
+                with Engine(model, replace(BASE, stream=False, threads=threads)) as engine:
+                    resident[threads] = _generate(engine, most, steps)
+            yield run_cell(cell, model, resident[threads], expert_bytes, steps)
 
 
 def format_result(r: CellResult) -> str:

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from bmoe_edge import gates
+
 from conftest import run_cli
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bmoe_edge import tinymoe
+
 from conftest import assert_clean_error, run_cli
 
 

@@ -88,7 +88,7 @@ NB_MODULE(_native, m) {
 #define BMOE_RO(cls, field) .def_ro(#field, &bmoe::cls::field)
     nb::class_<bmoe::TokenMetrics>(m, "TokenMetrics")
         BMOE_RO(TokenMetrics, step) BMOE_RO(TokenMetrics, n_tokens) BMOE_RO(TokenMetrics, wall_ms)
-        BMOE_RO(TokenMetrics, io_ms) BMOE_RO(TokenMetrics, stall_ms) BMOE_RO(TokenMetrics, compute_ms)
+        BMOE_RO(TokenMetrics, io_ms) BMOE_RO(TokenMetrics, stall_ms) BMOE_RO(TokenMetrics, drain_ms) BMOE_RO(TokenMetrics, compute_ms)
         BMOE_RO(TokenMetrics, bytes_read) BMOE_RO(TokenMetrics, slice_bytes) BMOE_RO(TokenMetrics, copy_bytes)
         BMOE_RO(TokenMetrics, cache_lookups) BMOE_RO(TokenMetrics, cache_hits) BMOE_RO(TokenMetrics, evictions)
         BMOE_RO(TokenMetrics, major_faults) BMOE_RO(TokenMetrics, rss_bytes)

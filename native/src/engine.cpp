@@ -106,6 +106,7 @@ struct Engine::Impl {
     std::unique_ptr<llama_context, ContextDeleter> ctx;
     std::unique_ptr<llama_sampler, SamplerDeleter> sampler;
     const llama_vocab * vocab = nullptr;
+    std::unique_ptr<detail::ExpertReadyHook> hook;  // last member: unregistered before anything is freed
     std::vector<llama_token> pending;
     bool want_logits = false;
     int step = 0;
@@ -154,9 +155,6 @@ void Engine::Impl::open(const std::string & path) {
             throw Error(path + ": architecture '" + info.architecture + "' has no streaming recipe (known: " + known +
                         "); run it with --no-stream, or add a row to the recipe table (bmoe-edge archs)");
         }
-        if (config.overlap) {
-            throw Error("overlap is not available in this version of the engine; run without --overlap");
-        }
     }
     load_model(path, recipe);
     info.n_layer = llama_model_n_layer(model.get());
@@ -182,9 +180,15 @@ void Engine::Impl::open(const std::string & path) {
         info.warning = "cache budget (" + std::to_string(budget >> 10) + " KiB) is below one token's routed experts (" +
                        std::to_string(info.routed_bytes_per_token >> 10) + " KiB): expect a 0% hit rate";
     }
-    seam->set_router([this](int layer, const std::vector<int> & experts) {
-        streaming.streamer->make_resident(layer, experts);
-    });
+    detail::Streamer & streamer = *streaming.streamer;
+    if (config.overlap) {
+        hook = std::make_unique<detail::ExpertReadyHook>(streamer);
+        llama_set_abort_callback(
+            ctx.get(), [](void * s) { return static_cast<detail::Streamer *>(s)->failed(); }, &streamer);
+        seam->set_router([&streamer](int layer, const std::vector<int> & e) { streamer.publish(layer, e); });
+    } else {
+        seam->set_router([&streamer](int layer, const std::vector<int> & e) { streamer.make_resident(layer, e); });
+    }
     seam->set_mode(detail::Seam::Mode::Stream);
     info.rss_after_load = detail::rss_bytes();
 }
@@ -281,6 +285,9 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens) {
     for (size_t done = 0; done < tokens.size();) {
         const auto n = static_cast<int32_t>(std::min<size_t>(tokens.size() - done, static_cast<size_t>(config.batch)));
         const int rc = llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
+        if (config.overlap && streaming.streamer) {
+            streaming.streamer->drain();  // the last layer's reads; rethrows a failed read
+        }
         if (seam) {
             const std::string error = seam->take_error();
             if (!error.empty()) {
@@ -381,6 +388,7 @@ bool Engine::next(StepResult & out) {
         const detail::StreamCounters c = d.streaming.streamer->take_counters();
         out.metrics.io_ms = c.io_ms;
         out.metrics.stall_ms = c.stall_ms;
+        out.metrics.drain_ms = c.drain_ms;
         out.metrics.bytes_read = c.storage_bytes;
         out.metrics.slice_bytes = c.slice_bytes;
         out.metrics.copy_bytes = c.copy_bytes;

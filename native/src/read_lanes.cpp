@@ -7,8 +7,9 @@
 
 namespace bmoe::detail {
 
-Batch::Batch(std::vector<ReadJob> jobs)
-    : jobs_(std::move(jobs)), done_(new std::atomic<bool>[jobs_.size()]), remaining_(jobs_.size()) {
+Batch::Batch(std::vector<ReadJob> jobs, JobDone on_job_done)
+    : jobs_(std::move(jobs)), on_job_done_(std::move(on_job_done)), done_(new std::atomic<bool>[jobs_.size()]),
+      remaining_(jobs_.size()) {
     for (size_t i = 0; i < jobs_.size(); ++i) {
         done_[i].store(false, std::memory_order_relaxed);
     }
@@ -17,6 +18,9 @@ Batch::Batch(std::vector<ReadJob> jobs)
 void Batch::finish(size_t i, uint64_t storage, uint64_t copies, const std::string * error) {
     storage_bytes_ += storage;
     copy_bytes_ += copies;
+    if (on_job_done_) {
+        on_job_done_(i, error == nullptr);
+    }
     {
         std::lock_guard<std::mutex> lock(mutex_);
         last_end_ = Clock::now();

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,7 +31,10 @@ class Batch {
 public:
     using Clock = std::chrono::steady_clock;
 
-    explicit Batch(std::vector<ReadJob> jobs);
+    using JobDone = std::function<void(size_t index, bool ok)>;
+
+    // `on_job_done` (optional) runs on the lane thread as each job finishes, before waiters wake.
+    explicit Batch(std::vector<ReadJob> jobs, JobDone on_job_done = nullptr);
 
     const std::vector<ReadJob> & jobs() const { return jobs_; }
     // Block until every job is done; throws bmoe::Error if any failed.
@@ -49,6 +53,7 @@ private:
     void finish(size_t i, uint64_t storage, uint64_t copies, const std::string * error);
 
     std::vector<ReadJob> jobs_;
+    JobDone on_job_done_;
     std::unique_ptr<std::atomic<bool>[]> done_;
     std::atomic<size_t> remaining_;
     std::atomic<uint64_t> storage_bytes_{0};

@@ -5,9 +5,13 @@
 #include <cstring>
 #include <exception>
 
+#include <atomic>
+
 #include "bmoe/error.h"
 #include "ggml-backend.h"
+#include "ggml-cpu.h"
 #include "ggml.h"
+#include "streamer.h"
 
 namespace bmoe::detail {
 namespace {
@@ -130,6 +134,37 @@ void Seam::check_file_layout(const CapturedTensor & c, int fd, uint64_t file_off
 }
 
 void * Seam::data(const CapturedTensor & c) { return c.tensor->data; }
+
+namespace {
+std::atomic<bool> g_hook_taken{false};
+
+#ifdef BMOE_HAVE_EXPERT_READY_HOOK
+void expert_ready(const ggml_tensor * src0, int expert, void * user_data) {
+    static_cast<Streamer *>(user_data)->wait_ready(src0, expert);
+}
+#endif
+}  // namespace
+
+ExpertReadyHook::ExpertReadyHook(Streamer & streamer) {
+#ifdef BMOE_HAVE_EXPERT_READY_HOOK
+    if (g_hook_taken.exchange(true)) {
+        throw Error("another engine in this process already uses overlap (the expert-ready hook is process-wide); "
+                    "close it first or run this one without overlap");
+    }
+    ggml_cpu_set_expert_ready_hook(&expert_ready, &streamer);
+#else
+    (void) streamer;
+    throw Error("overlap needs the expert-ready hook (patch 0001), and this build is against stock llama.cpp; "
+                "rebuild with the patches (the default: BMOE_LLAMA_PATCHES=ON) or run without --overlap");
+#endif
+}
+
+ExpertReadyHook::~ExpertReadyHook() {
+#ifdef BMOE_HAVE_EXPERT_READY_HOOK
+    ggml_cpu_set_expert_ready_hook(nullptr, nullptr);
+    g_hook_taken.store(false);
+#endif
+}
 
 void Seam::repoint(const CapturedTensor & c, void * new_data) { c.tensor->data = new_data; }
 

@@ -69,6 +69,19 @@ private:
     std::vector<int> ids_;
 };
 
+class Streamer;
+
+// The process-wide expert-ready hook of patch 0001, registered for one streamer for as long as this
+// object lives. The hook is global to ggml-cpu, so only one overlapping engine per process.
+class ExpertReadyHook {
+public:
+    // Throws bmoe::Error when the build has no hook or another engine holds it.
+    explicit ExpertReadyHook(Streamer & streamer);
+    ~ExpertReadyHook();
+    ExpertReadyHook(const ExpertReadyHook &) = delete;
+    ExpertReadyHook & operator=(const ExpertReadyHook &) = delete;
+};
+
 // "blk.<il>.<suffix>.weight" with suffix from the recipe -> layer and projection index.
 bool parse_expert_name(const std::string & name, const Recipe & recipe, int & layer, int & projection);
 

@@ -68,7 +68,7 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
             throw Error("expert tensor " + c.name + " does not match the file's tensor table");
         }
         Seam::check_file_layout(c, check_fds[loc->file]->get(), loc->offset);
-        streamed.push_back({c.layer, c.projection, loc->file, loc->offset, c.expert_stride, c.n_expert});
+        streamed.push_back({c.layer, c.projection, loc->file, loc->offset, c.expert_stride, c.n_expert, c.tensor});
         info.expert_bytes += c.nbytes;
         info.routed_bytes_per_token += c.expert_stride * static_cast<uint64_t>(info.n_expert_used);
     }
@@ -120,7 +120,7 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
         mirrors.push_back(parts.mirrors[i].get());
     }
     parts.streamer = std::make_unique<Streamer>(std::move(streamed), std::move(files), std::move(mirrors),
-                                                cache_budget_bytes, *parts.lanes);
+                                                cache_budget_bytes, *parts.lanes, info.threads);
     return parts;
 }
 

@@ -2,17 +2,30 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "mirror.h"
 #include "read_lanes.h"
 #include "slice_file.h"
 
 namespace bmoe::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// A slice read takes tens of microseconds at best: spin that long before sleeping.
+constexpr int kSpins = 2000;
+
+}  // namespace
 
 Streamer::Streamer(std::vector<StreamedTensor> tensors, std::vector<SliceFile *> files, std::vector<Mirror *> mirrors,
-                   uint64_t cache_budget_bytes, ReadLanes & lanes)
+                   uint64_t cache_budget_bytes, ReadLanes & lanes, int compute_threads)
     : tensors_(std::move(tensors)), files_(std::move(files)), mirrors_(std::move(mirrors)),
-      cache_(cache_budget_bytes), lanes_(lanes) {
+      cache_(cache_budget_bytes), lanes_(lanes), compute_threads_(std::max(1, compute_threads)) {
     int max_layer = -1;
     for (const auto & t : tensors_) {
         max_layer = std::max(max_layer, t.layer);
@@ -20,10 +33,30 @@ Streamer::Streamer(std::vector<StreamedTensor> tensors, std::vector<SliceFile *>
     by_layer_.resize(static_cast<size_t>(max_layer + 1));
     for (size_t i = 0; i < tensors_.size(); ++i) {
         by_layer_[static_cast<size_t>(tensors_[i].layer)].push_back(i);
+        by_key_.emplace_back(tensors_[i].key, i);
+        ready_.emplace_back(new std::atomic<uint64_t>[static_cast<size_t>(tensors_[i].n_expert)]);
+        for (int e = 0; e < tensors_[i].n_expert; ++e) {
+            ready_.back()[static_cast<size_t>(e)].store(0, std::memory_order_relaxed);
+        }
     }
+    wanted_.reset(new std::atomic<uint64_t>[tensors_.size()]);
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+        wanted_[i].store(0, std::memory_order_relaxed);
+    }
+    std::sort(by_key_.begin(), by_key_.end());
     for (auto & idx : by_layer_) {
         std::sort(idx.begin(), idx.end(),
                   [&](size_t a, size_t b) { return tensors_[a].projection < tensors_[b].projection; });
+    }
+}
+
+Streamer::~Streamer() {
+    // Never free the mirror under a lane still writing into it.
+    if (in_flight_) {
+        try {
+            in_flight_->wait();
+        } catch (...) {
+        }
     }
 }
 
@@ -49,14 +82,10 @@ void Streamer::for_each_slice(int layer, int expert, bool acquire) {
     }
 }
 
-void Streamer::make_resident(int layer, const std::vector<int> & routed) {
-    if (layer < 0 || layer >= n_layers() || by_layer_[static_cast<size_t>(layer)].empty()) {
-        return;  // a layer without streamed experts (dense layers of a mixed model)
-    }
-    std::vector<int> experts(routed);
+std::vector<int> Streamer::admit(int layer, const std::vector<int> & routed, std::vector<int> & experts) {
+    experts = routed;
     std::sort(experts.begin(), experts.end());
     experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
-
     std::vector<int> missing;
     for (int e : experts) {
         ++counters_.lookups;
@@ -76,40 +105,152 @@ void Streamer::make_resident(int layer, const std::vector<int> & routed) {
         for_each_slice(victim.layer, victim.expert, false);
         ++counters_.evictions;
     }
-    if (missing.empty()) {
-        return;
-    }
+    return missing;
+}
+
+std::vector<ReadJob> Streamer::jobs_for(int layer, const std::vector<int> & missing,
+                                        std::vector<std::pair<size_t, int>> * targets) {
     // Projection-major, experts ascending: the order the expert matmuls consume them.
     std::vector<ReadJob> jobs;
-    jobs.reserve(missing.size() * by_layer_[static_cast<size_t>(layer)].size());
     for (size_t i : by_layer_[static_cast<size_t>(layer)]) {
         const StreamedTensor & t = tensors_[i];
         for (int e : missing) {
             jobs.push_back({files_[t.file], t.offset + static_cast<uint64_t>(e) * t.expert_bytes, t.expert_bytes});
             counters_.slice_bytes += t.expert_bytes;
+            if (targets != nullptr) {
+                targets->emplace_back(i, e);
+            }
         }
     }
-    auto batch = std::make_shared<Batch>(std::move(jobs));
-    const auto t0 = std::chrono::steady_clock::now();
+    return jobs;
+}
+
+void Streamer::forget(int layer, const std::vector<int> & missing) {
+    // A failed layer's slices must never count as resident.
+    for (int e : missing) {
+        for_each_slice(layer, e, false);
+    }
+    cache_.evict_layer(layer, missing);
+}
+
+void Streamer::make_resident(int layer, const std::vector<int> & routed) {
+    if (layer < 0 || layer >= n_layers() || by_layer_[static_cast<size_t>(layer)].empty()) {
+        return;  // a layer without streamed experts (the dense layers of a mixed model)
+    }
+    std::vector<int> experts;
+    const std::vector<int> missing = admit(layer, routed, experts);
+    if (missing.empty()) {
+        return;
+    }
+    auto batch = std::make_shared<Batch>(jobs_for(layer, missing, nullptr));
+    const auto t0 = Clock::now();
     lanes_.submit(batch);
     try {
         batch->wait();
     } catch (...) {
-        // The failed layer's slices must never count as resident.
-        for (int e : missing) {
-            for_each_slice(layer, e, false);
-        }
-        cache_.evict_layer(layer, missing);
+        forget(layer, missing);
         throw;
     }
-    counters_.stall_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    counters_.stall_ms += ms_since(t0);
     counters_.io_ms += batch->io_ms();
     counters_.storage_bytes += batch->storage_bytes();
     counters_.copy_bytes += batch->copy_bytes();
 }
 
+void Streamer::drain() {
+    if (!in_flight_) {
+        return;
+    }
+    const auto t0 = Clock::now();
+    std::shared_ptr<Batch> batch = std::move(in_flight_);
+    in_flight_.reset();
+    try {
+        batch->wait();
+    } catch (...) {
+        forget(in_flight_layer_, in_flight_missing_);
+        counters_.drain_ms += ms_since(t0);
+        throw;
+    }
+    counters_.drain_ms += ms_since(t0);
+    counters_.io_ms += batch->io_ms();
+    counters_.storage_bytes += batch->storage_bytes();
+    counters_.copy_bytes += batch->copy_bytes();
+}
+
+void Streamer::publish(int layer, const std::vector<int> & routed) {
+    drain();  // eviction below must not release pages a lane is still writing
+    fatal_.store(false, std::memory_order_release);
+    if (layer < 0 || layer >= n_layers() || by_layer_[static_cast<size_t>(layer)].empty()) {
+        return;
+    }
+    std::vector<int> experts;
+    const std::vector<int> missing = admit(layer, routed, experts);
+    const uint64_t generation = ++generation_;
+    for (size_t i : by_layer_[static_cast<size_t>(layer)]) {
+        wanted_[i].store(generation, std::memory_order_release);
+        for (int e : experts) {
+            if (!std::binary_search(missing.begin(), missing.end(), e)) {
+                ready_[i][static_cast<size_t>(e)].store(generation, std::memory_order_release);  // a cache hit
+            }
+        }
+    }
+    if (missing.empty()) {
+        return;
+    }
+    auto targets = std::make_shared<std::vector<std::pair<size_t, int>>>();
+    std::vector<ReadJob> jobs = jobs_for(layer, missing, targets.get());
+    in_flight_ = std::make_shared<Batch>(std::move(jobs), [this, targets, generation](size_t index, bool ok) {
+        if (ok) {
+            mark_ready((*targets)[index].first, (*targets)[index].second, generation);
+        } else {
+            mark_failed();
+        }
+    });
+    in_flight_layer_ = layer;
+    in_flight_missing_ = missing;
+    lanes_.submit(in_flight_);
+}
+
+void Streamer::mark_ready(size_t tensor, int expert, uint64_t generation) {
+    ready_[tensor][static_cast<size_t>(expert)].store(generation, std::memory_order_release);
+    { std::lock_guard<std::mutex> lock(wait_mutex_); }  // no waiter can miss the store below
+    wait_cv_.notify_all();
+}
+
+void Streamer::mark_failed() {
+    {
+        std::lock_guard<std::mutex> lock(wait_mutex_);
+        fatal_.store(true, std::memory_order_release);
+    }
+    wait_cv_.notify_all();
+}
+
+void Streamer::wait_ready(const void * key, int expert) {
+    const auto it = std::lower_bound(by_key_.begin(), by_key_.end(), std::make_pair(key, size_t{0}));
+    if (it == by_key_.end() || it->first != key) {
+        return;
+    }
+    const size_t t = it->second;
+    const uint64_t want = wanted_[t].load(std::memory_order_acquire);
+    std::atomic<uint64_t> & flag = ready_[t][static_cast<size_t>(expert)];
+    auto ready = [&] { return flag.load(std::memory_order_acquire) == want || fatal_.load(std::memory_order_acquire); };
+    if (ready()) {
+        return;
+    }
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kSpins && !ready(); ++i) {
+        std::this_thread::yield();
+    }
+    if (!ready()) {
+        std::unique_lock<std::mutex> lock(wait_mutex_);
+        wait_cv_.wait(lock, ready);
+    }
+    stall_ns_ += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
 StreamCounters Streamer::take_counters() {
     StreamCounters out = counters_;
+    out.stall_ms += static_cast<double>(stall_ns_.exchange(0)) / 1e6 / compute_threads_;
     counters_ = StreamCounters{};
     return out;
 }

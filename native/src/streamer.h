@@ -1,28 +1,38 @@
 // The streaming policy: given the experts a layer routed to, decide what to read and what to
-// evict, and make the routed slices resident before the layer's expert matmuls run. Knows
-// nothing of llama.cpp: tensors are (file, offset, bytes per expert) rows.
+// evict, and make the routed slices resident before the layer's expert matmuls use them — either
+// before returning (serial) or by publishing the reads and letting each compute thread wait, in
+// the expert-ready hook, for the one slice it is about to multiply (overlap). Knows nothing of
+// llama.cpp: tensors are (file, offset, bytes per expert) rows with an opaque identity key.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "expert_cache.h"
 
 namespace bmoe::detail {
 
+class Batch;
 class Mirror;
 class ReadLanes;
 class SliceFile;
+struct ReadJob;
 
 // One projection (gate, up, down or fused gate_up) of one layer's experts.
 struct StreamedTensor {
     int layer = 0;
-    int projection = 0;        // position in the recipe's suffix list: reads go projection-major
+    int projection = 0;         // position in the recipe's suffix list: reads go projection-major
     uint32_t file = 0;
-    uint64_t offset = 0;       // file offset of expert 0
-    uint64_t expert_bytes = 0; // nb[2]: one expert's slice
+    uint64_t offset = 0;        // file offset of expert 0
+    uint64_t expert_bytes = 0;  // nb[2]: one expert's slice
     int n_expert = 0;
+    const void * key = nullptr; // the tensor's identity as the expert-ready hook sees it
 };
 
 struct StreamCounters {
@@ -33,17 +43,28 @@ struct StreamCounters {
     uint64_t hits = 0;
     uint64_t evictions = 0;
     double io_ms = 0;
-    double stall_ms = 0;
+    double stall_ms = 0;  // serial: eval thread blocked; overlap: per compute thread, averaged
+    double drain_ms = 0;  // overlap: waiting for the previous layer's reads before publishing
 };
 
 class Streamer {
 public:
     Streamer(std::vector<StreamedTensor> tensors, std::vector<SliceFile *> files, std::vector<Mirror *> mirrors,
-             uint64_t cache_budget_bytes, ReadLanes & lanes);
+             uint64_t cache_budget_bytes, ReadLanes & lanes, int compute_threads);
+    ~Streamer();
 
-    // Serial streaming: returns once every routed slice of `layer` is resident. Throws bmoe::Error
-    // if any read failed; then nothing of this layer may be computed.
+    // Serial: returns once every routed slice of `layer` is resident. Throws bmoe::Error if any
+    // read failed; then nothing of this layer may be computed.
     void make_resident(int layer, const std::vector<int> & experts);
+
+    // Overlap: drain the previous batch (eviction safety), publish this layer's reads, return.
+    void publish(int layer, const std::vector<int> & experts);
+    // The expert-ready hook: block until `expert` of the tensor with this key is resident (or the
+    // batch failed). Unknown keys (tensors we do not stream) return at once.
+    void wait_ready(const void * key, int expert);
+    // Wait for the batch in flight; rethrows its error after undoing its residency.
+    void drain();
+    bool failed() const { return fatal_.load(std::memory_order_acquire); }
 
     StreamCounters take_counters();
     uint64_t resident_expert_bytes() const;
@@ -51,7 +72,14 @@ public:
     int n_layers() const { return static_cast<int>(by_layer_.size()); }
 
 private:
+    // Cache lookups, residency accounting and eviction for one layer: returns the missing experts.
+    std::vector<int> admit(int layer, const std::vector<int> & routed, std::vector<int> & experts);
+    std::vector<ReadJob> jobs_for(int layer, const std::vector<int> & missing,
+                                  std::vector<std::pair<size_t, int>> * targets);
+    void forget(int layer, const std::vector<int> & missing);
     void for_each_slice(int layer, int expert, bool acquire);
+    void mark_ready(size_t tensor, int expert, uint64_t generation);
+    void mark_failed();
 
     std::vector<StreamedTensor> tensors_;
     std::vector<std::vector<size_t>> by_layer_;  // layer -> indexes into tensors_, projection order
@@ -60,6 +88,21 @@ private:
     ExpertCache cache_;
     ReadLanes & lanes_;
     StreamCounters counters_;
+    int compute_threads_ = 1;
+
+    // Overlap state. Readiness per (tensor, expert) carries the generation of the batch that made
+    // it resident, so flags are reused across layers and tokens without clearing.
+    std::vector<std::pair<const void *, size_t>> by_key_;  // sorted by key
+    std::vector<std::unique_ptr<std::atomic<uint64_t>[]>> ready_;
+    std::unique_ptr<std::atomic<uint64_t>[]> wanted_;
+    uint64_t generation_ = 0;
+    std::shared_ptr<Batch> in_flight_;
+    int in_flight_layer_ = -1;
+    std::vector<int> in_flight_missing_;
+    std::atomic<bool> fatal_{false};
+    std::atomic<uint64_t> stall_ns_{0};
+    std::mutex wait_mutex_;
+    std::condition_variable wait_cv_;
 };
 
 }  // namespace bmoe::detail

@@ -11,7 +11,8 @@ struct TokenMetrics {
     int n_tokens = 0;               // tokens decoded in this step (the prompt for step 0)
     double wall_ms = 0;
     double io_ms = 0;               // wall time during which at least one read of this step was in flight
-    double stall_ms = 0;            // time the compute side spent blocked on reads
+    double stall_ms = 0;            // compute blocked on reads (overlap: per compute thread, averaged)
+    double drain_ms = 0;            // overlap: waiting for the previous layer's reads before publishing
     double compute_ms = 0;          // wall - stall
     uint64_t bytes_read = 0;        // bytes read from the file (O_DIRECT windows included)
     uint64_t slice_bytes = 0;       // bytes of the expert slices made resident
