@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from bmoe_edge import tinymoe
+
 from conftest import REPO
 
 HOOK = "ggml_cpu_set_expert_ready_hook"
@@ -69,3 +71,17 @@ def test_stock_upstream_build_succeeds_without_the_hook(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "hook: no" in result.stdout
+
+    # Overlap needs the hook: a clear error that says how to get it. Everything else still works.
+    model = str(tinymoe.fixture("qwen3moe", "Q8_0"))
+    overlap = subprocess.run(
+        [sys.executable, "-S", "-m", "bmoe_edge", "generate", "-m", model, "-p", "Hi", "-n", "2", "--overlap"],
+        capture_output=True, text=True, env=isolated, cwd=tmp_path, timeout=120,
+    )
+    assert overlap.returncode == 1 and "Traceback" not in overlap.stderr
+    assert "expert-ready hook" in overlap.stderr and "BMOE_LLAMA_PATCHES" in overlap.stderr
+    serial = subprocess.run(
+        [sys.executable, "-S", "-m", "bmoe_edge", "generate", "-m", model, "-p", "Hi", "-n", "2", "--no-overlap"],
+        capture_output=True, text=True, env=isolated, cwd=tmp_path, timeout=120,
+    )
+    assert serial.returncode == 0, serial.stderr
