@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.llama_source import sha256_file
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -100,14 +101,6 @@ class Manifest:
 
 
 # ---------------------------------------------------------------------------------------------------
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def check_relpath(path: str, what: str = "path") -> str:
