@@ -169,8 +169,14 @@ def gates_cmd(
     quick: Annotated[bool, typer.Option("--quick", help="The representative subset (slow targets).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="The report as JSON.")] = False,
     fixtures: Annotated[Path | None, typer.Option("--fixtures", help="Use a bundle's fixtures directory.")] = None,
+    board: Annotated[str | None, typer.Option("--board", help="Run dist/<board>'s build under qemu (quick).")] = None,
 ) -> None:
     """Streamed == resident, token ids and every step's logits, over the gate matrix."""
+    if board:
+        from bmoe_edge import build
+
+        result = build.run_bundle(Path("dist") / board, gates.emulated_gate_args(Path("dist") / board, as_json))
+        raise typer.Exit(build.exit_code(result.returncode))
     cells = gates.quick_matrix() if quick else gates.full_matrix()
     steps = gates.QUICK_STEPS if quick else gates.STEPS
     results = []

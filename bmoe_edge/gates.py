@@ -231,6 +231,12 @@ def run_gates(cells: Iterable[Cell], resolve: Callable[[FixtureSpec], Path],
             yield run_cell(cell, model, resident[threads], expert_bytes, steps)
 
 
+def emulated_gate_args(bundle_dir: Path, as_json: bool) -> list[str]:
+    """`bmoe-edge gates` arguments that run a bundle's quick matrix on its own fixtures."""
+    args = ["gates", "--quick", "--fixtures", str((bundle_dir / "fixtures").resolve())]
+    return [*args, "--json"] if as_json else args
+
+
 def format_result(r: CellResult) -> str:
     line = (f"{'PASS' if r.passed else 'FAIL'} {r.arch:<9} {r.quant:<7} split={r.split} {r.config:<16} "
             f"steps={r.steps:<3} read={r.bytes_read / 2**20:6.2f}MiB hit={r.hit_pct:5.1f}% {r.read_path}")
