@@ -26,7 +26,10 @@ uint64_t align_up(uint64_t v, uint64_t a) { return align_down(v + a - 1, a); }
 // else 4096. 0 means the filesystem reports no O_DIRECT support through statx (tmpfs).
 uint64_t query_dio_align(const std::string & path) {
     struct statx stx {};
-    if (statx(AT_FDCWD, path.c_str(), 0, STATX_DIOALIGN, &stx) == 0 && (stx.stx_mask & STATX_DIOALIGN)) {
+    // Zeros with the bit set mean "no direct I/O" from a filesystem, or an emulator (qemu-user)
+    // that does not pass the fields through: fall through to the device's block size.
+    if (statx(AT_FDCWD, path.c_str(), 0, STATX_DIOALIGN, &stx) == 0 && (stx.stx_mask & STATX_DIOALIGN) &&
+        stx.stx_dio_offset_align > 0 && stx.stx_dio_mem_align > 0) {
         return std::max<uint64_t>(stx.stx_dio_offset_align, stx.stx_dio_mem_align);
     }
     struct stat st {};
