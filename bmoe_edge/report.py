@@ -61,15 +61,23 @@ def summary(gen: Generation, run_info: dict[str, object]) -> dict[str, object]:
     }
 
 
+def run_header(run: dict[str, object]) -> str:
+    """The resolved configuration of a run, two lines."""
+    return "\n".join([
+        f"model {run['model']} ({run['architecture']}, {run['n_expert']} experts, {run['n_expert_used']} used)",
+        f"streaming {'on' if run['streaming'] else 'off'}; read path {run['read_path'] or '-'}"
+        + (f" ({run['read_path_note']})" if run["read_path_note"] else "")
+        + f"; cache {run['cache_mode']} {float(str(run['cache_budget_mb'])):.1f} MiB; lanes {run['io_threads']};"
+        f" overlap {'on' if run['overlap'] else 'off'}; dense {run['dense']}; threads {run['threads']};"
+        f" load {float(str(run['load_ms'])):.0f} ms, {int(str(run['load_bytes_read'])) / 2**20:.1f} MiB read",
+    ])
+
+
 def summary_text(s: dict[str, object]) -> str:
     run = s["run"]
     assert isinstance(run, dict)
     lines = [
-        f"model {run['model']} ({run['architecture']}, {run['n_expert']} experts, {run['n_expert_used']} used)",
-        f"streaming {'on' if run['streaming'] else 'off'}; read path {run['read_path'] or '-'}"
-        + (f" ({run['read_path_note']})" if run["read_path_note"] else "")
-        + f"; cache {run['cache_mode']} {float(run['cache_budget_mb']):.1f} MiB; lanes {run['io_threads']};"
-        f" dense {run['dense']}; threads {run['threads']}",
+        run_header(run),
         f"{s['generated_tokens']} tokens, {float(s['decode_tok_s']):.2f} tok/s decode; "
         f"read {int(s['bytes_read']) / 2**20:.1f} MiB ({float(s['bytes_read_per_token']) / 2**20:.2f} MiB/token); "
         f"hit {float(s['cache_hit_pct']):.1f}%; stall {float(s['stall_ms']):.0f} ms; "

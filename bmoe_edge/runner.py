@@ -56,6 +56,8 @@ def generate(model: Path, prompt: str, max_tokens: int, config: StreamConfig, sa
         info = engine.run_info
         if outputs.as_json:
             print(report.json_line({"type": "run", **info}), file=out, flush=True)
+        elif outputs.progress:
+            print(report.run_header(info), file=err, flush=True)
         csv_out = report.MetricsCsv(outputs.csv_path, info) if outputs.csv_path else None
         result = Generation([])
         try:
