@@ -25,11 +25,26 @@ app.add_typer(llama_app, name="llama")
 profiles_app = typer.Typer(help="Board profiles: what each board is and how to build for it.",
                            no_args_is_help=True)
 app.add_typer(profiles_app, name="profiles")
+bench_app = typer.Typer(help="Benchmarks: drive bandwidth, streamed vs llama.cpp mmap under a RAM cap, routing.",
+                        no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
 
 
 def fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(1)
+
+
+# Reaching boards over SSH (deploy, rollback, status, gates/generate --host); the logic is in deploy.py.
+HostOpt = Annotated[str | None, typer.Option("--host", help="Run it on this board over SSH: USER@HOST[:PORT].")]
+InstallDirOpt = Annotated[str | None, typer.Option(
+    "--install-dir", help="Where releases live on the board (default: the inventory's, the profile's "
+    "ssh.install_dir, or where the last deploy went).")]
+SshConfigOpt = Annotated[Path | None, typer.Option(
+    "--ssh-config", envvar="BMOE_EDGE_SSH_CONFIG", help="Read this ssh config instead of ~/.ssh/config "
+    "(like ssh -F).")]
+AcceptNewOpt = Annotated[bool, typer.Option(
+    "--accept-new-host-key", help="Accept and record the key of a host not in known_hosts (never a changed one).")]
 
 
 def _print_version(value: bool) -> None:
@@ -112,22 +127,52 @@ def info_cmd(
 
 @app.command("tiny-model")
 def tiny_model_cmd(
-    arch: Annotated[str, typer.Option("--arch", help=f"One of: {', '.join(tinymoe.ARCHS)}.")],
-    quant: Annotated[str, typer.Option("--quant", help=f"One of: {', '.join(tinymoe.QUANTS)}.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="The gguf to write.")],
+    arch: Annotated[str | None, typer.Option("--arch", help=f"One of: {', '.join(tinymoe.ARCHS)}.")] = None,
+    quant: Annotated[str | None, typer.Option("--quant", help=f"One of: {', '.join(tinymoe.QUANTS)}.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="The gguf to write.")] = None,
     split: Annotated[int, typer.Option("--split", help="Write N shards <stem>-0000i-of-0000N.gguf.")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random weights.")] = 0,
+    preset: Annotated[str | None, typer.Option("--preset", help="A benchmark-sized model: qwen3-30b-a3b-2g|3g|6g|8g "
+                                               "(default output under $BMOE_EDGE_CACHE/bench/).")] = None,
+    routing_skew: Annotated[float, typer.Option("--routing-skew", help="--preset: Zipf exponent of expert "
+                                                "popularity, with repeats across neighbouring tokens; 0 = random "
+                                                "router (uniform).")] = 0.0,
+    routing_repeat: Annotated[float | None, typer.Option("--routing-repeat", help="--preset: previous-token "
+                                                         "expert reuse of a shaped router (default 0.4).")] = None,
+    layers: Annotated[int | None, typer.Option("--layers", help="--preset: layers (~0.13 GB each).")] = None,
+    vocab_size: Annotated[int | None, typer.Option("--vocab-size", help="--preset: vocabulary (default 4096).")] = None,
 ) -> None:
-    """Write a tiny synthetic MoE gguf (8 experts, top-2, 4 layers, a real small tokenizer)."""
+    """Write a tiny synthetic MoE gguf (8 experts, top-2, 4 layers, a real small tokenizer), or with
+    --preset a benchmark-sized one written tensor by tensor."""
+    if preset is not None:
+        from bmoe_edge import bigmoe
+
+        q = quant or "Q4_0"
+        if output is None:
+            tag = f"skew{routing_skew:g}" + ("" if routing_repeat is None else f"-rep{routing_repeat:g}")
+            size = "" if layers is None else f"-{layers}l"
+            output = llama_source.cache_dir() / "bench" / f"{preset}{size}-{q}-{tag}.gguf"
+        written = bigmoe.write_preset(output, preset, q, routing_skew=routing_skew, routing_repeat=routing_repeat,
+                                      seed=seed, n_layer=layers, vocab_size=vocab_size,
+                                      progress=lambda s: typer.echo(f"  {s}", err=True))
+        typer.echo(bigmoe.describe(written))
+        return
+    if arch is None or quant is None or output is None:
+        fail("tiny-model needs --arch, --quant and -o (or --preset)")
     for path in tinymoe.write_tiny_moe(output, arch, quant, seed=seed, split=split):
         typer.echo(str(path))
 
 
 @app.command("archs")
 def archs_cmd() -> None:
-    """The architectures the engine can stream: the recipe table (general.architecture -> expert tensors)."""
+    """The architectures the engine can stream: the recipe table (general.architecture -> expert tensors).
+
+    "gated" rows have a synthetic fixture and pass the byte-identity gates; the others follow the same
+    graph shape in llama.cpp but have no fixture yet.
+    """
     for recipe in info.recipes():
-        typer.echo(f"{recipe.architecture:<12} {', '.join(recipe.expert_suffixes):<40} {recipe.note}")
+        gated = "gated" if recipe.architecture in gates.ARCHS_WITH_FIXTURES else "untested"
+        typer.echo(f"{recipe.architecture:<12} {gated:<9} {', '.join(recipe.expert_suffixes):<40} {recipe.note}")
 
 
 @app.command("generate")
@@ -153,8 +198,27 @@ def generate_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     progress: Annotated[bool, typer.Option("--progress", help="Per-token telemetry on stderr.")] = False,
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Write per-token telemetry here.")] = None,
+    host: HostOpt = None,
+    install_dir: InstallDirOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
 ) -> None:
-    """Generate text headlessly, streaming the routed experts from flash (greedy by default)."""
+    """Generate text headlessly, streaming the routed experts from flash (greedy by default).
+
+    With --host, it runs on the board through its current release (-m is a path on the board, the
+    deployed board profile gives the defaults) and the tokens stream back as they come."""
+    if host:
+        from bmoe_edge import deploy, remote
+
+        args = deploy.generate_args(
+            max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p, seed=seed, as_json=as_json,
+            progress=progress, csv_path=None if csv_path is None else str(csv_path),
+            overrides={"stream": stream, "cache_mb": cache_mb, "cache_floor_mb": cache_floor_mb,
+                       "cache_ceil_mb": cache_ceil_mb, "io_threads": io_threads, "read_path": read_path,
+                       "dense": dense, "overlap": overlap, "threads": threads, "ctx": ctx})
+        options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+        raise typer.Exit(deploy.board_generate(remote.parse_target(host), str(model), prompt, args, options=options,
+                                               board_name=board, install_dir=install_dir))
     config = runner.resolve_config(board, {
         "stream": stream, "cache_mb": None if cache_mb is None else runner.parse_cache_mb(cache_mb),
         "cache_floor_mb": cache_floor_mb, "cache_ceil_mb": cache_ceil_mb, "io_threads": io_threads,
@@ -168,10 +232,30 @@ def generate_cmd(
 def gates_cmd(
     quick: Annotated[bool, typer.Option("--quick", help="The representative subset (slow targets).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="The report as JSON.")] = False,
-    fixtures: Annotated[Path | None, typer.Option("--fixtures", help="Use a bundle's fixtures directory.")] = None,
+    fixtures: Annotated[Path | None, typer.Option(
+        "--fixtures", envvar="BMOE_EDGE_FIXTURES",
+        help="Use a bundle's fixtures directory (then the quick matrix unless --full).")] = None,
     board: Annotated[str | None, typer.Option("--board", help="Run dist/<board>'s build under qemu (quick).")] = None,
+    full: Annotated[bool, typer.Option("--full", help="The whole matrix (with --host or --fixtures).")] = False,
+    host: HostOpt = None,
+    install_dir: InstallDirOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
 ) -> None:
-    """Streamed == resident, token ids and every step's logits, over the gate matrix."""
+    """Streamed == resident, token ids and every step's logits, over the gate matrix.
+
+    With --host, the current release's gates run on the board with its bundled fixtures (quick matrix
+    unless --full) and the report comes back."""
+    if host:
+        from bmoe_edge import deploy, remote
+
+        options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+        code, out = deploy.board_gates(remote.parse_target(host), options=options, full=full, as_json=as_json,
+                                       board_name=board, install_dir=install_dir)
+        if as_json:
+            typer.echo(out.rstrip("\n"))
+        raise typer.Exit(code)
+    quick = quick or (fixtures is not None and not full)
     if board:
         from bmoe_edge import build
 
@@ -264,6 +348,184 @@ def run_cmd(
 
     result = build.run_bundle(bundle_dir or Path("dist") / board, args or [], cpu=cpu)
     raise typer.Exit(build.exit_code(result.returncode))
+
+
+@bench_app.command("io")
+def bench_io_cmd(
+    model: Annotated[Path, typer.Option("-m", "--model", help="Read this file (a gguf: its slice size is added).")],
+    sizes: Annotated[str, typer.Option("--sizes", help="Read sizes: bytes, 64k, 4m, or slice.")] = "4k,64k,slice,1m,4m",
+    lanes: Annotated[str, typer.Option("--lanes", help="Lane counts.")] = "1,4",
+    modes: Annotated[str, typer.Option("--modes", help="odirect, pread.")] = "odirect,pread",
+    seconds: Annotated[float, typer.Option("--seconds", help="Per cell (at most; or the file runs out).")] = 3.0,
+    repeats: Annotated[int, typer.Option("--repeats", min=1)] = 1,
+    out: Annotated[Path | None, typer.Option("--out", help="Write io.csv and io.md here.")] = None,
+) -> None:
+    """Raw random-read bandwidth of the model's drive, cold, at the engine's slice sizes and lane counts."""
+    from bmoe_edge import bench
+
+    rows = bench.bench_io(model, out, sizes=list(bench.iter_sizes(sizes, model)),
+                          lanes=[int(x) for x in lanes.split(",")], modes=[m.strip() for m in modes.split(",")],
+                          seconds=seconds, repeats=repeats)
+    typer.echo(bench.io_summary(rows), nl=False)
+
+
+@bench_app.command("stream")
+def bench_stream_cmd(
+    model: Annotated[Path, typer.Option("-m", "--model", help="The gguf (a single file).")],
+    ram_cap: Annotated[str, typer.Option("--ram-cap", help="PCT% of the model file, or MiB.")],
+    tokens: Annotated[int, typer.Option("--tokens", min=2, help="Generated tokens per cell.")] = 256,
+    mmap_tokens: Annotated[int | None, typer.Option("--mmap-tokens", help="For the (slow) mmap cell.")] = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=1)] = 3,
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("bench-out"),
+    threads: Annotated[int, typer.Option("-t", "--threads", help="Compute threads of every cell.")] = 1,
+    cells: Annotated[str | None, typer.Option("--cells", help="Only these labels (comma list).")] = None,
+    budgets: Annotated[str | None, typer.Option("--budgets", help="Cache budgets, MiB (default: by cap).")] = None,
+    cap_method: Annotated[str, typer.Option("--cap-method", help="auto, cgroup-v1, cgroup-v2, balloon.")] = "auto",
+    io_seconds: Annotated[float, typer.Option("--io-seconds", help="bench io per cell per repeat (0 = none).")] = 2.0,
+    routing_tokens: Annotated[int, typer.Option("--routing-tokens", help="Trace the routing first (strace).")] = 0,
+    host: Annotated[str | None, typer.Option("--host", help="Run on a board (not implemented here).")] = None,
+) -> None:
+    """Streamed vs llama.cpp mmap under a RAM cap, interleaved and repeated: CSVs, summary.md, plots."""
+    from bmoe_edge import bench
+
+    if host:
+        fail("--host is not implemented yet: copy the model and run `bmoe-edge bench stream` on the board")
+    layout = bench.gguf_layout(model)
+    cap = bench.parse_cap(ram_cap, layout.file_bytes)
+    matrix = bench.default_cells(layout, cap, tokens=tokens, mmap_tokens=mmap_tokens or tokens, threads=threads,
+                                 budgets_mb=[float(b) for b in budgets.split(",")] if budgets else None)
+    if cells:
+        wanted = [c.strip() for c in cells.split(",")]
+        unknown = sorted(set(wanted) - {c.label for c in matrix})
+        if unknown:
+            fail(f"unknown cells {', '.join(unknown)} (known: {', '.join(c.label for c in matrix)})")
+        matrix = [c for c in matrix if c.label in wanted]
+    bench.stream_campaign(bench.Campaign(model, out, cap, cap_method, matrix, repeats, io_seconds=io_seconds,
+                                         routing_tokens=routing_tokens))
+    typer.echo(bench.write_summary(out).read_text(), nl=False)
+
+
+@bench_app.command("summary")
+def bench_summary_cmd(out: Annotated[Path, typer.Argument(help="A bench stream output directory.")]) -> None:
+    """Rewrite summary.md, targets.json and the plots of a finished campaign."""
+    from bmoe_edge import bench
+
+    typer.echo(bench.write_summary(out).read_text(), nl=False)
+
+
+@bench_app.command("routing")
+def bench_routing_cmd(
+    model: Annotated[Path, typer.Option("-m", "--model")],
+    tokens: Annotated[int, typer.Option("--tokens", min=2)] = 64,
+    out: Annotated[Path, typer.Option("--out")] = Path("bench-out"),
+) -> None:
+    """Which experts the engine reads, per token and layer (strace of a cache-off run): popularity, reuse."""
+    from bmoe_edge import bench
+
+    stats = bench.routing_report(model, tokens, out)
+    typer.echo(json.dumps({k: v for k, v in stats.items() if k != "mean_ranked_freq"}, indent=2))
+
+
+@bench_app.command("cell", hidden=True)
+def bench_cell_cmd(spec: Annotated[str, typer.Argument(help="The cell as JSON.")]) -> None:
+    """One benchmark cell in this process (spawned by `bench stream`); prints one JSON record."""
+    from bmoe_edge import bench
+
+    raise typer.Exit(bench.cell_main(spec))
+
+
+HostsOpt = Annotated[list[str] | None, typer.Option(
+    "--host", help="A board over SSH: USER@HOST[:PORT] (repeatable: a fleet, in parallel).")]
+InventoryOpt = Annotated[Path | None, typer.Option(
+    "--inventory", help="YAML: `hosts:` with their board names and optional user/port/install_dir.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="The per-host report as JSON.")]
+
+
+def _fleet_output(results: list, as_json: bool) -> None:
+    from bmoe_edge import deploy
+
+    if as_json:
+        typer.echo(deploy.report_json(results))
+    elif len(results) == 1 and results[0].ok:
+        typer.echo(deploy.format_one(results[0]))
+    elif len(results) == 1:
+        fail(results[0].error or "failed")
+    else:
+        typer.echo(deploy.format_table(results))
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
+
+
+@app.command("deploy")
+def deploy_cmd(
+    board: Annotated[str | None, typer.Option("--board", help="Deploy dist/<board> (hosts without a board in "
+                                              "the inventory are this board).")] = None,
+    host: HostsOpt = None,
+    inventory: InventoryOpt = None,
+    bundle_dir: Annotated[Path | None, typer.Option("--bundle", help="Deploy this bundle directory.")] = None,
+    dist: Annotated[Path, typer.Option("--dist", help="Where bundles are: DIST/<board>.")] = Path("dist"),
+    run_gates: Annotated[bool, typer.Option("--gates", help="Run the quick gates on the board before switching; "
+                                            "any failing cell leaves `current` where it was.")] = False,
+    keep: Annotated[int, typer.Option("--keep", min=1, help="Releases kept on the board (plus current and "
+                                      "previous).")] = 5,
+    install_dir: InstallDirOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Upload a bundle to boards over SSH, verify it there, install it, switch `current` atomically."""
+    from bmoe_edge import deploy
+
+    default_host = None
+    if not host and inventory is None and (board or bundle_dir):
+        from bmoe_edge import bundle
+
+        manifest = bundle.load_manifest(bundle_dir or dist / str(board))
+        ssh = manifest.profile.get("ssh") or {}
+        if isinstance(ssh, dict) and ssh.get("host"):
+            default_host = f"{ssh['host']}:{ssh['port']}" if ssh.get("port") else str(ssh["host"])
+    targets = deploy.resolve_targets(host or [], inventory, board, default_host)
+    results = deploy.deploy(bundle_dir, targets, board=board, dist=dist, keep=keep, gates=run_gates,
+                            accept_new_host_key=accept_new_host_key, ssh_config=ssh_config, install_dir=install_dir)
+    _fleet_output(results, as_json)
+
+
+@app.command("rollback")
+def rollback_cmd(
+    host: HostsOpt = None,
+    inventory: InventoryOpt = None,
+    board: Annotated[str | None, typer.Option("--board", help="Profile for the login/install dir defaults.")] = None,
+    install_dir: InstallDirOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Switch `current` back to the previous release on the board(s), atomically (after verifying it)."""
+    from bmoe_edge import deploy, remote
+
+    options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+    results = deploy.rollback(deploy.resolve_targets(host or [], inventory, board), options=options,
+                              board_name=board, install_dir=install_dir)
+    _fleet_output(results, as_json)
+
+
+@app.command("status")
+def status_cmd(
+    host: HostsOpt = None,
+    inventory: InventoryOpt = None,
+    board: Annotated[str | None, typer.Option("--board", help="Profile for the login/install dir defaults.")] = None,
+    install_dir: InstallDirOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """What runs on the board(s): current release, bundle id, board, when deployed, last gate result."""
+    from bmoe_edge import deploy, remote
+
+    options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+    results = deploy.status(deploy.resolve_targets(host or [], inventory, board), options=options,
+                            board_name=board, install_dir=install_dir)
+    _fleet_output(results, as_json)
 
 
 def run() -> None:
