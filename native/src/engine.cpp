@@ -177,7 +177,8 @@ void Engine::Impl::open(const std::string & path) {
     const uint64_t budget = cache_budget_bytes();
     streaming = detail::attach_streaming(*gguf, *seam, config, budget, info);
     if (budget > 0 && budget < info.routed_bytes_per_token) {
-        info.warning = "cache budget (" + std::to_string(budget >> 10) + " KiB) is below one token's routed experts (" +
+        info.warning += std::string(info.warning.empty() ? "" : "; ") + "cache budget (" + std::to_string(budget >> 10) +
+                        " KiB) is below one token's routed experts (" +
                        std::to_string(info.routed_bytes_per_token >> 10) + " KiB): expect a 0% hit rate";
     }
     detail::Streamer & streamer = *streaming.streamer;

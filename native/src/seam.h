@@ -48,6 +48,7 @@ public:
     std::string take_error();
 
     const std::vector<CapturedTensor> & captured() const { return captured_; }
+    const Recipe & recipe() const { return recipe_; }
 
     // Throws bmoe::Error unless the tensor sits in llama.cpp's plain CPU buffer with exactly the
     // file's bytes at the start of its data (repacked or converted weights would not).

@@ -75,6 +75,21 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
     if (streamed.empty()) {
         throw Error("no expert tensor was used by the graph: nothing to stream");
     }
+    // Expert tensors of the file the graph did not use as expert weights stay behind llama.cpp's
+    // mapping: still correct, but read on demand by page faults. Say so.
+    int unstreamed = 0;
+    std::string first_unstreamed;
+    for (const auto & [name, loc] : gguf.tensors()) {
+        int layer = 0;
+        int projection = 0;
+        if (parse_expert_name(name, seam.recipe(), layer, projection) && expected.count(name) == 0) {
+            first_unstreamed = unstreamed++ == 0 ? name : first_unstreamed;
+        }
+    }
+    if (unstreamed > 0) {
+        info.warning = std::to_string(unstreamed) + " expert tensor(s) of the file are not streamed (the graph did "
+                       "not use them as expert weights), e.g. " + first_unstreamed;
+    }
     info.streamed_tensors = static_cast<int>(streamed.size());
 
     for (size_t i = 0; i < gguf.files().size(); ++i) {
