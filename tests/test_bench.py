@@ -1,0 +1,160 @@
+"""Benchmark smoke tests: `bench io` and `bench stream` on a tiny model write their files and columns.
+
+Timing is not checked (these are commands, not timed tests); the campaign lives in docs/bench-data/.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import gguf
+import pytest
+
+from bmoe_edge import bench, bigmoe
+
+from conftest import assert_clean_error, run_cli
+
+
+def _native_or_none():
+    try:
+        from bmoe_edge import _native
+    except ImportError:
+        return None
+    return _native
+
+
+needs_native = pytest.mark.skipif(_native_or_none() is None, reason="bmoe_edge._native is not built/importable")
+SMALL = {"n_layer": 2, "vocab_size": 512, "n_embd": 256, "n_ff_exp": 256}
+
+
+@pytest.fixture(scope="module")
+def small_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bench-models")
+    return {
+        "uniform": bigmoe.write_preset(root / "uniform.gguf", "qwen3-30b-a3b-3g", "Q4_0", **SMALL).path,
+        "skewed": bigmoe.write_preset(root / "skewed.gguf", "qwen3-30b-a3b-3g", "Q4_0", routing_skew=0.8,
+                                      **SMALL).path,
+    }
+
+
+def _columns(path: Path) -> list[str]:
+    with open(path, newline="") as f:
+        return next(csv.reader(f))
+
+
+def test_preset_shapes_and_layout_match_the_gguf_reader(small_models: dict[str, Path]) -> None:
+    d = bigmoe.resolve_dims("qwen3-30b-a3b-3g", "Q4_0")
+    assert (d.n_layer, d.n_embd, d.n_expert, d.n_expert_used, d.n_ff_exp) == (22, 1536, 64, 8, 768)
+    assert bigmoe.expert_slice_bytes(d, "Q4_0") == 663_552  # the issue's reference slice
+    assert 2.8e9 < bigmoe.estimate_bytes(d, "Q4_0") < 3.0e9
+    for quant in ("Q4_0", "Q4_K"):
+        assert bigmoe.expert_slice_bytes(d, quant) == 663_552
+
+    path = small_models["skewed"]
+    layout = bench.gguf_layout(path)
+    reader = gguf.GGUFReader(path)
+    by_name = {t.name: t for t in reader.tensors}
+    assert len(layout.experts) == 3 * SMALL["n_layer"]
+    for t in layout.experts:
+        ref = by_name[t.name]
+        assert t.offset == int(ref.data_offset)
+        assert t.expert_bytes * t.n_expert == int(ref.n_bytes)
+        assert t.n_expert == 64
+    assert layout.n_expert_used == 8
+    assert layout.metadata["bmoe.routing.mode"] == "shaped"
+    for type_id, sizes in bench.GGML_TYPES.items():
+        assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(type_id)] == sizes
+
+
+def test_routing_plans_hit_their_targets_in_simulation() -> None:
+    d = replace(bigmoe.resolve_dims("qwen3-30b-a3b-3g", "Q4_0"), n_embd=256)
+    random_plan = bigmoe.plan_routing(d, 0.0, None)
+    assert not random_plan.shaped and random_plan.mode == "random"
+    plan = bigmoe.plan_routing(d, 0.8, 0.4)
+    assert plan.shaped and abs(plan.sim_repeat - 0.4) < 0.03 and abs(plan.sim_zipf - 0.8) < 0.1
+    targets = bigmoe.zipf_targets(64, 8, 1.0)
+    assert abs(targets.sum() - 8) < 1e-6 and targets.max() <= 1.0
+
+
+def test_lru_replay_and_routing_stats() -> None:
+    # Two layers: the layer in flight is never evicted, so a budget of 0 keeps nothing across tokens.
+    trace = [[[0, 1], [5]], [[0, 2], [5]], [[0, 1], [6]], [[3, 4], [6]]]
+    assert bench.lru_hit_rate(trace, [100, 100], 0) == 0.0
+    assert bench.lru_hit_rate(trace, [100, 100], 10_000) == 5 / 12  # 0, 5, 0, 1, 6
+    stats = bench.routing_stats(trace, n_expert=8, k=2)
+    assert stats["tokens"] == 4 and 0 < stats["prev_token_reuse"] < 1
+
+
+def test_parse_cap() -> None:
+    assert bench.parse_cap("40%", 1000) == 400
+    assert bench.parse_cap("1200", 0) == 1200 * 2**20
+    assert bench.parse_cap("1.5GB", 0) == int(1.5 * 1024) * 2**20
+    with pytest.raises(Exception, match="ram-cap"):
+        bench.parse_cap("lots", 0)
+
+
+def test_tiny_model_without_arch_or_preset_fails_cleanly(tmp_path: Path) -> None:
+    assert_clean_error(run_cli("tiny-model", "-o", str(tmp_path / "x.gguf")), "--preset")
+
+
+def test_bench_io_writes_its_table(small_models: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "io"
+    result = run_cli("bench", "io", "-m", str(small_models["uniform"]), "--sizes", "4k,slice", "--lanes", "1,2",
+                     "--seconds", "0.2", "--out", str(out), timeout=60)
+    assert result.returncode == 0, result.stderr
+    cols = _columns(out / "io.csv")
+    for c in ("mode", "size", "lanes", "reads", "bytes", "mib_s", "lat_p50_ms", "lat_p99_ms", "storage_bytes"):
+        assert c in cols
+    rows = bench.read_csv(out / "io.csv")
+    assert {r["mode"] for r in rows} == {"odirect", "pread"}
+    assert {int(r["size"]) for r in rows} == {4096, 256 * 256 // 32 * 18}
+    assert all(int(r["reads"]) > 0 for r in rows)
+    assert "| mode | size |" in result.stdout
+
+
+@needs_native
+def test_bench_stream_writes_csvs_summary_and_plots(small_models: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "stream"
+    usable = bench._memory_cgroup_v1() is not None or bench._cgroup_v2() is not None
+    cap = "400" if usable else "0"  # MiB: the tiny model fits; the point is the cap machinery
+    cells = "resident,mmap,off-serial-od4,off-overlap-od1,cache1-overlap-od4,fullcache-serial,io-od4"
+    result = run_cli("bench", "stream", "-m", str(small_models["uniform"]), "--ram-cap", cap, "--tokens", "4",
+                     "--repeats", "1", "--budgets", "1", "--cells", cells, "--io-seconds", "0.1",
+                     "--out", str(out), timeout=120)
+    assert result.returncode == 0, result.stderr
+    for name in ("cells.csv", "tokens.csv", "io.csv", "run.json", "summary.md", "targets.json", "tokps.png",
+                 "hitrate.png", "split.png"):
+        assert (out / name).is_file(), name
+    rows = bench.read_csv(out / "cells.csv")
+    assert {r["label"] for r in rows} == set(cells.split(","))
+    assert all(r["status"] == "ok" for r in rows), [(r["label"], r["error"]) for r in rows]
+    for col in ("tok_s", "bytes_read_per_token", "cache_hit_pct", "io_ms_per_token", "stall_ms_per_token",
+                "compute_ms_per_token", "major_faults_per_token", "peak_rss_bytes", "process_threads",
+                "loadavg_before", "cap_method"):
+        assert col in rows[0]
+    by = {r["label"]: r for r in rows}
+    assert float(by["off-serial-od4"]["bytes_read_per_token"]) > 0
+    assert float(by["off-serial-od4"]["copy_bytes_per_token"]) == 0
+    assert float(by["fullcache-serial"]["cache_hit_pct"]) == 100.0
+    if usable:
+        assert by["mmap"]["cap_method"].startswith("cgroup") and by["resident"]["cap_method"] == "none"
+    tok_cols = _columns(out / "tokens.csv")
+    assert tok_cols[:2] == ["label", "repeat"] and "wall_ms" in tok_cols and "storage_bytes" in tok_cols
+    summary = (out / "summary.md").read_text()
+    assert "## Targets" in summary and "P4 zero copy" in summary and "P1 resident parity" in summary
+    assert "Issue 4 overlap" not in summary or "io-only" in summary
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+@needs_native
+def test_routing_trace_shows_the_shaped_router(small_models: dict[str, Path], tmp_path: Path) -> None:
+    uniform = bench.routing_report(small_models["uniform"], 60, tmp_path / "u")
+    skewed = bench.routing_report(small_models["skewed"], 60, tmp_path / "s")
+    assert uniform["tokens"] == 59 and (tmp_path / "u" / "routing.csv").is_file()
+    assert uniform["prev_token_reuse"] < 0.2 < skewed["prev_token_reuse"]
+    assert skewed["top_eighth_share_median"] > uniform["top_eighth_share_median"]
+    assert json.loads((tmp_path / "s" / "routing.json").read_text())["model_metadata"]["bmoe.routing.skew"] > 0
