@@ -501,12 +501,9 @@ def rollback_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Switch `current` back to the previous release on the board(s), atomically (after verifying it)."""
-    from bmoe_edge import deploy, remote
+    from bmoe_edge import deploy
 
-    options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
-    results = deploy.rollback(deploy.resolve_targets(host or [], inventory, board), options=options,
-                              board_name=board, install_dir=install_dir)
-    _fleet_output(results, as_json)
+    _on_boards(deploy.rollback, host, inventory, board, install_dir, ssh_config, accept_new_host_key, as_json)
 
 
 @app.command("status")
@@ -520,11 +517,18 @@ def status_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """What runs on the board(s): current release, bundle id, board, when deployed, last gate result."""
+    from bmoe_edge import deploy
+
+    _on_boards(deploy.status, host, inventory, board, install_dir, ssh_config, accept_new_host_key, as_json)
+
+
+def _on_boards(action, host, inventory, board, install_dir, ssh_config, accept_new_host_key, as_json) -> None:
+    """Run a per-host deploy action (rollback, status) over the targets and print the fleet table."""
     from bmoe_edge import deploy, remote
 
     options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
-    results = deploy.status(deploy.resolve_targets(host or [], inventory, board), options=options,
-                            board_name=board, install_dir=install_dir)
+    results = action(deploy.resolve_targets(host or [], inventory, board), options=options,
+                     board_name=board, install_dir=install_dir)
     _fleet_output(results, as_json)
 
 
