@@ -1515,7 +1515,7 @@ def plots(out: Path, routing: dict[str, Any] | None = None) -> list[Path]:
     ax.set_xlabel("decode tok/s (median, min-max over repeats; log scale)")
     ax.set_title(f"{name}: cap {meta['cap_bytes'] / MiB:.0f} MiB ({100 * meta['cap_bytes'] / meta['file_bytes']:.0f}%)",
                  fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", framealpha=0.9)
     fig.tight_layout()
     p = out / "tokps.png"
     fig.savefig(p, dpi=110)
