@@ -26,3 +26,10 @@ bmoe-edge bench stream -m "$S" --ram-cap 40% --tokens 96 --mmap-tokens 32 --repe
   --cells resident,mmap,off-serial-od4,off-overlap-od4,cache193-overlap-od4,cache386-overlap-od4,cache772-overlap-od4,cache772-serial-od4,auto-ceil-overlap-od4,fullcache-overlap,io-od4 \
   --out $D/skewed > $D/skewed.log 2>&1
 uptime
+# Supplementary (after the main campaign): larger budgets at 40%, and a 70% cap, on the uniform model.
+bmoe-edge bench stream -m "$U" --ram-cap 40% --tokens 64 --mmap-tokens 32 --repeats 2 --budgets 772,850,900 \
+  --io-seconds 1 --cells mmap,cache772-overlap-od4,cache850-overlap-od4,cache900-overlap-od4 \
+  --out $D/uniform-budgets > $D/uniform-budgets.log 2>&1
+bmoe-edge bench stream -m "$U" --ram-cap 70% --tokens 64 --mmap-tokens 32 --repeats 2 --budgets 1600 \
+  --io-seconds 1 --cells mmap,off-overlap-od4,cache1600-overlap-od4 \
+  --out $D/uniform-cap70 > $D/uniform-cap70.log 2>&1
