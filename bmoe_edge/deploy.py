@@ -953,15 +953,9 @@ def rollback_host(target: Target, *, options: SshOptions, board_name: str | None
             raise BmoeError(f"{board.label}: no previous release in {layout.install_dir} to roll back to "
                             f"(current: {current})")
         rel = layout.release(previous)
-        raw = board.read_bytes(f"{rel}/{bundle.MANIFEST_NAME}")
-        if raw is None:
-            raise BmoeError(f"{board.label}: {rel}/manifest.json is missing: cannot roll back to it")
+        raw, manifest = _release_manifest(board, rel, "cannot roll back to it")
         import hashlib
 
-        try:
-            manifest = bundle.manifest_from_dict(json.loads(raw), f"{rel}/manifest.json")
-        except ValueError as exc:
-            raise BmoeError(f"{board.label}: {rel}/manifest.json is not valid JSON: {exc}") from None
         _say(log, board.label, f"verifying {previous} on the board")
         verify_release(board, rel, manifest, hashlib.sha256(raw).hexdigest())
         board.sh(_SWITCH, layout.install_dir, previous, what="switching current")
@@ -1105,14 +1099,19 @@ def current_release(board: Board, layout: Layout) -> tuple[str, str, bundle.Mani
         raise BmoeError(f"{board.label}: nothing is deployed in {layout.install_dir}"
                         + (f" (`current` is {link!r})" if link else "") + ": run `bmoe-edge deploy` first")
     rel = layout.release(rid)
+    _, manifest = _release_manifest(board, rel, "deploy again")
+    return rid, rel, manifest
+
+
+def _release_manifest(board: Board, rel: str, remedy: str) -> tuple[bytes, bundle.Manifest]:
+    """A release's manifest on the board: its raw bytes (for the sha256) and the parsed form."""
     raw = board.read_bytes(f"{rel}/{bundle.MANIFEST_NAME}")
     if raw is None:
-        raise BmoeError(f"{board.label}: {rel}/manifest.json is missing: deploy again")
+        raise BmoeError(f"{board.label}: {rel}/manifest.json is missing: {remedy}")
     try:
-        manifest = bundle.manifest_from_dict(json.loads(raw), f"{rel}/manifest.json")
+        return raw, bundle.manifest_from_dict(json.loads(raw), f"{rel}/manifest.json")
     except ValueError as exc:
         raise BmoeError(f"{board.label}: {rel}/manifest.json is not valid JSON: {exc}") from None
-    return rid, rel, manifest
 
 
 def _release_env(rel: str) -> dict[str, str]:
