@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
@@ -226,6 +226,3 @@ class Engine:
             raise BmoeError("the engine is closed")
         return self._native
 
-
-def config_dict(config: StreamConfig) -> dict[str, object]:
-    return asdict(config)

@@ -85,6 +85,7 @@ int64_t meta_int(const llama_model * model, const std::string & key) {
     return llama_model_meta_val_str(model, key.c_str(), buf, sizeof(buf)) < 0 ? 0 : std::atoll(buf);
 }
 
+#ifdef BMOE_HAVE_LAZY_TENSOR_SUFFIXES
 // The names llama.cpp must map lazily so loading does not read the experts (patch 0002).
 std::vector<std::string> lazy_suffixes(const Recipe & recipe) {
     std::vector<std::string> out;
@@ -93,6 +94,7 @@ std::vector<std::string> lazy_suffixes(const Recipe & recipe) {
     }
     return out;
 }
+#endif
 
 }  // namespace
 

@@ -8,12 +8,7 @@
 namespace bmoe::detail {
 
 Batch::Batch(std::vector<ReadJob> jobs, JobDone on_job_done)
-    : jobs_(std::move(jobs)), on_job_done_(std::move(on_job_done)), done_(new std::atomic<bool>[jobs_.size()]),
-      remaining_(jobs_.size()) {
-    for (size_t i = 0; i < jobs_.size(); ++i) {
-        done_[i].store(false, std::memory_order_relaxed);
-    }
-}
+    : jobs_(std::move(jobs)), on_job_done_(std::move(on_job_done)), remaining_(jobs_.size()) {}
 
 void Batch::finish(size_t i, uint64_t storage, uint64_t copies, const std::string * error) {
     storage_bytes_ += storage;
@@ -28,7 +23,6 @@ void Batch::finish(size_t i, uint64_t storage, uint64_t copies, const std::strin
             failed_ = true;
             error_ = *error;
         }
-        done_[i].store(true, std::memory_order_release);
         remaining_.fetch_sub(1, std::memory_order_acq_rel);
     }
     cv_.notify_all();
@@ -37,21 +31,6 @@ void Batch::finish(size_t i, uint64_t storage, uint64_t copies, const std::strin
 void Batch::wait() {
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait(lock, [&] { return remaining_.load(std::memory_order_acquire) == 0; });
-    if (failed_) {
-        throw Error(error_);
-    }
-}
-
-void Batch::wait_for(size_t i) {
-    if (done_[i].load(std::memory_order_acquire)) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (failed_) {
-            throw Error(error_);
-        }
-        return;
-    }
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return failed_ || done_[i].load(std::memory_order_acquire); });
     if (failed_) {
         throw Error(error_);
     }

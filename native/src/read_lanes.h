@@ -1,6 +1,7 @@
 // Read lanes: N threads, each with its own descriptors (its lane index), draining one queue of
-// slice reads. A batch is the set of reads one layer needs; the eval thread waits for all of it
-// (serial) or for one job at a time (overlap). Any failure is kept and rethrown to every waiter.
+// slice reads. A batch is the set of reads one layer needs; the eval thread waits for all of it,
+// and an optional per-job callback reports each slice as it lands (overlap readiness). Any failure
+// is kept and rethrown to the waiter.
 #pragma once
 
 #include <atomic>
@@ -39,9 +40,6 @@ public:
     const std::vector<ReadJob> & jobs() const { return jobs_; }
     // Block until every job is done; throws bmoe::Error if any failed.
     void wait();
-    // Block until job i is done (or the batch failed); throws bmoe::Error on failure.
-    void wait_for(size_t i);
-    bool all_done() const { return remaining_.load(std::memory_order_acquire) == 0; }
 
     uint64_t storage_bytes() const { return storage_bytes_.load(); }
     uint64_t copy_bytes() const { return copy_bytes_.load(); }
@@ -54,7 +52,6 @@ private:
 
     std::vector<ReadJob> jobs_;
     JobDone on_job_done_;
-    std::unique_ptr<std::atomic<bool>[]> done_;
     std::atomic<size_t> remaining_;
     std::atomic<uint64_t> storage_bytes_{0};
     std::atomic<uint64_t> copy_bytes_{0};
@@ -76,7 +73,6 @@ public:
 
     // Queue every job of the batch (in order) and return at once. The batch must outlive its jobs.
     void submit(const std::shared_ptr<Batch> & batch);
-    int lanes() const { return static_cast<int>(threads_.size()); }
 
 private:
     struct Task {
