@@ -125,6 +125,8 @@ NB_MODULE(_native, m) {
         .def_ro("metrics", &bmoe::StepResult::metrics)
         .def_prop_ro("logits", [](const bmoe::StepResult & r) { return nb::bytes(r.logits.data(), r.logits.size()); });
 
+    m.def("overlap_in_use", &bmoe::overlap_in_use);
+
     nb::class_<bmoe::Engine>(m, "Engine")
         .def(nb::init<const std::string &, const bmoe::StreamConfig &>(), nb::arg("model_path"), nb::arg("config"),
              nb::call_guard<nb::gil_scoped_release>())

@@ -7,6 +7,7 @@
 
 #include <atomic>
 
+#include "bmoe/engine.h"
 #include "bmoe/error.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
@@ -164,6 +165,12 @@ void expert_ready(const ggml_tensor * src0, int expert, void * user_data) {
 }
 #endif
 }  // namespace
+
+}  // namespace bmoe::detail
+
+bool bmoe::overlap_in_use() { return detail::g_hook_taken.load(); }
+
+namespace bmoe::detail {
 
 ExpertReadyHook::ExpertReadyHook(Streamer & streamer) {
 #ifdef BMOE_HAVE_EXPERT_READY_HOOK
