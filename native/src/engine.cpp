@@ -296,6 +296,16 @@ void Engine::Impl::size_cache() {
     // The layer being computed and the one being read (overlap), each slice rounded out to units.
     const uint64_t slices = static_cast<uint64_t>(info.n_expert_used) * 3;
     footprint.in_flight_bytes = 2 * (static_cast<uint64_t>(info.n_expert_used) * widest_layer + slices * 2 * info.page_size);
+    // Each cached slice is one pool mapping plus the split of the reservation around it.
+    const uint64_t maps_free = detail::mappings_left();
+    const uint64_t per_expert_maps = 2 * static_cast<uint64_t>(info.streamed_tensors / std::max(1, streamer.n_layers()));
+    if (maps_free != UINT64_MAX && per_expert_maps > 0) {
+        const uint64_t cap = maps_free / per_expert_maps / std::max(1, streamer.n_layers()) *
+                             streamer.cache().bytes_per_token_slot();
+        if (cap < info.expert_bytes) {  // only a limit where the cache could otherwise hold more
+            footprint.mappings_cap_bytes = cap;
+        }
+    }
     memory = std::make_unique<detail::MemoryBudget>(config, std::move(footprint), streamer.cache().bytes_per_token_slot());
     const detail::BudgetReport report = memory->initial(detail::read_memory());
     info.cache_mode = config.cache_mb == 0 ? "off" : config.cache_mb == kCacheAuto ? "auto" : "fixed";

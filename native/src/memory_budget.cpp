@@ -102,6 +102,15 @@ BudgetReport MemoryBudget::initial(const MemoryReading & m) {
                           " under the " + h.source + " limit): clamped to " + mib(report.budget);
         }
     }
+    if (cap_ > footprint_.mappings_cap_bytes) {
+        cap_ = footprint_.mappings_cap_bytes;
+        if (report.budget > cap_) {
+            report.budget = cap_;
+            report.note += std::string(report.note.empty() ? "" : "; ") + "cache budget limited to " + mib(cap_) +
+                           " by vm.max_map_count (each cached slice is a mapping; raise it with sysctl or use a "
+                           "larger --page-kb)";
+        }
+    }
     adaptive_ = cap_ > 0;
     if (report.budget > 0 && report.budget < slot_bytes_) {
         report.note += std::string(report.note.empty() ? "" : "; ") + "cache budget " + mib(report.budget) +

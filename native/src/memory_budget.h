@@ -26,6 +26,7 @@ struct Region {
 struct Footprint {
     std::vector<Region> to_touch;  // runtime buffers and (dense=mmap) dense weights
     uint64_t in_flight_bytes = 0;  // experts resident beyond the cache: the layer computed and the next
+    uint64_t mappings_cap_bytes = UINT64_MAX;  // the most the cache can map under vm.max_map_count
 };
 
 struct BudgetReport {

@@ -124,6 +124,21 @@ MemoryReading read_memory() {
     return r;
 }
 
+uint64_t mappings_left() {
+    std::ifstream limit_file("/proc/sys/vm/max_map_count");
+    uint64_t limit = 0;
+    if (!(limit_file >> limit)) {
+        return UINT64_MAX;
+    }
+    std::ifstream maps("/proc/self/maps");
+    uint64_t used = 0;
+    for (std::string line; std::getline(maps, line);) {
+        ++used;
+    }
+    constexpr uint64_t kReserve = 4096;
+    return limit > used + kReserve ? limit - used - kReserve : 0;
+}
+
 uint64_t resident_bytes_of(const void * data, uint64_t size) {
     const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     const auto start = reinterpret_cast<uintptr_t>(data) / page * page;

@@ -31,6 +31,9 @@ struct MemoryReading {
 };
 
 MemoryReading read_memory();
+// Mappings this process may still create under vm.max_map_count, less a reserve for everything
+// else (libraries, allocator arenas); UINT64_MAX where the limit cannot be read.
+uint64_t mappings_left();
 // Bytes of [data, data+size) that are resident in memory (mincore).
 uint64_t resident_bytes_of(const void * data, uint64_t size);
 
