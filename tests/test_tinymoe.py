@@ -8,7 +8,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from bmoe_edge import tinymoe
+from bmoe_edge.fixtures import tinymoe
 from bmoe_edge.errors import BmoeError
 
 from conftest import run_cli
