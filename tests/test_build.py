@@ -107,9 +107,10 @@ def _fake_bundle(root: Path) -> bundle.Manifest:
     (root / "fixtures" / "m-00001-of-00002.gguf").write_bytes(b"GGUF1")
     (root / "fixtures" / "m-00002-of-00002.gguf").write_bytes(b"GGUF2")
     (root / "profile").mkdir()
-    (root / bundle.profile_path("qemu-arm64")).write_text(profiles.profile_file_text(profiles.load_profile("qemu-arm64")))
+    profile = bundle.profile_path("qemu-arm64")
+    (root / profile).write_text(profiles.profile_file_text(profiles.load_profile("qemu-arm64")))
     return bundle.write_manifest(
-        root, board="qemu-arm64", arch="aarch64", profile=bundle.profile_path("qemu-arm64"), python="3.11", glibc_required="2.34",
+        root, board="qemu-arm64", arch="aarch64", profile=profile, python="3.11", glibc_required="2.34",
         needed_libs=["libc.so.6"], llama=bundle.LlamaPin("0.3.36", "a" * 64, "c" * 40, ()),
         compilers={"c": "gcc", "cxx": "g++"}, cmake_flags={"BMOE_CPU_ARM_ARCH": A76},
         bmoe_edge_version="0.1.0", wheel="wheels/bmoe_edge-0.1.0-cp311-cp311-linux_aarch64.whl",
@@ -287,8 +288,8 @@ def test_streamed_generate_equals_resident_under_qemu(qemu_bundle: Path, tmp_pat
 @pytest.mark.slow
 @pytest.mark.emulated
 def test_quick_gates_pass_under_qemu(qemu_bundle: Path, tmp_path: Path) -> None:
-    result = emulate.run_bundle(qemu_bundle, ["gates", "--quick", "--json", "--fixtures", str(qemu_bundle / "fixtures")],
-                              capture=True, timeout=1200, cwd=tmp_path)
+    result = emulate.run_bundle(qemu_bundle, ["gates", "--quick", "--json", "--fixtures",
+                                              str(qemu_bundle / "fixtures")], capture=True, timeout=1200, cwd=tmp_path)
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
     report = json.loads(result.stdout)
     assert report["failed"] == 0 and report["passed"] > 0

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from bmoe_edge.boards import build, bundle, emulate
+from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import deploy, emulated_board, install, onboard, probe, remote
 from bmoe_edge.fleet import state as board_state
-from bmoe_edge.errors import BmoeError
 
 from conftest import run_cli
 

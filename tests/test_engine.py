@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bmoe_edge.fixtures import tinymoe
-from bmoe_edge.proof import gates
 from bmoe_edge.bench.machine import drop_page_cache
 from bmoe_edge.engine import Engine, StreamConfig
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.fixtures import tinymoe
+from bmoe_edge.proof import gates
 
 BASE = replace(gates.BASE, stream=True)
 PROMPT = gates.PROMPTS[0]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bmoe_edge.fixtures import tinymoe
-from bmoe_edge.proof import gates
 from bmoe_edge.engine import Engine
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.fixtures import tinymoe
+from bmoe_edge.proof import gates
 
 from conftest import assert_clean_error, run_cli
 

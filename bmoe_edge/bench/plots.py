@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bmoe_edge.bench.machine import MiB, read_csv
-from bmoe_edge.bench.summary import KIND_ORDER, aggregate, num, targets
+from bmoe_edge.bench.summary import KIND_ORDER, aggregate, targets, to_num
 
 
 def plots(out: Path, routing: dict[str, Any] | None = None) -> list[Path]:
@@ -51,11 +51,11 @@ def plots(out: Path, routing: dict[str, Any] | None = None) -> list[Path]:
     written.append(p)
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    pts = [(num(r["cache_budget_mb"]), num(r["cache_hit_pct"])) for r in cells
+    pts = [(to_num(r["cache_budget_mb"]), to_num(r["cache_hit_pct"])) for r in cells
            if r.get("status") == "ok" and r["kind"] == "stream" and r.get("cap_method") not in ("", "none")]
     if pts:
         ax.scatter([p[0] for p in pts], [p[1] for p in pts], label="measured (under the cap)", zorder=3)
-    full = [(num(r["cache_budget_mb"]), num(r["cache_hit_pct"])) for r in cells
+    full = [(to_num(r["cache_budget_mb"]), to_num(r["cache_hit_pct"])) for r in cells
             if r.get("status") == "ok" and r["label"].startswith("fullcache")]
     if full:
         ax.scatter([p[0] for p in full], [p[1] for p in full], marker="s", label="full cache, after a warm-up pass")

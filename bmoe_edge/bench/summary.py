@@ -13,7 +13,7 @@ from typing import Any
 from bmoe_edge.bench.machine import MiB, read_csv, size_text
 
 
-def num(v: Any) -> float:
+def to_num(v: Any) -> float:
     try:
         return float(v)
     except (TypeError, ValueError):
@@ -30,7 +30,7 @@ class Agg:
     rows: list[dict[str, str]]
 
     def med(self, key: str) -> float:
-        vals = [num(r[key]) for r in self.rows if r.get("status") == "ok"]
+        vals = [to_num(r[key]) for r in self.rows if r.get("status") == "ok"]
         return statistics.median(vals) if vals else 0.0
 
     @property
@@ -51,7 +51,7 @@ def aggregate(cells: Sequence[dict[str, str]]) -> dict[str, Agg]:
         a.n += 1
         a.rows.append(r)
         if r.get("status") == "ok":
-            a.tok_s.append(num(r["tok_s"]))
+            a.tok_s.append(to_num(r["tok_s"]))
         else:
             a.failed += 1
     return out
@@ -65,7 +65,7 @@ def paired_ratio(cells: Sequence[dict[str, str]], num: str, den: str, key: str =
     for (label, rep), r in by.items():
         if label != num or (den, rep) not in by:
             continue
-        a, b = num(r[key]), num(by[(den, rep)][key])
+        a, b = to_num(r[key]), to_num(by[(den, rep)][key])
         if a > 0 and b > 0:
             out.append(b / a if invert else a / b)
     return out
@@ -79,7 +79,7 @@ def med_spread(vals: Sequence[float], fmt: str = "{:.3g}") -> str:
 
 
 def io_bandwidth(io_rows: Sequence[dict[str, str]], mode: str, size: int, lanes: int) -> list[float]:
-    return [num(r["mib_s"]) for r in io_rows
+    return [to_num(r["mib_s"]) for r in io_rows
             if r["mode"] == mode and int(r["size"]) == size and int(r["lanes"]) == lanes]
 
 
@@ -101,7 +101,7 @@ def targets(out: Path) -> dict[str, Any]:
         t["P1"] = {"ratio": statistics.median(p1[best]) if p1[best] else 0, "by_config": p1, "config": best,
                    "target": 0.97}
     streamed = [a for a in aggs.values() if a.kind == "stream" and a.tok_s and a.rows[0].get("cap_method") != "none"
-                and num(a.rows[0].get("cap_mb")) > 0]
+                and to_num(a.rows[0].get("cap_mb")) > 0]
     if streamed and have("mmap"):
         best = max(streamed, key=lambda a: a.tok_s_med)
         t["P2"] = {"ratio": statistics.median(paired_ratio(cells, best.label, "mmap") or [0]),
@@ -110,9 +110,9 @@ def targets(out: Path) -> dict[str, Any]:
     for lanes in (4, 1):
         label = f"off-serial-od{lanes}"
         if have(label):
-            achieved = [num(r["read_mib_s"]) for r in aggs[label].rows if r.get("status") == "ok"]
+            achieved = [to_num(r["read_mib_s"]) for r in aggs[label].rows if r.get("status") == "ok"]
             raw = io_bandwidth(io_rows, "odirect", slice_size, lanes)
-            replay = [(num(r["bytes_read_per_token"]) / MiB) / (num(r["ms_per_token"]) / 1000)
+            replay = [(to_num(r["bytes_read_per_token"]) / MiB) / (to_num(r["ms_per_token"]) / 1000)
                       for r in aggs.get(f"io-od{lanes}", Agg("", "", 0, 0, [], [])).rows if r.get("status") == "ok"]
             t[f"P3_{lanes}lane"] = {
                 "engine_mib_s": achieved, "bench_io_mib_s": raw, "replay_mib_s": replay,
@@ -122,19 +122,19 @@ def targets(out: Path) -> dict[str, Any]:
                 "target": 0.90}
     od = [a for a in aggs.values() if a.kind == "stream" and a.rows[0].get("read_path") == "odirect" and a.tok_s]
     if od:
-        copy = sum(num(r["copy_bytes_per_token"]) for a in od for r in a.rows)
-        read = sum(num(r["bytes_read_per_token"]) for a in od for r in a.rows)
+        copy = sum(to_num(r["copy_bytes_per_token"]) for a in od for r in a.rows)
+        read = sum(to_num(r["bytes_read_per_token"]) for a in od for r in a.rows)
         t["P4"] = {"copy_per_read_byte": copy / read if read else 0.0, "cells": len(od), "target": 0.0}
     if have("off-overlap-od4", "resident", "io-od4"):
-        ov = {r["repeat"]: num(r["ms_per_token"]) for r in aggs["off-overlap-od4"].rows if r.get("status") == "ok"}
-        se = {r["repeat"]: num(r["ms_per_token"]) for r in aggs.get("off-serial-od4", aggs["off-overlap-od4"]).rows
+        ov = {r["repeat"]: to_num(r["ms_per_token"]) for r in aggs["off-overlap-od4"].rows if r.get("status") == "ok"}
+        se = {r["repeat"]: to_num(r["ms_per_token"]) for r in aggs.get("off-serial-od4", aggs["off-overlap-od4"]).rows
               if r.get("status") == "ok"}
-        comp = {r["repeat"]: num(r["ms_per_token"]) for r in aggs["resident"].rows if r.get("status") == "ok"}
-        io_ = {r["repeat"]: num(r["ms_per_token"]) for r in aggs["io-od4"].rows if r.get("status") == "ok"}
-        io_nb = {r["repeat"]: num(r["ms_per_token"]) for r in aggs.get("io-od4-nobarrier", aggs["io-od4"]).rows
+        comp = {r["repeat"]: to_num(r["ms_per_token"]) for r in aggs["resident"].rows if r.get("status") == "ok"}
+        io_ = {r["repeat"]: to_num(r["ms_per_token"]) for r in aggs["io-od4"].rows if r.get("status") == "ok"}
+        io_nb = {r["repeat"]: to_num(r["ms_per_token"]) for r in aggs.get("io-od4-nobarrier", aggs["io-od4"]).rows
                  if r.get("status") == "ok"}
         serial_rows = aggs.get("off-serial-od4", aggs["off-overlap-od4"]).rows
-        eng_io = {r["repeat"]: num(r["io_ms_per_token"]) for r in serial_rows if r.get("status") == "ok"}
+        eng_io = {r["repeat"]: to_num(r["io_ms_per_token"]) for r in serial_rows if r.get("status") == "ok"}
         reps = sorted(set(ov) & set(comp) & set(io_))
         t["overlap"] = {
             "overlap_ms": [ov[r] for r in reps], "serial_ms": [se.get(r, 0) for r in reps],
@@ -188,7 +188,7 @@ def summary_markdown(out: Path) -> str:
         r0 = a.rows[0]
         lanes = r0.get("io_threads", "") if a.kind in ("stream", "io") else "0"
         thr = f"{r0.get('threads', '') or '-'}+{lanes}/{r0.get('process_threads', '')}"
-        la = [num(r["loadavg_before"]) for r in a.rows if r.get("loadavg_before")]
+        la = [to_num(r["loadavg_before"]) for r in a.rows if r.get("loadavg_before")]
         read_mib = (a.med("bytes_read_per_token") or a.med("storage_bytes_per_token")) / MiB
         lines.append(
             f"| {a.label} | {a.kind} | {med_spread(a.tok_s, '{:.3g}')} | {med_spread(ratio, '{:.3g}')} | "
