@@ -84,7 +84,8 @@ def io_bandwidth(io_rows: Sequence[dict[str, str]], mode: str, size: int, lanes:
 
 
 def targets(out: Path) -> dict[str, Any]:
-    """P1-P4 of issue 7 and the overlap ratio of issue 4 from a campaign's files."""
+    """The targets from a campaign's files: P1 resident parity, P2 x mmap under the cap, P3 read bandwidth vs
+    the drive, P4 zero copy, and the overlap ratio (I/O hidden under compute)."""
     cells = read_csv(out / "cells.csv")
     io_rows = read_csv(out / "io.csv") if (out / "io.csv").exists() else []
     meta = json.loads((out / "run.json").read_text())

@@ -100,7 +100,7 @@ class BuildChecks:
 
 
 def check_build(plan: BuildPlan, wheel: Path) -> BuildChecks:
-    """The checks of issue 5 on the built wheel and build dir; BmoeError says which one failed."""
+    """Everything a board needs of the wheel, checked on it and its build dir; BmoeError says what failed."""
     p = plan.profile
     expected_tail = f"-{plan.wheel_tag}.whl"
     if not wheel.name.endswith(expected_tail):
