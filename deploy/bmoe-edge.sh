@@ -4,7 +4,7 @@
 # `bmoe-edge build` renders this template into a bundle's launcher/ (the @...@ placeholders come from
 # the board profile). The release layout it assumes (docs/boards.md, "Building for a board"):
 #
-#   <release>/manifest.json wheels/ launcher/bmoe-edge.sh fixtures/    the bundle, as built
+#   <release>/manifest.json wheels/ launcher/ fixtures/ profile/      the bundle, as built
 #   <release>/site/                                                    wheels/*.whl unpacked
 #
 # <release> is the directory above this script's own (symlinks resolved: running

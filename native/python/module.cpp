@@ -43,6 +43,21 @@ NB_MODULE(_native, m) {
         .def_ro("expert_bytes", &bmoe::ModelInfo::expert_bytes);
     m.def("probe_model", &bmoe::probe_model, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>());
 
+    nb::class_<bmoe::ExpertTensor>(m, "ExpertTensor")
+        .def_ro("name", &bmoe::ExpertTensor::name)
+        .def_ro("layer", &bmoe::ExpertTensor::layer)
+        .def_ro("projection", &bmoe::ExpertTensor::projection)
+        .def_ro("file", &bmoe::ExpertTensor::file)
+        .def_ro("offset", &bmoe::ExpertTensor::offset)
+        .def_ro("bytes", &bmoe::ExpertTensor::bytes);
+    m.def("expert_tensors", &bmoe::expert_tensors, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>());
+    nb::class_<bmoe::MetadataEntry>(m, "MetadataEntry")
+        .def_ro("key", &bmoe::MetadataEntry::key)
+        .def_ro("text", &bmoe::MetadataEntry::text)
+        .def_ro("number", &bmoe::MetadataEntry::number)
+        .def_ro("is_number", &bmoe::MetadataEntry::is_number);
+    m.def("model_metadata", &bmoe::model_metadata, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>());
+
     m.def("quantize_model", &bmoe::quantize_model, nb::arg("input"), nb::arg("output"), nb::arg("ftype"),
           nb::arg("threads") = 0, nb::call_guard<nb::gil_scoped_release>());
 
