@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from bmoe_edge import bigmoe, tinymoe
+from bmoe_edge.fixtures import bigmoe, tinymoe
 
 MiB = 2**20
 HEADER = """
 import json, os, sys, time
 open(sys.argv[1] + "/cgroup.procs", "w").write(str(os.getpid()))
-from bmoe_edge import native
+from bmoe_edge.engine import native
 n = native.load()
 """
 
@@ -185,7 +185,7 @@ def test_the_cache_gives_memory_back_to_a_neighbour_and_takes_it_again(cgroup: P
     # The tokens are those of a run with no cache and no limit.
     reference = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(f"""
-            from bmoe_edge import native
+            from bmoe_edge.engine import native
             n = native.load(); c = n.StreamConfig(); c.cache_mb = 0; c.threads = 1; c.ctx = 4096
             e = n.Engine({str(model)!r}, c)
             e.begin(e.tokenize("Once upon a time", True), n.SamplingParams(), False)

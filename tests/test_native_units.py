@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from bmoe_edge import native
+from bmoe_edge.engine import native
 
 T = native.load().testing
 PAGE = os.sysconf("SC_PAGESIZE")
