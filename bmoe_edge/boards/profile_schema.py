@@ -45,6 +45,7 @@ KINDS: dict[str, tuple[object, str]] = {
     "list": (lambda x: isinstance(x, list), "a list of strings"),
     "map": (lambda x: isinstance(x, dict), "a mapping"),
     "int|auto": (lambda x: is_int(x) or x == "auto", "an integer or 'auto'"),
+    "bool|auto": (lambda x: isinstance(x, bool) or x == "auto", "true, false or 'auto'"),
     "str|list": (lambda x: isinstance(x, (str, list)), "a name or a list of names"),
 }
 
@@ -58,6 +59,8 @@ STORAGE_FIELDS: dict[str, Field] = {
 def _engine_field(s: Setting) -> Field:
     """A profile field from a row of the engine's settings table."""
     kind = {bool: "bool", int: "int", str: "str", CacheBudget: "int|auto"}[s.kind]
+    if s.auto and kind == "bool":
+        kind = "bool|auto"
     minimum = s.profile_minimum if s.profile_minimum is not None else (0 if s.kind is CacheBudget else s.minimum)
     return Field(kind, required=s.profile == "required", choices=s.choices, minimum=minimum, maximum=s.maximum,
                  help=s.help)

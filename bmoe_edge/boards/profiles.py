@@ -283,6 +283,15 @@ def _resolve(path: Path, dirs: Sequence[Path]) -> BoardProfile:
 # What the rest of the tool calls.
 
 
+BOARD_ENV = "BMOE_EDGE_BOARD"
+
+
+def machine_board(environ: Mapping[str, str] | None = None) -> str:
+    """The profile of the machine this runs on: a deployed release's launcher names its board in
+    $BMOE_EDGE_BOARD; anywhere else it is `host`."""
+    return (os.environ if environ is None else environ).get(BOARD_ENV) or "host"
+
+
 def load_profile(name: str, dirs: Sequence[Path] | None = None) -> BoardProfile:
     """Resolve the board `name` (first match in search order); BmoeError names file, line and field."""
     dirs = profile_dirs() if dirs is None else dirs

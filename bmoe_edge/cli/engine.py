@@ -152,7 +152,8 @@ def generate_cmd(
     model: Annotated[Path, typer.Option("-m", "--model", help="The gguf model (first shard of a split model).")],
     prompt: Annotated[str, typer.Option("-p", "--prompt")],
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1)] = 64,
-    board: Annotated[str | None, typer.Option("--board", help="Take the defaults from this board profile.")] = None,
+    board: Annotated[str | None, typer.Option("--board", help="Take the defaults from this board profile "
+                                              "(default: this machine's: the deployed board's, else host).")] = None,
     temp: Annotated[float, typer.Option("--temp", help="0 = greedy.")] = 0.0,
     top_k: Annotated[int, typer.Option("--top-k")] = 40,
     top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
@@ -180,11 +181,10 @@ def generate_cmd(
         options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
         raise typer.Exit(onboard.board_generate(remote.parse_target(host), str(model), prompt, args, options=options,
                                                 board_name=board, install_dir=install_dir))
-    defaults = None
-    if board:
-        from bmoe_edge.boards import profiles
+    from bmoe_edge.boards import profiles
 
-        defaults = profiles.load_profile(board).engine
+    # No knobs is the fast path: the profile of the machine this runs on gives every default.
+    defaults = profiles.load_profile(board or profiles.machine_board()).engine
     config = settings.resolve(defaults, engine)
     outputs = runner.Outputs(as_json=as_json, progress=progress, csv_path=csv_path)
     runner.generate(model, prompt, max_tokens, config, Sampling(temp, top_k, top_p, seed), outputs)

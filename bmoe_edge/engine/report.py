@@ -17,7 +17,8 @@ def progress_line(m: TokenMetrics) -> str:
     hit = f"{100 * m.cache_hits / m.cache_lookups:.0f}%" if m.cache_lookups else "-"
     return (f"[step {m.step:>4}] {m.wall_ms:8.1f} ms  io {m.io_ms:7.1f}  stall {m.stall_ms:7.1f}  "
             f"read {m.bytes_read / 2**20:7.2f} MiB  hit {hit:>4}  evict {m.evictions:>4}  "
-            f"majflt {m.major_faults:>3}  rss {m.rss_bytes / 2**20:7.1f} MiB")
+            f"majflt {m.major_faults:>3}  rss {m.rss_bytes / 2**20:7.1f} MiB  "
+            f"budget {m.cache_budget_bytes / 2**20:7.1f} MiB")
 
 
 class MetricsCsv:
@@ -61,8 +62,21 @@ def summary(gen: Generation, run_info: dict[str, object]) -> dict[str, object]:
     }
 
 
+def memory_line(run: dict[str, object]) -> str:
+    """Why the cache budget is what it is: the limit that binds and what the process needs."""
+    if not run.get("streaming") or run.get("cache_mode") == "off" or not run.get("memory_limit_source"):
+        return ""
+    line = (f"memory: limit {float(str(run['memory_limit_mb'])):.0f} MiB ({run['memory_limit_source']}); "
+            f"left for the cache {float(str(run['memory_headroom_mb'])):.0f} MiB after the process, "
+            f"{float(str(run['memory_pending_mb'])):.0f} MiB of buffers still to touch and the margin; "
+            f"budget {float(str(run['cache_budget_mb'])):.0f} MiB"
+            + (", adapts to pressure" if run.get("cache_adaptive") else ""))
+    return line  # a clamped or useless budget is said in the run's warning
+
+
 def run_header(run: dict[str, object]) -> str:
-    """The resolved configuration of a run, two lines."""
+    """The resolved configuration of a run: two lines, and a third with the memory the cache was sized from."""
+    memory = memory_line(run)
     return "\n".join([
         f"model {run['model']} ({run['architecture']}, {run['n_expert']} experts, {run['n_expert_used']} used)",
         f"streaming {'on' if run['streaming'] else 'off'}; read path {run['read_path'] or '-'}"
@@ -70,6 +84,7 @@ def run_header(run: dict[str, object]) -> str:
         + f"; cache {run['cache_mode']} {float(str(run['cache_budget_mb'])):.1f} MiB; lanes {run['io_threads']};"
         f" overlap {'on' if run['overlap'] else 'off'}; dense {run['dense']}; threads {run['threads']};"
         f" load {float(str(run['load_ms'])):.0f} ms, {int(str(run['load_bytes_read'])) / 2**20:.1f} MiB read",
+        *([memory] if memory else []),
     ])
 
 

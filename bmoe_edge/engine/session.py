@@ -38,6 +38,8 @@ class TokenMetrics:
     major_faults: int
     rss_bytes: int
     resident_expert_bytes: int
+    cache_budget_bytes: int  # the budget after this step: it follows memory pressure
+    pool_bytes: int          # memory the expert page pool holds
 
 
 @dataclass(frozen=True)

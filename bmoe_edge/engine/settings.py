@@ -65,6 +65,14 @@ def _fault(value: str) -> tuple[str, int]:
     return kind, int(nth)
 
 
+def _overlap(value: bool | str, n: Any) -> Mapping[str, Any]:
+    """auto: on where this build has the expert-ready hook and no other engine of this process uses it
+    (the hook is process-wide); asked for explicitly, the engine refuses where it cannot."""
+    if value == "auto":
+        return {"overlap": bool(n.build_info().expert_ready_hook) and not n.overlap_in_use()}
+    return {"overlap": value}
+
+
 @dataclass(frozen=True)
 class Setting:
     """One row of the table."""
@@ -79,7 +87,8 @@ class Setting:
     minimum: int | None = None
     maximum: int | None = None
     profile: Literal["required", "optional", None] = None   # key under a board profile's `engine:`
-    profile_minimum: int | None = None  # a board profile is stricter (threads: name the cores)
+    profile_minimum: int | None = None  # a board profile is stricter than the engine
+    auto: bool = False                  # "auto" is a value too (the engine decides where it runs)
     native: Callable[[Any, Any], Mapping[str, Any]] | None = None   # (value, _native) -> native fields
 
     @property
@@ -102,9 +111,12 @@ class Setting:
         """The value, validated and normalized; BmoeError says which setting and why."""
         if self.kind is CacheBudget:
             return CacheBudget.parse(value)
+        if self.auto and value == "auto":
+            return value
         if self.kind is bool:
             if not isinstance(value, bool):
-                raise BmoeError(f"{self._where()} must be true or false, got {value!r}")
+                raise BmoeError(f"{self._where()} must be true or false{' or auto' if self.auto else ''}, "
+                                f"got {value!r}")
             return value
         if self.kind is int:
             if isinstance(value, str) and value.lstrip("-").isdigit():
@@ -130,6 +142,8 @@ class Setting:
 
     def as_flag(self, value: Any) -> list[str]:
         """The `generate` arguments that give this setting `value` (what --host forwards)."""
+        if self.auto and value == "auto":
+            return []  # the board decides: its profile's value, else its own auto
         toggle = self.toggle
         if toggle is not None:
             return [toggle[0] if value else toggle[1]]
@@ -138,22 +152,28 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("stream", bool, True, "Stream experts (default on).", flags=("--stream/--no-stream",)),
-    Setting("cache_mb", CacheBudget, CacheBudget("off"), "Expert cache: MiB, 0 = off, or auto.",
+    Setting("cache_mb", CacheBudget, CacheBudget("auto"),
+            "Expert cache: MiB, 0 = off, or auto (what the memory limits leave; adapts to pressure).",
             flags=("--cache-mb",), profile="required",
             native=lambda v, n: {"cache_mb": v.native()}),
-    Setting("cache_floor_mb", int, 1024, "auto: MiB left free.", flags=("--cache-floor-mb",), minimum=0,
-            profile="optional"),
+    Setting("cache_floor_mb", int, 1024, "Where the machine's memory is the limit: MiB left to other processes.",
+            flags=("--cache-floor-mb",), minimum=0, profile="optional"),
     Setting("cache_ceil_mb", int, 1 << 20, "auto: at most this.", flags=("--cache-ceil-mb",), minimum=0,
             profile="optional"),
+    Setting("cache_margin_mb", int, 64, "MiB kept free under the memory limit beyond what the engine foresees.",
+            flags=("--cache-margin-mb",), minimum=0, profile="optional"),
+    Setting("page_kb", int, 0, "The mirror's page unit, KiB: a power of two from the kernel's page (0) to 1024.",
+            flags=("--page-kb",), minimum=0, maximum=1024, profile="optional"),
     Setting("io_threads", int, 4, "Read lanes.", flags=("--io-threads",), minimum=1, maximum=64,
             profile="required"),
     Setting("read_path", str, "odirect", "pread or odirect.", flags=("--read-path",), choices=("pread", "odirect"),
             profile="required", native=lambda v, n: {"read_path": getattr(n.ReadPath, v)}),
     Setting("dense", str, "mmap", "Dense weights: mmap or anon.", flags=("--dense",), choices=("mmap", "anon"),
             profile="required", native=lambda v, n: {"dense": getattr(n.DenseMode, v)}),
-    Setting("overlap", bool, False, "I/O-compute overlap.", flags=("--overlap/--no-overlap",), profile="required"),
-    Setting("threads", int, 0, "Compute threads (0 = all).", flags=("-t", "--threads"), minimum=0,
-            profile="required", profile_minimum=1),
+    Setting("overlap", bool, "auto", "I/O-compute overlap (default: on where the build has the hook).",
+            flags=("--overlap/--no-overlap",), profile="required", auto=True, native=_overlap),
+    Setting("threads", int, 0, "Compute threads (0 = all cores).", flags=("-t", "--threads"), minimum=0,
+            profile="required"),
     Setting("ctx", int, 2048, "Context length.", flags=("-c", "--ctx"), minimum=1),
     Setting("batch", int, 512, "Logical batch size.", minimum=1),
     Setting("ubatch", int, 512, "Physical batch size.", minimum=1),

@@ -30,7 +30,8 @@ STEPS = 24
 QUICK_STEPS = 12
 
 # Pinned on both sides of every comparison: thread count, batch sizes, flash attention, context.
-BASE = StreamConfig(threads=1, ctx=256, batch=64, ubatch=64, flash_attn=False)
+# Everything a case does not set is pinned too: serial, no cache, the kernel's page unit.
+BASE = StreamConfig(threads=1, ctx=256, batch=64, ubatch=64, flash_attn=False, overlap=False, cache_mb=0, page_kb=0)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,11 @@ CASES: dict[str, StreamCase] = {c.name: c for c in (
     StreamCase("overlap-1-lane", cache=0.3, overrides={"overlap": True, "io_threads": 1}),
     StreamCase("overlap-4-lanes-2-threads", overrides={"overlap": True, "io_threads": 4, "threads": 2}),
     StreamCase("overlap-two-generations", cache=0.5, generations=2, overrides={"overlap": True}),
+    # Boards run 16 KiB (Raspberry Pi 5) and 64 KiB kernels: the mirror's shared edge units, the
+    # pool's recycling and eviction at those units (valid on any kernel with smaller pages).
+    StreamCase("page-16k", cache=0.3, overrides={"page_kb": 16}),
+    StreamCase("page-64k-overlap", cache=0.3, overrides={"page_kb": 64, "overlap": True}),
+    StreamCase("page-64k-dense-anon", cache=0.3, overrides={"page_kb": 64, "dense": "anon"}),
 )}
 
 
@@ -87,7 +93,7 @@ class CellResult:
 
 ARCHS_WITH_FIXTURES = ("qwen3moe", "qwen2moe", "olmoe", "llama", "gpt-oss", "gemma4", "granitemoe", "deepseek2")
 QUANTS = ("F32", "F16", "Q8_0", "Q4_0", "Q4_K_M")
-QUICK_CASES = ("cache-off", "cache-small", "dense-anon", "overlap-cache-small")
+QUICK_CASES = ("cache-off", "cache-small", "dense-anon", "overlap-cache-small", "page-16k")
 
 
 def full_matrix() -> list[GateCell]:
