@@ -11,7 +11,7 @@ import random
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,8 @@ from bmoe_edge.bench.routing import routing_report
 
 
 def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_tokens: int, threads: int,
-                  budgets_mb: Sequence[float] | None = None) -> list[BenchCell]:
+                  budgets_mb: Sequence[float] | None = None,
+                  defaults: Mapping[str, Any] | None = None) -> list[BenchCell]:
     """The standard matrix: resident warm; mmap under the cap; streamed under the same cap (cache off,
     fixed budgets, auto; 1 vs 4 lanes; pread vs O_DIRECT; overlap on/off); full-cache streamed (P1);
     the engine's read pattern without compute (io-only)."""
@@ -51,6 +52,9 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
                                       "overlap": False, "cache_mb": 0, **kw},
                     capped=capped, tokens=tokens, warmup=warm, group="stream")
 
+    if defaults is not None:
+        # What `generate -m M -p P` does with no knobs: every setting from the machine's profile.
+        cells.append(BenchCell("defaults", "stream", dict(defaults), tokens=tokens, group="stream"))
     cells += [
         stream("off-serial-od4"),
         stream("off-overlap-od4", overlap=True),

@@ -4,6 +4,7 @@ zero copy, overlap), summary.md and targets.json."""
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -149,10 +150,33 @@ def targets(out: Path) -> dict[str, Any]:
             "serial_ratio": statistics.median([se[r] / max(io_[r], comp[r]) for r in reps if r in se]) if reps else 0,
             "overlap_vs_serial": statistics.median([ov[r] / se[r] for r in reps if se.get(r)]) if reps else 0,
             "target": 1.15}
+    t.update(memory_targets(cells, aggs, meta))
     if "io-od4" in aggs and aggs["io-od4"].tok_s:
         raw = io_bandwidth(io_rows, "odirect", slice_size, 4)
         if raw:
             t["ceiling_tok_s"] = statistics.median(raw) * MiB / meta["routed_bytes_per_token"]
+    return t
+
+
+def memory_targets(cells: Sequence[dict[str, str]], aggs: dict[str, Agg], meta: dict[str, Any]) -> dict[str, Any]:
+    """The memory targets: no knobs is fast, auto is as good as the best fixed budget, and no fixed
+    budget is slower than the cache off (each a per-repeat ratio in the same run)."""
+    t: dict[str, Any] = {}
+    skewed = float(meta.get("model_metadata", {}).get("bmoe.routing.skew", 0) or 0) > 0
+    if "defaults" in aggs and "mmap" in aggs:
+        ratios = paired_ratio(cells, "defaults", "mmap")
+        t["defaults"] = {"ratios": ratios, "ratio": statistics.median(ratios or [0]),
+                         "target": 20.0 if skewed else 12.0}
+    fixed = [a for a in aggs.values() if re.fullmatch(r"cache[0-9.]+-overlap-od4", a.label) and a.tok_s]
+    if fixed and "auto-overlap-od4" in aggs:
+        best = max(fixed, key=lambda a: a.tok_s_med)
+        ratios = paired_ratio(cells, "auto-overlap-od4", best.label)
+        t["auto"] = {"ratios": ratios, "ratio": statistics.median(ratios or [0]), "best": best.label, "target": 0.9}
+    if fixed and "off-overlap-od4" in aggs:
+        by_budget = {a.label: paired_ratio(cells, a.label, "off-overlap-od4") for a in fixed}
+        worst = min(by_budget, key=lambda k: statistics.median(by_budget[k] or [0]))
+        t["budgets_vs_off"] = {"by_budget": by_budget, "worst": worst,
+                               "ratio": statistics.median(by_budget[worst] or [0]), "target": 1.0}
     return t
 
 
@@ -276,6 +300,19 @@ def _targets_lines(t: dict[str, Any]) -> list[str]:
                    f"serial cache-off cell ({med_spread(p['engine_io_ms'], '{:.0f}')} ms) as io-only: "
                    f"{p['ratio_vs_engine_io']:.2f}; serial / max = {p['serial_ratio']:.2f}; "
                    f"overlap / serial = {p['overlap_vs_serial']:.2f}")
+    if "defaults" in t:
+        p = t["defaults"]
+        out.append(f"- defaults (no knobs: the machine's profile) vs llama.cpp mmap, same repeat: "
+                   f"{med_spread(p['ratios'], '{:.1f}')}x (target ≥ {p['target']:g}x) {met(p['ratio'], p['target'])}")
+    if "auto" in t:
+        p = t["auto"]
+        out.append(f"- auto vs the best fixed budget ({p['best']}): {med_spread(p['ratios'], '{:.2f}')} "
+                   f"(target ≥ {p['target']}) {met(p['ratio'], p['target'])}")
+    if "budgets_vs_off" in t:
+        p = t["budgets_vs_off"]
+        out.append("- every fixed budget vs the cache off (overlap, 4 lanes): "
+                   + "; ".join(f"{k} {med_spread(v, '{:.2f}')}" for k, v in p["by_budget"].items())
+                   + f"; the worst {p['ratio']:.2f} (target ≥ {p['target']:g}) {met(p['ratio'], p['target'])}")
     if "ceiling_tok_s" in t:
         out.append(f"- I/O-bound ceiling (drive O_DIRECT bandwidth at the slice size, 4 lanes / routed bytes per "
                    f"token): {t['ceiling_tok_s']:.2f} tok/s")

@@ -30,6 +30,16 @@ def bench_io_cmd(
     typer.echo(io.io_summary(rows), nl=False)
 
 
+def _machine_defaults() -> dict[str, object]:
+    """The settings `generate` uses with no knobs on this machine, as a cell's config."""
+    from bmoe_edge.boards import profiles
+    from bmoe_edge.engine import settings
+
+    config = settings.resolve(profiles.load_profile(profiles.machine_board()).engine, {})
+    values = {name: getattr(config, name) for name in settings.config_fields()}
+    return {k: str(v) if isinstance(v, settings.CacheBudget) else v for k, v in values.items()}
+
+
 @bench_app.command("stream")
 def bench_stream_cmd(
     model: Annotated[Path, typer.Option("-m", "--model", help="The gguf (a single file).")],
@@ -55,7 +65,8 @@ def bench_stream_cmd(
     cap = ramcap.parse_cap(ram_cap, model_layout.file_bytes)
     matrix = campaign.default_cells(model_layout, cap, tokens=tokens, mmap_tokens=mmap_tokens or tokens,
                                     threads=threads,
-                                    budgets_mb=[float(b) for b in budgets.split(",")] if budgets else None)
+                                    budgets_mb=[float(b) for b in budgets.split(",")] if budgets else None,
+                                    defaults=_machine_defaults())
     if cells:
         wanted = [c.strip() for c in cells.split(",")]
         unknown = sorted(set(wanted) - {c.label for c in matrix})
