@@ -82,11 +82,13 @@ def test_routing_plans_hit_their_targets_in_simulation() -> None:
     assert abs(targets.sum() - 8) < 1e-6 and targets.max() <= 1.0
 
 
-def test_lru_replay_and_routing_stats() -> None:
+def test_cache_replay_and_routing_stats() -> None:
     # Two layers: the layer in flight is never evicted, so a budget of 0 keeps nothing across tokens.
     trace = [[[0, 1], [5]], [[0, 2], [5]], [[0, 1], [6]], [[3, 4], [6]]]
-    assert routing.lru_hit_rate(trace, [100, 100], 0) == 0.0
-    assert routing.lru_hit_rate(trace, [100, 100], 10_000) == 5 / 12  # 0, 5, 0, 1, 6
+    assert routing.cache_hit_rate(trace, [100, 100], 8, 0) == 0.0
+    assert routing.cache_hit_rate(trace, [100, 100], 8, 10_000) == 5 / 12  # 0, 5, 0, 1, 6
+    # A share of one expert per layer (200 bytes): each layer keeps its most recent expert.
+    assert routing.cache_hit_rate(trace, [100, 100], 8, 200) == 2 / 12  # 5 and 6 on layer 1
     stats = routing.routing_stats(trace, n_expert=8, k=2)
     assert stats["tokens"] == 4 and 0 < stats["prev_token_reuse"] < 1
 

@@ -10,7 +10,7 @@ import pytest
 
 from bmoe_edge.engine import native
 
-T = native.load().testing
+T = native.load().parts
 PAGE = os.sysconf("SC_PAGESIZE")
 
 

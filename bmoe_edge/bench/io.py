@@ -1,19 +1,11 @@
-"""`bench io`: the drive's raw random-read bandwidth, and the engine's read pattern replayed without
-compute (per token and layer, the routed experts' slices, a barrier per layer).
-
-The reader here (`Lanes`) reproduces the engine's O_DIRECT windows in Python: the engine's own read
-lanes are not exposed through the bindings yet.
+"""`bench io`: the drive's random-read bandwidth through the engine's own reader, and the engine's read
+pattern replayed without compute (per token and layer, the routed experts' slices, a barrier per layer).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import mmap
-import os
-import queue
 import random
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,7 +14,6 @@ from typing import Any
 from bmoe_edge.bench.layout import gguf_layout
 from bmoe_edge.bench.machine import (
     MiB,
-    align_down,
     align_up,
     drop_page_cache,
     loadavg,
@@ -34,131 +25,23 @@ from bmoe_edge.bench.machine import (
 from bmoe_edge.errors import BmoeError
 
 
-def dio_alignment(path: Path) -> int:
-    """The O_DIRECT alignment the engine would use (its statx/blockdev fallback): logical block size."""
-    st = os.stat(path)
-    with contextlib.suppress(OSError, ValueError), \
-            open(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/queue/logical_block_size") as f:
-        return int(f.read())
-    # A partition: its parent's queue.
-    with contextlib.suppress(OSError, ValueError):
-        base = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}").resolve()
-        return int((base.parent / "queue" / "logical_block_size").read_text())
-    return 4096
+def reader(path: Path, lanes: int, mode: str) -> Any:
+    """The engine's own reader (bindings: `parts.Reader`): its read lanes, O_DIRECT windows into a
+    page-pool mirror or pread, admission and eviction as the streamer does them."""
+    from bmoe_edge.engine import native
+
+    n = native.load()
+    if mode not in ("odirect", "pread"):
+        raise BmoeError(f"read mode must be odirect or pread, got {mode!r}")
+    with native.engine_errors():
+        return n.parts.Reader(str(path), lanes, getattr(n.ReadPath, mode))
 
 
-class Lanes:
-    """N reader threads, each with its own descriptor and a page-aligned buffer, one job queue.
+def _read(r: Any, ranges: list[tuple[int, int]]) -> dict[str, Any]:
+    from bmoe_edge.engine import native
 
-    A read of (offset, length) with O_DIRECT covers the engine's window: [align_down(offset),
-    min(align_up(offset + length), align_down(file size))) into a buffer address with the same
-    phase modulo the page as the offset (as the engine's mirror has), plus a buffered tail at EOF.
-    """
-
-    def __init__(self, path: Path, lanes: int, mode: str, max_length: int) -> None:
-        if mode not in ("odirect", "pread"):
-            raise BmoeError(f"read mode must be odirect or pread, got {mode!r}")
-        self.path, self.mode = Path(path), mode
-        self.size = self.path.stat().st_size
-        self.align = dio_alignment(path) if mode == "odirect" else 1
-        flags = os.O_RDONLY | (os.O_DIRECT if mode == "odirect" else 0)
-        self._fds = [os.open(path, flags) for _ in range(lanes)]
-        self._tail_fds = [os.open(path, os.O_RDONLY) for _ in range(lanes)]
-        page = mmap.PAGESIZE
-        self._bufs = [mmap.mmap(-1, align_up(max_length + 2 * max(self.align, page), page) + page)
-                      for _ in range(lanes)]
-        self._jobs: queue.SimpleQueue[tuple[int, int, Any] | None] = queue.SimpleQueue()
-        self.error: BaseException | None = None
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(lanes)]
-        for t in self._threads:
-            t.start()
-
-    def close(self) -> None:
-        for _ in self._threads:
-            self._jobs.put(None)
-        for t in self._threads:
-            t.join()
-        for fd in (*self._fds, *self._tail_fds):
-            os.close(fd)
-        for b in self._bufs:
-            b.close()
-
-    def __enter__(self) -> Lanes:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _read_full(self, fd: int, view: memoryview, offset: int) -> int:
-        done = 0
-        while done < len(view):
-            n = os.preadv(fd, [view[done:]], offset + done)
-            if n == 0:
-                break
-            done += n
-        return done
-
-    def read(self, lane: int, offset: int, length: int) -> int:
-        """One slice read on `lane`; returns the bytes read from the file (windows included)."""
-        buf = memoryview(self._bufs[lane])
-        if self.mode == "pread":
-            return self._read_full(self._fds[lane], buf[:length], offset)
-        start = align_down(offset, self.align)
-        end = min(align_up(offset + length, self.align), align_down(self.size, self.align))
-        phase = start % mmap.PAGESIZE
-        got = self._read_full(self._fds[lane], buf[phase:phase + end - start], start) if end > start else 0
-        if start + got < offset + length:  # the unaligned tail at EOF, buffered (as the engine does)
-            tail = start + got
-            n = offset + length - tail
-            got += self._read_full(self._tail_fds[lane], buf[phase + got:phase + got + n], tail)
-        return got
-
-    def _run(self, lane: int) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            offset, length, batch = job
-            t0 = time.perf_counter()
-            try:
-                n = self.read(lane, offset, length)
-            except BaseException as exc:  # reported to the waiter
-                batch.done(0, 0.0, exc)
-                continue
-            batch.done(n, time.perf_counter() - t0, None)
-
-    def run(self, jobs: Sequence[tuple[int, int]]) -> _Batch:
-        """Read every (offset, length) and wait for all of them."""
-        batch = _Batch(len(jobs))
-        for off, length in jobs:
-            self._jobs.put((off, length, batch))
-        batch.wait()
-        return batch
-
-
-class _Batch:
-    def __init__(self, n: int) -> None:
-        self.remaining = n
-        self.bytes = 0
-        self.latencies: list[float] = []
-        self.error: BaseException | None = None
-        self._cv = threading.Condition()
-
-    def done(self, n: int, seconds: float, error: BaseException | None) -> None:
-        with self._cv:
-            self.bytes += n
-            self.latencies.append(seconds)
-            self.error = self.error or error
-            self.remaining -= 1
-            if self.remaining == 0:
-                self._cv.notify_all()
-
-    def wait(self) -> None:
-        with self._cv:
-            while self.remaining:
-                self._cv.wait()
-        if self.error is not None:
-            raise BmoeError(f"read failed: {self.error}")
+    with native.engine_errors():
+        return r.read(ranges)
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -190,26 +73,27 @@ def io_sweep(path: Path, *, sizes: Sequence[int], lanes: Sequence[int], modes: S
             rng.shuffle(slots)
             limit = min(len(slots), max(n_lanes, max_bytes // size))
             drop_page_cache(path)
-            with Lanes(path, n_lanes, mode, size) as lanes_:
-                io0 = proc_read_bytes()
-                t0 = time.perf_counter()
-                done = 0
-                nbytes = 0
-                lat: list[float] = []
-                step = max(n_lanes * 4, 16)
-                while done < limit and time.perf_counter() - t0 < seconds:
-                    batch = lanes_.run([(slots[i], size) for i in range(done, min(limit, done + step))])
-                    done += len(batch.latencies)
-                    nbytes += batch.bytes
-                    lat.extend(batch.latencies)
-                elapsed = time.perf_counter() - t0
-                storage = proc_read_bytes() - io0
+            r = reader(path, n_lanes, mode)
+            io0 = proc_read_bytes()
+            t0 = time.perf_counter()
+            done = 0
+            lat: list[float] = []
+            step = max(n_lanes * 4, 16)
+            while done < limit and time.perf_counter() - t0 < seconds:
+                ranges = [(slots[i], size) for i in range(done, min(limit, done + step))]
+                lat.extend(_read(r, ranges)["read_ms"])
+                done += len(ranges)
+            elapsed = time.perf_counter() - t0
+            storage = proc_read_bytes() - io0
+            nbytes = done * size
             row = {
-                "mode": mode, "size": size, "lanes": n_lanes, "repeat": rep, "reads": len(lat), "bytes": nbytes,
-                "seconds": round(elapsed, 4), "mib_s": round(nbytes / MiB / elapsed, 2) if elapsed else 0.0,
-                "storage_bytes": storage, "lat_p50_ms": round(1000 * _pct(lat, 0.5), 3),
-                "lat_p99_ms": round(1000 * _pct(lat, 0.99), 3), "loadavg": loadavg(),
+                "mode": mode, "used": r.read_path, "size": size, "lanes": n_lanes, "repeat": rep, "reads": len(lat),
+                "bytes": nbytes, "seconds": round(elapsed, 4),
+                "mib_s": round(nbytes / MiB / elapsed, 2) if elapsed else 0.0,
+                "storage_bytes": storage, "lat_p50_ms": round(_pct(lat, 0.5), 3),
+                "lat_p99_ms": round(_pct(lat, 0.99), 3), "loadavg": loadavg(),
             }
+            del r
             rows.append(row)
             if progress:
                 progress(row)
@@ -226,31 +110,31 @@ def io_replay(path: Path, *, tokens: int, lanes: int, mode: str = "odirect", see
     layers = layout.layers()
     k = layout.n_expert_used or 1
     rng = random.Random(seed)
-    max_len = max(t.expert_bytes for t in layout.experts)
     rows = []
     if mode == "pread":
         drop_page_cache(path)
-    with Lanes(path, lanes, mode, max_len) as lanes_:
-        for step in range(tokens):
-            token_jobs = []
-            io0 = proc_read_bytes()
-            t0 = time.perf_counter()
-            nbytes = 0
-            for il, tensors in layers.items():
-                if trace is not None:
-                    experts = sorted(set(trace[step % len(trace)][il]))
-                else:
-                    experts = sorted(rng.sample(range(tensors[0].n_expert), k))
-                jobs = [(t.offset + e * t.expert_bytes, t.expert_bytes) for t in tensors for e in experts]
-                if barrier:
-                    nbytes += lanes_.run(jobs).bytes
-                else:
-                    token_jobs.extend(jobs)
-            if token_jobs:
-                nbytes += lanes_.run(token_jobs).bytes
-            ms = 1000 * (time.perf_counter() - t0)
-            rows.append({"step": step, "wall_ms": round(ms, 3), "bytes_read": nbytes,
-                         "storage_bytes": proc_read_bytes() - io0})
+    r = reader(path, lanes, mode)
+    for step in range(tokens):
+        token_jobs: list[tuple[int, int]] = []
+        io0 = proc_read_bytes()
+        t0 = time.perf_counter()
+        nbytes = 0
+        for il, tensors in layers.items():
+            if trace is not None:
+                experts = sorted(set(trace[step % len(trace)][il]))
+            else:
+                experts = sorted(rng.sample(range(tensors[0].n_expert), k))
+            jobs = [(t.offset + e * t.expert_bytes, t.expert_bytes) for t in tensors for e in experts]
+            nbytes += sum(length for _, length in jobs)
+            if barrier:
+                _read(r, jobs)
+            else:
+                token_jobs.extend(jobs)
+        if token_jobs:
+            _read(r, token_jobs)
+        ms = 1000 * (time.perf_counter() - t0)
+        rows.append({"step": step, "wall_ms": round(ms, 3), "bytes_read": nbytes,
+                     "storage_bytes": proc_read_bytes() - io0})
     return rows
 
 

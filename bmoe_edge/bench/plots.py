@@ -60,8 +60,8 @@ def plots(out: Path, routing: dict[str, Any] | None = None) -> list[Path]:
     if full:
         ax.scatter([p[0] for p in full], [p[1] for p in full], marker="s", label="full cache, after a warm-up pass")
     routing = routing or (json.loads((out / "routing.json").read_text()) if (out / "routing.json").exists() else None)
-    if routing and routing.get("lru_hit_rate"):
-        curve = sorted((float(k), v) for k, v in routing["lru_hit_rate"].items())
+    if routing and routing.get("cache_hit_rate"):
+        curve = sorted((float(k), v) for k, v in routing["cache_hit_rate"].items())
         ax.plot([c[0] for c in curve], [c[1] for c in curve], "-", color="gray",
                 label=f"LRU replay of the traced routing ({routing['tokens']} tokens, cold)")
     ax.set_xscale("symlog", linthresh=64)

@@ -59,31 +59,23 @@ def trace_routing(model: Path, tokens: int, workdir: Path, prompt: str = PROMPT)
     return [[sorted(s.get(il, ())) for il in range(n_layer)] for s in steps[1:]]  # drop the prompt step
 
 
-def lru_hit_rate(trace: list[list[list[int]]], bytes_per_expert: Sequence[int], budget_bytes: int) -> float:
-    """The engine's cache policy replayed on a routing trace: LRU over (layer, expert), the layer in
-    flight never evicted; returns hits / lookups."""
-    from collections import OrderedDict
+def cache_hit_rate(trace: list[list[list[int]]], bytes_per_expert: Sequence[int], n_expert: int,
+                   budget_bytes: int) -> float:
+    """The engine's own cache policy (its ExpertCache, through the bindings) replayed on a routing
+    trace: per-layer shares with LRU inside a layer, the layer in flight never evicted; hits / lookups."""
+    from bmoe_edge.engine import native
 
-    lru: OrderedDict[tuple[int, int], int] = OrderedDict()
-    used = hits = lookups = 0
+    cache = native.load().parts.ExpertCache(budget_bytes, list(bytes_per_expert), [n_expert] * len(bytes_per_expert))
+    hits = lookups = 0
     for token in trace:
         for il, experts in enumerate(token):
-            for e in experts:
+            for e in sorted(set(experts)):  # the streamer dedupes a layer's routed ids
                 lookups += 1
-                key = (il, e)
-                if key in lru:
+                if cache.touch(il, e):
                     hits += 1
-                    lru.move_to_end(key)
                 else:
-                    lru[key] = bytes_per_expert[il]
-                    used += bytes_per_expert[il]
-            if used > budget_bytes:
-                for key in list(lru):
-                    if used <= budget_bytes:
-                        break
-                    if key[0] == il:
-                        continue
-                    used -= lru.pop(key)
+                    cache.insert(il, e)
+            cache.evict_over_budget(il)
     return hits / lookups if lookups else 0.0
 
 
@@ -137,7 +129,8 @@ def routing_report(model: Path, tokens: int, out: Path, budgets_mb: Sequence[flo
     per_layer = [layout.bytes_per_expert(il) for il in sorted(layout.layers())]
     budgets = list(budgets_mb) or [0, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048,
                                    math.ceil(layout.expert_bytes_total / MiB)]
-    stats["lru_hit_rate"] = {str(b): round(100 * lru_hit_rate(trace, per_layer, int(b * MiB)), 2) for b in budgets}
+    stats["cache_hit_rate"] = {str(b): round(100 * cache_hit_rate(trace, per_layer, layout.n_expert, int(b * MiB)), 2)
+                               for b in budgets}
     stats["model_metadata"] = {k: v for k, v in layout.metadata.items() if k.startswith("bmoe.")}
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "routing.csv", "w", newline="") as f:

@@ -14,13 +14,13 @@
 
 namespace nb = nanobind;
 
-void bind_testing(nb::module_ & parent);  // testing.cpp
+void bind_parts(nb::module_ & parent);  // parts.cpp
 
 NB_MODULE(_native, m) {
     m.doc() = "bmoe-edge native engine";
 
     nb::exception<bmoe::Error>(m, "EngineError");
-    bind_testing(m);
+    bind_parts(m);
 
     nb::class_<bmoe::BuildInfo>(m, "BuildInfo")
         .def_ro("llama_pin", &bmoe::BuildInfo::llama_pin)

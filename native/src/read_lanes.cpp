@@ -8,9 +8,10 @@
 namespace bmoe::detail {
 
 Batch::Batch(std::vector<ReadJob> jobs, JobDone on_job_done)
-    : jobs_(std::move(jobs)), on_job_done_(std::move(on_job_done)), remaining_(jobs_.size()) {}
+    : jobs_(std::move(jobs)), on_job_done_(std::move(on_job_done)), remaining_(jobs_.size()), job_ms_(jobs_.size(), 0) {}
 
-void Batch::finish(size_t i, uint64_t storage, uint64_t copies, const std::string * error) {
+void Batch::finish(size_t i, uint64_t storage, uint64_t copies, float ms, const std::string * error) {
+    job_ms_[i] = ms;
     storage_bytes_ += storage;
     copy_bytes_ += copies;
     if (on_job_done_) {
@@ -98,6 +99,8 @@ void ReadLanes::execute(int lane, const Task & task) {
     const ReadJob & job = task.batch->jobs()[task.index];
     const int64_t n = ++reads_;
     const bool injected = fault_.kind != FaultKind::None && n == fault_.nth;
+    const auto t0 = Batch::Clock::now();
+    auto ms = [&] { return std::chrono::duration<float, std::milli>(Batch::Clock::now() - t0).count(); };
     try {
         if (injected && fault_.kind == FaultKind::Fail) {
             throw Error("read of " + std::to_string(job.length) + " bytes at offset " + std::to_string(job.offset) +
@@ -114,10 +117,10 @@ void ReadLanes::execute(int lane, const Task & task) {
                 bytes[i] ^= 0xFF;
             }
         }
-        task.batch->finish(task.index, r.storage_bytes, r.copy_bytes, nullptr);
+        task.batch->finish(task.index, r.storage_bytes, r.copy_bytes, ms(), nullptr);
     } catch (const std::exception & e) {
         const std::string message = e.what();
-        task.batch->finish(task.index, 0, 0, &message);
+        task.batch->finish(task.index, 0, 0, ms(), &message);
     }
 }
 

@@ -42,19 +42,22 @@ public:
     void wait();
 
     uint64_t storage_bytes() const { return storage_bytes_.load(); }
+    // How long each job's read took (ms), by job index, once the batch is done.
+    const std::vector<float> & job_ms() const { return job_ms_; }
     uint64_t copy_bytes() const { return copy_bytes_.load(); }
     // Wall time from the first read starting to the last one finishing.
     double io_ms() const;
 
 private:
     friend class ReadLanes;
-    void finish(size_t i, uint64_t storage, uint64_t copies, const std::string * error);
+    void finish(size_t i, uint64_t storage, uint64_t copies, float ms, const std::string * error);
 
     std::vector<ReadJob> jobs_;
     JobDone on_job_done_;
     std::atomic<size_t> remaining_;
     std::atomic<uint64_t> storage_bytes_{0};
     std::atomic<uint64_t> copy_bytes_{0};
+    std::vector<float> job_ms_;  // each slot written by the one lane that ran the job
     std::mutex mutex_;
     std::condition_variable cv_;
     std::string error_;

@@ -1,5 +1,6 @@
-// Bindings of the engine's policy and mechanism rooms for unit tests under pytest: the expert
-// cache, the mirror with its page pool, expert-name parsing. Not part of the engine's API.
+// Bindings of the engine's rooms, one by one: the expert cache (bench replays a routing trace through
+// the engine's own policy), the reader (bench io measures the engine's own read path), the mirror
+// with its page pool and expert-name parsing (unit tests). Not the engine's API: that is module.cpp.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -10,6 +11,7 @@
 #include <memory>
 #include <optional>
 
+#include "bench_reader.h"
 #include "expert_cache.h"
 #include "mirror.h"
 #include "page_pool.h"
@@ -29,8 +31,8 @@ struct MirrorWithPool {
 
 }  // namespace
 
-void bind_testing(nb::module_ & parent) {
-    nb::module_ m = parent.def_submodule("testing", "the engine's rooms, bound for unit tests");
+void bind_parts(nb::module_ & parent) {
+    nb::module_ m = parent.def_submodule("parts", "the engine's rooms, bound for bench and unit tests");
 
     nb::class_<ExpertCache>(m, "ExpertCache")
         .def(nb::init<uint64_t, std::vector<uint64_t>, std::vector<int>>(), nb::arg("budget_bytes"),
@@ -69,6 +71,27 @@ void bind_testing(nb::module_ & parent) {
         .def_prop_ro("pool_size_units", [](MirrorWithPool & w) { return w.pool.size_units(); })
         .def_prop_ro("pool_held_units", [](MirrorWithPool & w) { return w.pool.held_units(); })
         .def("trim", [](MirrorWithPool & w) { return w.pool.trim(); });
+
+    nb::class_<BenchReader>(m, "Reader")
+        .def(nb::init<const std::string &, int, bmoe::ReadPath, int>(), nb::arg("path"), nb::arg("lanes"),
+             nb::arg("read_path"), nb::arg("page_kb") = 0, nb::call_guard<nb::gil_scoped_release>())
+        .def(
+            "read",
+            [](BenchReader & r, const std::vector<std::pair<uint64_t, uint64_t>> & ranges) {
+                BatchTiming t;
+                {
+                    nb::gil_scoped_release release;
+                    t = r.read(ranges);
+                }
+                nb::dict out;
+                out["seconds"] = t.seconds;
+                out["storage_bytes"] = t.storage_bytes;
+                out["read_ms"] = t.read_ms;
+                return out;
+            },
+            nb::arg("ranges"))
+        .def_prop_ro("read_path", [](const BenchReader & r) { return std::string(bmoe::to_string(r.path_used())); })
+        .def_prop_ro("note", &BenchReader::note);
 
     m.def("parse_expert_name", [](const std::string & name, std::vector<std::string> suffixes) {
         bmoe::Recipe recipe;
