@@ -2,9 +2,13 @@
 
 Where the files live: the shipped profiles are package data, `bmoe_edge/board_profiles/*.yaml`, so
 they ship inside the wheel and a board can read its own profile after `pip install`. A user adds or
-overrides profiles in directories given with `--profiles-dir` or `$BMOE_EDGE_PROFILES`
-(os.pathsep-separated): those are searched first, so theirs win by name. Files whose name starts with
-`_` are fragments (shared CPU/OS facts), pulled in with `extends`, never boards themselves.
+overrides profiles in directories given with `--profiles-dir`, in the user profile directory
+`${XDG_CONFIG_HOME:-~/.config}/bmoe-edge/profiles` (where `bmoe-edge tune` writes the profile it
+measured), or in `$BMOE_EDGE_PROFILES` (os.pathsep-separated), searched in that order before the
+shipped ones, so theirs win by name. The user directory comes before `$BMOE_EDGE_PROFILES` because a
+deployed board's launcher puts its release's resolved profile there: a tuned `rpi5.yaml` that
+`extends: rpi5` then layers on top of it. Files whose name starts with `_` are fragments (shared
+CPU/OS facts), pulled in with `extends`, never boards themselves.
 
 Merge order: each `extends` entry in order (each resolved the same way, recursively), then the file's
 own fields; later wins. `storage` and `ssh` merge key by key; every other value is replaced whole.
@@ -116,6 +120,10 @@ SCHEMA: dict[str, Field] = {
     "cache_floor_mb": Field("int", required=False, minimum=0,
                             help="auto: MiB of MemAvailable left to everything else"),
     "cache_ceil_mb": Field("int", required=False, minimum=0, help="auto: largest budget, MiB"),
+    "cache_margin_mb": Field("int", required=False, minimum=0,
+                             help="auto: MiB kept free beyond the measured working set (engine default 64)"),
+    "page_kb": Field("int", required=False, choices=(0, 4, 16, 64),
+                     help="the engine's page unit, KiB (0 = the kernel's page size)"),
     "dense": Field("str", choices=("mmap", "anon"), help="where dense weights live"),
     "overlap": Field("bool", help="read experts while the layer computes (needs the hook)"),
     "ssh": Field("map", subfields=SSH_FIELDS, help="deploy defaults"),
@@ -167,6 +175,8 @@ class BoardProfile:
     cache_mb: int | str
     cache_floor_mb: int | None
     cache_ceil_mb: int | None
+    cache_margin_mb: int | None
+    page_kb: int | None
     dense: str
     overlap: bool
     ssh: Ssh
@@ -334,10 +344,22 @@ def _check_scalar(spec: Field, x: object, path: Path, line: int, where: str) -> 
 # Finding files, merging `extends`.
 
 
+def user_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The user profile directory, ${XDG_CONFIG_HOME:-$HOME/.config}/bmoe-edge/profiles (None without
+    either variable); it need not exist."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CONFIG_HOME") or (f"{env['HOME']}/.config" if env.get("HOME") else "")
+    return Path(base) / "bmoe-edge" / "profiles" if base else None
+
+
 def profile_dirs(extra: Sequence[Path | str] = (), environ: Mapping[str, str] | None = None) -> list[Path]:
-    """Search order: `extra` (--profiles-dir), then $BMOE_EDGE_PROFILES, then the shipped profiles."""
+    """Search order: `extra` (--profiles-dir), the user profile directory (when it exists), then
+    $BMOE_EDGE_PROFILES, then the shipped profiles."""
     env = os.environ if environ is None else environ
     given = [(Path(d), "--profiles-dir") for d in extra]
+    user = user_dir(env)
+    if user is not None and user.is_dir():
+        given.append((user, "the user profile directory"))
     given += [(Path(d), f"${PROFILES_ENV}") for d in env.get(PROFILES_ENV, "").split(os.pathsep) if d]
     dirs: list[Path] = []
     for d, origin in given:
