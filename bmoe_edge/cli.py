@@ -278,6 +278,45 @@ def gates_cmd(
         raise typer.Exit(1)
 
 
+@app.command("tune")
+def tune_cmd(
+    board: Annotated[str | None, typer.Option("--board", help="The board profile to extend (default: the "
+                                              "deployed release's board, else host).")] = None,
+    model: Annotated[Path | None, typer.Option("-m", "--model", help="Read this gguf at its expert slice sizes "
+                                               "(default: a scratch file, representative sizes).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the profile here (default: the user profile "
+                                             "directory, <board>.yaml).")] = None,
+    scratch_dir: Annotated[Path | None, typer.Option("--dir", help="Where the scratch file goes: the disk the "
+                                                     "models are on (default: ~/.cache/bmoe-edge).")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="A few seconds: one size, short cells.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="The measurements and choices as JSON.")] = False,
+    no_write: Annotated[bool, typer.Option("--no-write", hidden=True, help="Measure only.")] = False,
+    host: HostOpt = None,
+    install_dir: InstallDirOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
+) -> None:
+    """Measure this machine (reads, compute, memory) and write a user profile that extends its board's with
+    the lanes, read path, threads, read speed and cache margin it chose.
+
+    With --host, the board's current release measures the board (-m and --dir are paths there) and the
+    profile is written both here and in the board's user profile directory."""
+    from bmoe_edge import tune
+
+    if host:
+        from bmoe_edge import remote
+
+        options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+        result = tune.tune_remote(remote.parse_target(host), options=options, board=board, install_dir=install_dir,
+                                  model=None if model is None else str(model), out=out, quick=quick,
+                                  scratch_dir=None if scratch_dir is None else str(scratch_dir),
+                                  progress=tune.stderr_progress)
+    else:
+        result = tune.tune_local(board, model=model, out=out, quick=quick, scratch_dir=scratch_dir,
+                                 write=not no_write, progress=tune.stderr_progress)
+    typer.echo(result.to_json() if as_json else tune.format_table(result))
+
+
 @llama_app.command("fetch")
 def llama_fetch_cmd(
     no_patches: Annotated[bool, typer.Option("--no-patches", help="Extract stock upstream.")] = False,

@@ -1200,3 +1200,18 @@ def board_gates(target: Target, *, options: SshOptions, full: bool = False, as_j
         elif code == 0:
             code = 1
         return code, stdout
+
+
+# ---------------------------------------------------------------------------------------------------
+# Any other command of the current release (`tune --host`).
+
+CONFIG_HOME_SCRIPT = _CONFIG_HOME
+
+
+def run_release(board: Board, rel: str, args: Sequence[str], *, what: str, timeout: float | None = None) -> Any:
+    """`bmoe-edge ARGS…` through a release's launcher on the board (its profiles and fixtures), stopped
+    when the connection goes away; returns fabric's Result (stdout and stderr captured, never raises on
+    the command's own exit code)."""
+    env = [f"{k}={v}" for k, v in _release_env(rel).items()]
+    return board.sh(_HANGUP, "env", *env, f"{rel}/{bundle.LAUNCHER_SCRIPT}", *args, what=what, check=False,
+                    timeout=timeout)
