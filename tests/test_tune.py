@@ -1,0 +1,274 @@
+"""`bmoe-edge tune`: real measurements on this machine (quick mode: a few seconds), the profile it writes
+resolved by the profile loader, bad inputs, and `tune --host` on the emulated board (a real sshd in front
+of qemu-aarch64, the deployed qemu-arm64 bundle measuring itself).
+
+Every run gets its own $XDG_CONFIG_HOME: nothing here touches the real ~/.config/bmoe-edge/profiles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import test_deploy
+import yaml
+
+from bmoe_edge import bench, emulated_board, profiles, remote, tinymoe, tune
+from bmoe_edge.errors import BmoeError
+
+from conftest import assert_clean_error, run_cli
+
+TUNED = ("io_threads", "threads", "read_path", "cache_margin_mb")
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != profiles.PROFILES_ENV}
+    return dict(env, XDG_CONFIG_HOME=str(tmp_path / "config"), **extra)
+
+
+def _assert_matches(profile: profiles.BoardProfile, choice: dict) -> None:
+    for key in TUNED:
+        assert getattr(profile, key) == choice[key], key
+    assert profile.storage.read_mb_s == choice["read_mb_s"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# This machine, for real.
+
+
+def test_tune_measures_this_machine_and_writes_a_profile_the_loader_resolves(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    scratch = tmp_path / "scratch"
+    started = time.monotonic()
+    result = run_cli("tune", "--quick", "--dir", str(scratch), "--json", env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    print(f"\ntune --quick: {time.monotonic() - started:.1f} s")
+    # what it measured: both read paths (O_DIRECT works on this disk) at 1..2x cores lanes, 1..cores threads
+    cores = os.cpu_count() or 1
+    lanes = list(range(1, min(2 * cores, tune.MAX_LANES) + 1))
+    for mode in ("odirect", "pread"):
+        cells = [c for c in report["io"] if c["mode"] == mode]
+        assert sorted(c["lanes"] for c in cells) == lanes and all(c["mib_s"] > 0 and c["reads"] > 0 for c in cells)
+    assert [c["threads"] for c in report["compute"]] == list(range(1, cores + 1))
+    assert all(c["tok_s"] > 0 for c in report["compute"])
+    machine = report["machine"]
+    assert machine["page_size"] == os.sysconf("SC_PAGE_SIZE") and machine["cores"] == cores
+    assert machine["ram_mb"] == bench.mem_info()["MemTotal"] // 2**20
+    assert not list(scratch.iterdir())    # the scratch file is gone
+    # what it chose follows the rules from what it measured
+    choice = report["choice"]
+    io = [tune.IoCell(**c) for c in report["io"]]
+    curve = tune.lane_curve(io, choice["read_path"])
+    assert choice["io_threads"] == min(n for n, v in curve.items() if v >= 0.95 * max(curve.values()))
+    assert choice["threads"] == max(report["compute"], key=lambda c: c["tok_s"])["threads"]
+    # the profile: in the user profile directory, `extends: host`, resolved by the loader with the values
+    written = tmp_path / "config" / "bmoe-edge" / "profiles" / "host.yaml"
+    assert report["written"] == [str(written)]
+    own = yaml.safe_load(written.read_text())
+    assert own["extends"] == "host" and set(own) >= {"io_threads", "threads", "read_path", "storage", "cache_margin_mb"}
+    dirs = profiles.profile_dirs(environ=env)
+    assert dirs[0] == written.parent.resolve()
+    host = profiles.load_profile("host", dirs)
+    assert host.source == written.resolve()
+    _assert_matches(host, choice)
+    shipped = profiles.load_profile("host", [profiles.shipped_dir()])
+    assert (host.ram_mb, host.storage.kind, host.ssh) == (shipped.ram_mb, shipped.storage.kind, shipped.ssh)
+    # the CLI sees it too: `profiles show host` with only the environment pointing at it
+    shown = run_cli("profiles", "show", "host", "--json", env=env)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["io_threads"] == choice["io_threads"]
+
+
+def test_the_table_shows_what_was_measured_and_chosen(tmp_path: Path) -> None:
+    out = tmp_path / "mine" / "bench-box.yaml"
+    result = run_cli("tune", "--quick", "--dir", str(tmp_path), "--out", str(out), env=_env(tmp_path), timeout=120)
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    for needle in ("memory", "RAM ", "page size 4 KiB" if os.sysconf("SC_PAGE_SIZE") == 4096 else "page size",
+                   "effective limit", "reads, MiB/s", "odirect  648 KiB", "pread    648 KiB", "1 lane",
+                   "compute, resident decode tok/s", "threads", "chosen", "read_path", "io_threads",
+                   "storage.read_mb_s", "cache_margin_mb", f"wrote {out}"):
+        assert needle in text, (needle, text)
+    print("\n" + text)
+    # the --out file is a profile named after the file, extending host, with the table's values
+    p = profiles.load_profile_file(out, [profiles.shipped_dir()])
+    assert (p.name, p.source) == ("bench-box", out.resolve())
+    now = {row.split()[0]: row.split()[2] for row in text.splitlines()
+           if row.strip() and row.split()[0] in ("read_path", "io_threads", "storage.read_mb_s", "threads",
+                                                  "cache_margin_mb")}
+    assert now == {"read_path": p.read_path, "io_threads": str(p.io_threads), "threads": str(p.threads),
+                   "storage.read_mb_s": str(p.storage.read_mb_s), "cache_margin_mb": str(p.cache_margin_mb)}
+    assert not (tmp_path / "config").exists()   # --out: the user directory is untouched
+
+
+def test_a_model_is_read_at_its_slice_sizes_and_measured_resident(tmp_path: Path) -> None:
+    model = tinymoe.fixture("qwen3moe", "Q8_0")
+    slices = sorted({t.expert_bytes for t in bench.gguf_layout(model).experts})
+    result = run_cli("tune", "--quick", "-m", str(model), "--no-write", "--json", env=_env(tmp_path), timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["sizes"] == slices[-1:]            # --quick: the largest slice only
+    assert {c["size"] for c in report["io"]} == set(slices[-1:])
+    assert report["read_file"] == str(model) and report["fixture"] == str(model)   # it fits: compute on it
+    assert report["written"] == [] and not (tmp_path / "config").exists()
+
+
+def test_memory_limits_of_the_cgroup_are_found(tmp_path: Path) -> None:
+    """Run tune inside a memory cgroup with a 3 GiB limit: the limit is reported and sizes the margin."""
+    try:
+        cap = bench.make_cap(3 << 30, "auto")
+    except BmoeError as exc:
+        pytest.skip(f"no writable memory cgroup here: {exc}")
+    cap.prepare()
+    try:
+        result = run_cli("tune", "--quick", "--dir", str(tmp_path), "--no-write", "--json", env=_env(tmp_path),
+                         timeout=120, preexec_fn=cap.preexec)
+    finally:
+        cap.finish()
+    assert result.returncode == 0, result.stderr
+    machine = json.loads(result.stdout)["machine"]
+    assert any(lim["mb"] == 3072 and "cgroup" in lim["source"] for lim in machine["limits"]), machine
+    choice = json.loads(result.stdout)["choice"]
+    sizes = json.loads(result.stdout)["sizes"]
+    assert choice["cache_margin_mb"] == tune.cache_margin(choice["io_threads"], sizes, 3072)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The rules and the search order (plain functions).
+
+
+def _cells(mode: str, by_lanes: dict[int, float]) -> list[tune.IoCell]:
+    return [tune.IoCell(mode, 648 << 10, n, v, 100) for n, v in by_lanes.items()]
+
+
+MACHINE = tune.Machine("b", "aarch64", 4, 8064, 7000, 16384, (tune.MemoryLimit("cgroup v2 /x memory.max", 4096),),
+                       None)
+
+
+def test_choice_rules() -> None:
+    compute = [tune.ComputeCell(1, 5.0), tune.ComputeCell(2, 9.0), tune.ComputeCell(3, 9.0), tune.ComputeCell(4, 8.0)]
+    odirect = _cells("odirect", {1: 300, 2: 560, 3: 590, 4: 600, 5: 598})
+    c = tune.choose([*odirect, *_cells("pread", {1: 250, 2: 640, 3: 650})], "", compute, MACHINE, [648 << 10], 4096)
+    # pread is faster, but not by more than 10%: O_DIRECT; 3 lanes are within 5% of the best (600)
+    assert (c.read_path, c.io_threads, c.read_mb_s) == ("odirect", 3, round(590 * 2**20 / 1e6))
+    assert c.threads == 2                                   # the best tok/s; the fewer threads on a tie
+    assert c.cache_margin_mb == 112                         # 64 + 2*3*0.63 MiB + 1% of the 4096 MiB limit -> 16s
+    assert c.page_size == 16384                             # the kernel's differs from the profile's
+    c = tune.choose([*odirect, *_cells("pread", {1: 400, 2: 700})], "", compute, MACHINE, [648 << 10], 16384)
+    assert (c.read_path, c.io_threads, c.page_size) == ("pread", 2, None)    # 700 > 1.1 x 600
+    c = tune.choose(_cells("pread", {1: 100, 2: 101}), "O_DIRECT open failed: Invalid argument", compute,
+                    MACHINE, [648 << 10], 16384)
+    assert (c.read_path, c.io_threads) == ("pread", 1) and "Invalid argument" in c.why["read_path"]
+    assert MACHINE.effective_mb == 4096
+
+
+def test_user_profile_directory_is_searched_after_explicit_dirs_and_before_the_env(tmp_path: Path) -> None:
+    xdg, env_dir, extra = tmp_path / "xdg", tmp_path / "env", tmp_path / "extra"
+    env_dir.mkdir()
+    extra.mkdir()
+    environ = {"XDG_CONFIG_HOME": str(xdg), "HOME": "/nonexistent", profiles.PROFILES_ENV: str(env_dir)}
+    assert profiles.user_dir(environ) == xdg / "bmoe-edge" / "profiles"
+    assert profiles.profile_dirs([extra], environ) == [extra, env_dir, profiles.shipped_dir()]  # missing: skipped
+    (xdg / "bmoe-edge" / "profiles").mkdir(parents=True)
+    user = (xdg / "bmoe-edge" / "profiles").resolve()
+    assert profiles.profile_dirs([extra], environ) == [extra, user, env_dir, profiles.shipped_dir()]
+    assert profiles.user_dir({"HOME": "/home/pi"}) == Path("/home/pi/.config/bmoe-edge/profiles")
+    assert profiles.user_dir({}) is None
+    # a tuned rpi5 in the user dir layers on the one in $BMOE_EDGE_PROFILES (a release's resolved profile)
+    (env_dir / "rpi5.yaml").write_text(yaml.safe_dump(profiles.load_profile("rpi5").to_dict() | {"ram_mb": 4096}))
+    (user / "rpi5.yaml").write_text("extends: rpi5\nio_threads: 3\ncache_margin_mb: 96\nstorage: {read_mb_s: 420}\n")
+    p = profiles.load_profile("rpi5", profiles.profile_dirs(environ=environ))
+    assert (p.io_threads, p.cache_margin_mb, p.storage.read_mb_s) == (3, 96, 420)
+    assert (p.ram_mb, p.storage.kind) == (4096, "nvme")     # from the one in $BMOE_EDGE_PROFILES
+
+
+# ---------------------------------------------------------------------------------------------------
+# Bad input: one line, nothing written.
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["-m", "/nonexistent/model.gguf"], "cannot read /nonexistent/model.gguf"),
+    (["-m", "/etc"], "cannot read /etc"),
+    (["-m", "{notgguf}"], "not a gguf file"),
+    (["--dir", "/proc/no-such-dir"], "cannot write a scratch file in /proc/no-such-dir"),
+    (["--out", "{tmp}/profile.txt"], "ends in .yaml"),
+    (["--out", "/proc/no/x.yaml"], "cannot write /proc/no/x.yaml"),
+    (["--board", "nosuchboard"], "unknown board profile 'nosuchboard'"),
+    (["--host", "root@127.0.0.1:{port}"], "cannot reach"),
+    (["--host", "root@bad host"], "expected USER@HOST"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str], needle: str) -> None:
+    (tmp_path / "notgguf").write_text("hello\n")
+    with emulated_board.socket.socket() as s:     # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [a.format(notgguf=tmp_path / "notgguf", tmp=tmp_path, port=port) for a in args]
+    result = run_cli("tune", "--quick", *args, env=_env(tmp_path), timeout=120)
+    assert_clean_error(result, needle)
+    assert not (tmp_path / "config").exists() and not (tmp_path / "profile.txt").exists()
+
+
+def test_a_board_with_nothing_deployed_is_an_error(tmp_path: Path) -> None:
+    empty_lab = tmp_path / "lab"
+    b = emulated_board.start(empty_lab, "empty")
+    try:
+        result = run_cli("tune", "--quick", "--host", b.target, "--install-dir", str(b.install_dir),
+                         env=_env(tmp_path, BMOE_EDGE_SSH_CONFIG=str(empty_lab / "ssh_config")), timeout=60)
+    finally:
+        emulated_board.stop(empty_lab, "empty")
+    assert_clean_error(result, b.target, "nothing is deployed")
+    assert not (tmp_path / "config").exists() and not (b.home / ".config" / "bmoe-edge" / "profiles").exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The emulated board: the deployed bundle measures the board, the profile comes back and stays there.
+
+
+# test_deploy's module fixtures, reused: a lab, its board's sshd, `bmoe-edge build --board qemu-arm64`.
+lab, board, dist, bundle_a = test_deploy.lab, test_deploy.board, test_deploy.dist, test_deploy.bundle_a
+
+
+@pytest.fixture(scope="module")
+def deployed_plain(board: emulated_board.EmulatedBoard, bundle_a: Path, lab: Path) -> emulated_board.EmulatedBoard:
+    """bundle A deployed without gates (tune needs a release, not its gate verdict)."""
+    env = dict(os.environ, BMOE_EDGE_SSH_CONFIG=str(lab / "ssh_config"))
+    result = run_cli("deploy", "--board", "qemu-arm64", "--dist", str(bundle_a.parent), "--host", board.target,
+                     "--install-dir", str(board.install_dir), env=env, timeout=1200)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    return board
+
+
+@pytest.mark.slow
+@pytest.mark.emulated
+def test_tune_host_measures_the_board_and_writes_the_profile_here_and_there(
+        deployed_plain: emulated_board.EmulatedBoard, lab: Path, tmp_path: Path) -> None:
+    b = deployed_plain
+    env = _env(tmp_path, BMOE_EDGE_SSH_CONFIG=str(lab / "ssh_config"))
+    started = time.monotonic()
+    result = run_cli("tune", "--host", b.target, "--quick", "--json", env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    print(f"\ntune --host (emulated board, quick): {time.monotonic() - started:.1f} s")
+    report = json.loads(result.stdout)
+    assert report["board"] == "qemu-arm64" and report["where"] == b.target
+    assert report["machine"]["arch"] == "aarch64"       # measured by the board's own (emulated) Python
+    assert {c["mode"] for c in report["io"]} == {"odirect", "pread"} and report["compute"]
+    assert Path(report["fixture"]).name == "tiny-qwen3moe-Q8_0.gguf"   # the bundle's fixture
+    # written here, in the local user profile directory ...
+    local = tmp_path / "config" / "bmoe-edge" / "profiles" / "qemu-arm64.yaml"
+    board_file = b.home / ".config" / "bmoe-edge" / "profiles" / "qemu-arm64.yaml"
+    assert report["written"] == [str(local), f"{b.target}:{board_file}"]
+    mine = profiles.load_profile("qemu-arm64", profiles.profile_dirs(environ=env))
+    assert mine.source == local.resolve() and mine.exec_wrapper is not None
+    _assert_matches(mine, report["choice"])
+    # ... and on the board, where its launcher resolves it on top of the release's own profile
+    assert board_file.read_text() == local.read_text()
+    with remote.Board(remote.parse_target(b.target), remote.SshOptions(ssh_config=lab / "ssh_config")) as conn:
+        shown = conn.run(remote.env_command({}, [f"{b.install_dir}/bin/bmoe-edge", "profiles", "show", "qemu-arm64",
+                                                 "--json"]), what="profiles show", timeout=300)
+    on_board = json.loads(shown.stdout)
+    for key in TUNED:
+        assert on_board[key] == report["choice"][key], key
+    assert on_board["storage"]["read_mb_s"] == report["choice"]["read_mb_s"]
