@@ -272,3 +272,18 @@ def test_tune_host_measures_the_board_and_writes_the_profile_here_and_there(
     for key in TUNED:
         assert on_board[key] == report["choice"][key], key
     assert on_board["storage"]["read_mb_s"] == report["choice"]["read_mb_s"]
+
+
+@pytest.mark.slow
+@pytest.mark.emulated
+def test_tune_host_with_a_model_the_board_cannot_read_writes_nothing(
+        deployed_plain: emulated_board.EmulatedBoard, lab: Path, tmp_path: Path) -> None:
+    b = deployed_plain
+    env = _env(tmp_path, BMOE_EDGE_SSH_CONFIG=str(lab / "ssh_config"))
+    before = sorted((b.home / ".config").rglob("*"))
+    result = run_cli("tune", "--host", b.target, "--quick", "-m", "/nonexistent/model.gguf", env=env, timeout=600)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and errors[0] == result.stderr.strip().splitlines()[-1], result.stderr
+    assert b.target in errors[0] and "cannot read /nonexistent/model.gguf" in errors[0]
+    assert not (tmp_path / "config").exists() and sorted((b.home / ".config").rglob("*")) == before
