@@ -104,36 +104,32 @@ def test_the_table_shows_what_was_measured_and_chosen(tmp_path: Path) -> None:
     assert not (tmp_path / "config").exists()   # --out: the user directory is untouched
 
 
-def test_a_model_is_read_at_its_slice_sizes_and_measured_resident(tmp_path: Path) -> None:
+def test_a_model_is_read_at_its_slice_sizes_and_the_cgroup_limit_is_found(tmp_path: Path) -> None:
+    """-m: its slice sizes, and (it fits) compute on it; run inside a memory cgroup with a 3 GiB limit,
+    which is reported and sizes the margin."""
     model = tinymoe.fixture("qwen3moe", "Q8_0")
     slices = sorted({t.expert_bytes for t in bench.gguf_layout(model).experts})
-    result = run_cli("tune", "--quick", "-m", str(model), "--no-write", "--json", env=_env(tmp_path), timeout=120)
+    try:
+        cap = bench.make_cap(3 << 30, "auto")
+    except BmoeError:
+        cap = bench.NoCap()     # no writable memory cgroup here: the limit is not checked
+    cap.prepare()
+    try:
+        result = run_cli("tune", "--quick", "-m", str(model), "--no-write", "--json", env=_env(tmp_path),
+                         timeout=120, preexec_fn=cap.preexec)
+    finally:
+        cap.finish()
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["sizes"] == slices[-1:]            # --quick: the largest slice only
     assert {c["size"] for c in report["io"]} == set(slices[-1:])
     assert report["read_file"] == str(model) and report["fixture"] == str(model)   # it fits: compute on it
     assert report["written"] == [] and not (tmp_path / "config").exists()
-
-
-def test_memory_limits_of_the_cgroup_are_found(tmp_path: Path) -> None:
-    """Run tune inside a memory cgroup with a 3 GiB limit: the limit is reported and sizes the margin."""
-    try:
-        cap = bench.make_cap(3 << 30, "auto")
-    except BmoeError as exc:
-        pytest.skip(f"no writable memory cgroup here: {exc}")
-    cap.prepare()
-    try:
-        result = run_cli("tune", "--quick", "--dir", str(tmp_path), "--no-write", "--json", env=_env(tmp_path),
-                         timeout=120, preexec_fn=cap.preexec)
-    finally:
-        cap.finish()
-    assert result.returncode == 0, result.stderr
-    machine = json.loads(result.stdout)["machine"]
-    assert any(lim["mb"] == 3072 and "cgroup" in lim["source"] for lim in machine["limits"]), machine
-    choice = json.loads(result.stdout)["choice"]
-    sizes = json.loads(result.stdout)["sizes"]
-    assert choice["cache_margin_mb"] == tune.cache_margin(choice["io_threads"], sizes, 3072)
+    if cap.method != "none":
+        limits = report["machine"]["limits"]
+        assert any(lim["mb"] == 3072 and "cgroup" in lim["source"] for lim in limits), limits
+        choice = report["choice"]
+        assert choice["cache_margin_mb"] == tune.cache_margin(choice["io_threads"], report["sizes"], 3072)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -191,24 +187,38 @@ def test_user_profile_directory_is_searched_after_explicit_dirs_and_before_the_e
 
 @pytest.mark.parametrize("args, needle", [
     (["-m", "/nonexistent/model.gguf"], "cannot read /nonexistent/model.gguf"),
-    (["-m", "/etc"], "cannot read /etc"),
-    (["-m", "{notgguf}"], "not a gguf file"),
     (["--dir", "/proc/no-such-dir"], "cannot write a scratch file in /proc/no-such-dir"),
-    (["--out", "{tmp}/profile.txt"], "ends in .yaml"),
-    (["--out", "/proc/no/x.yaml"], "cannot write /proc/no/x.yaml"),
-    (["--board", "nosuchboard"], "unknown board profile 'nosuchboard'"),
     (["--host", "root@127.0.0.1:{port}"], "cannot reach"),
-    (["--host", "root@bad host"], "expected USER@HOST"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str], needle: str) -> None:
-    (tmp_path / "notgguf").write_text("hello\n")
     with emulated_board.socket.socket() as s:     # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = [a.format(notgguf=tmp_path / "notgguf", tmp=tmp_path, port=port) for a in args]
-    result = run_cli("tune", "--quick", *args, env=_env(tmp_path), timeout=120)
+    result = run_cli("tune", "--quick", *(a.format(port=port) for a in args), env=_env(tmp_path), timeout=120)
     assert_clean_error(result, needle)
-    assert not (tmp_path / "config").exists() and not (tmp_path / "profile.txt").exists()
+    assert not (tmp_path / "config").exists()
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"model": Path("/etc")}, "cannot read /etc: Is a directory"),
+    ({"model": "{notgguf}"}, "not a gguf file"),
+    ({"out": "{tmp}/profile.txt"}, "ends in .yaml"),
+    ({"out": "/proc/no/x.yaml"}, "cannot write /proc/no/x.yaml"),
+    ({"board": "nosuchboard"}, "unknown board profile 'nosuchboard'"),
+])
+def test_more_bad_input_fails_before_measuring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kwargs: dict,
+                                               needle: str) -> None:
+    (tmp_path / "notgguf").write_text("hello\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    args = {k: Path(str(v).format(notgguf=tmp_path / "notgguf", tmp=tmp_path)) if k != "board" else v
+            for k, v in kwargs.items()}
+    lines: list[str] = []
+    with pytest.raises(BmoeError, match=needle) as err:
+        tune.tune_local(quick=True, scratch_dir=tmp_path, progress=lines.append, **args)
+    assert "\n" not in str(err.value) and not lines     # one line, before anything was measured
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notgguf"]
+    with pytest.raises(BmoeError, match="expected USER@HOST"):
+        remote.parse_target("root@bad host")
 
 
 def test_a_board_with_nothing_deployed_is_an_error(tmp_path: Path) -> None:
