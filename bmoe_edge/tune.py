@@ -7,7 +7,8 @@ What it measures, in this order (standard library and the engine only: it runs o
   v1 (`memory.limit_in_bytes`); the smallest of them and the RAM is the effective limit;
 - **reads**: random reads of each slice size with 1..N lanes (N = 2x the cores, at most 8), O_DIRECT
   and pread, cold (O_DIRECT never uses the page cache; pread cells start from a file whose pages were
-  dropped with posix_fadvise DONTNEED, and no slot is read twice in a cell) — `bench.io_sweep`. The
+  dropped with posix_fadvise DONTNEED, and no slot is read twice in a cell) — `bench.io_sweep`, three
+  interleaved sweeps, the median of each cell (one with `--quick`). The
   sizes are the model's expert slice sizes (`-m`), else a representative set; the file read is the
   model, else a scratch file of random bytes written (and removed) in `--dir`;
 - **compute**: resident decode tok/s with 1..cores threads, best of the rounds, of the model when it
@@ -90,6 +91,7 @@ class Plan:
     scratch_bytes: int       # scratch file (no -m)
     tokens: int              # decode tokens per compute cell
     rounds: int              # compute rounds (best of)
+    repeats: int = 1         # read sweeps, interleaved (the median of each cell)
 
 
 def make_plan(quick: bool, cores: int, model_sizes: Sequence[int] = ()) -> Plan:
@@ -100,7 +102,7 @@ def make_plan(quick: bool, cores: int, model_sizes: Sequence[int] = ()) -> Plan:
     threads = tuple(range(1, max(cores, 1) + 1))
     if quick:
         return Plan(sizes, lanes, threads, seconds=0.15, scratch_bytes=16 * MiB, tokens=4, rounds=1)
-    return Plan(sizes, lanes, threads, seconds=1.0, scratch_bytes=256 * MiB, tokens=16, rounds=2)
+    return Plan(sizes, lanes, threads, seconds=1.0, scratch_bytes=256 * MiB, tokens=16, rounds=2, repeats=3)
 
 
 def model_slice_sizes(model: Path) -> tuple[int, ...]:
@@ -323,10 +325,14 @@ def measure_io(path: Path, plan: Plan, progress: Progress = _quiet) -> tuple[lis
 
     try:
         rows = bench.io_sweep(path, sizes=plan.sizes, lanes=plan.lanes, modes=modes, seconds=plan.seconds,
-                              progress=show)
+                              repeats=plan.repeats, progress=show)
     except OSError as exc:
         raise BmoeError(f"cannot read {path}: {exc.strerror or exc}") from None
-    cells = [IoCell(r["mode"], int(r["size"]), int(r["lanes"]), float(r["mib_s"]), int(r["reads"])) for r in rows]
+    by: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault((r["mode"], int(r["size"]), int(r["lanes"])), []).append(r)
+    cells = [IoCell(mode, size, lanes, round(statistics.median(float(r["mib_s"]) for r in rs), 2),
+                    sum(int(r["reads"]) for r in rs)) for (mode, size, lanes), rs in by.items()]
     cells.sort(key=lambda c: (c.mode != "odirect", c.size, c.lanes))
     return cells, why_not
 
