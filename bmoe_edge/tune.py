@@ -328,6 +328,8 @@ def measure_io(path: Path, plan: Plan, progress: Progress = _quiet) -> tuple[lis
                               repeats=plan.repeats, progress=show)
     except OSError as exc:
         raise BmoeError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except BmoeError as exc:     # a read that failed mid-sweep (an I/O error)
+        raise BmoeError(f"cannot read {path}: {exc}") from None
     by: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
     for r in rows:
         by.setdefault((r["mode"], int(r["size"]), int(r["lanes"])), []).append(r)
@@ -713,8 +715,10 @@ def tune_remote(target: Any, *, options: Any, board: str | None = None, install_
         progress(f"tuning {conn.label} (board {name}, release {_rid}) ...")
         result = deploy.run_release(conn, rel, args, what="tune", timeout=REMOTE_TIMEOUT)
         if result.exited != 0:
-            why = remote.tail(result.stderr or result.stdout)
-            raise BmoeError(f"{conn.label}: tune failed: {why.removeprefix('error: ')}")
+            why = remote.tail(result.stderr or result.stdout).removeprefix("error: ")
+            if "No such command" in why:
+                why += " (the deployed release predates `tune`: build and deploy again)"
+            raise BmoeError(f"{conn.label}: tune failed: {why}")
         try:
             measured = TuneResult.from_json(result.stdout)
         except (ValueError, KeyError, TypeError) as exc:
@@ -772,7 +776,8 @@ def format_table(r: TuneResult) -> str:
     rows = [["field", "was", "now", "why"]]
     for key, value in chosen:
         was = r.before.get(key.removeprefix("storage."))
-        rows.append([key, "-" if was is None else str(was), str(value), c.why.get(key.removeprefix("storage."), "")])
+        shown = str(was) if was is not None else "64 (engine)" if key == "cache_margin_mb" else "-"
+        rows.append([key, shown, str(value), c.why.get(key.removeprefix("storage."), "")])
     out += _grid(rows)
     out.append("")
     if r.written:

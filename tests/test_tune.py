@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -96,9 +97,9 @@ def test_the_table_shows_what_was_measured_and_chosen(tmp_path: Path) -> None:
     # the --out file is a profile named after the file, extending host, with the table's values
     p = profiles.load_profile_file(out, [profiles.shipped_dir()])
     assert (p.name, p.source) == ("bench-box", out.resolve())
-    now = {row.split()[0]: row.split()[2] for row in text.splitlines()
-           if row.strip() and row.split()[0] in ("read_path", "io_threads", "storage.read_mb_s", "threads",
-                                                  "cache_margin_mb")}
+    cols = [re.split(r"\s{2,}", row.strip()) for row in text.split("\nchosen\n")[1].splitlines()[1:] if row.strip()]
+    now = {c[0]: c[2] for c in cols if c[0] in ("read_path", "io_threads", "storage.read_mb_s", "threads",
+                                                "cache_margin_mb")}
     assert now == {"read_path": p.read_path, "io_threads": str(p.io_threads), "threads": str(p.threads),
                    "storage.read_mb_s": str(p.storage.read_mb_s), "cache_margin_mb": str(p.cache_margin_mb)}
     assert not (tmp_path / "config").exists()   # --out: the user directory is untouched
