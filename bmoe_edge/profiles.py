@@ -122,7 +122,7 @@ SCHEMA: dict[str, Field] = {
     "cache_ceil_mb": Field("int", required=False, minimum=0, help="auto: largest budget, MiB"),
     "cache_margin_mb": Field("int", required=False, minimum=0,
                              help="auto: MiB kept free beyond the measured working set (engine default 64)"),
-    "page_kb": Field("int", required=False, choices=(0, 4, 16, 64),
+    "page_kb": Field("int", required=False, choices=(0, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
                      help="the engine's page unit, KiB (0 = the kernel's page size)"),
     "dense": Field("str", choices=("mmap", "anon"), help="where dense weights live"),
     "overlap": Field("bool", help="read experts while the layer computes (needs the hook)"),

@@ -23,8 +23,10 @@ What it chooses (`choose`):
 - `io_threads`: the fewest lanes whose bandwidth (the mean over the sizes) is within 5% of the best;
 - `storage.read_mb_s`: that bandwidth, in MB/s;
 - `threads`: the count with the best tok/s (the fewer on a tie);
-- `cache_margin_mb`: 64 MiB + the reads in flight (2 x lanes x the largest slice) + 1% of the effective
-  memory limit, rounded up to 16 MiB: what `auto` keeps free beyond the measured working set;
+- `cache_margin_mb`: what `auto` keeps free beyond what the engine counts itself (its working set and
+  the experts in flight): 64 MiB + 1% of the effective memory limit (allocator churn, page tables, the
+  kernel's slack), + with pread the page cache its reads pass through (2 x lanes x the largest slice),
+  rounded up to 16 MiB;
 - `page_size`: only when the kernel's differs from the profile's.
 
 It writes `<board>.yaml` (`extends: <board>`, those fields, the measurements as comments) into the user
@@ -441,9 +443,9 @@ def lane_curve(cells: Sequence[IoCell], mode: str) -> dict[int, float]:
     return {n: statistics.fmean(v) for n, v in sorted(by.items())}
 
 
-def cache_margin(lanes: int, sizes: Sequence[int], effective_mb: int) -> int:
-    inflight = 2 * lanes * max(sizes) / MiB
-    mb = MARGIN_BASE_MB + inflight + MARGIN_LIMIT_FRACTION * effective_mb
+def cache_margin(read_path: str, lanes: int, sizes: Sequence[int], effective_mb: int) -> int:
+    page_cache = 2 * lanes * max(sizes) / MiB if read_path == "pread" else 0.0
+    mb = MARGIN_BASE_MB + MARGIN_LIMIT_FRACTION * effective_mb + page_cache
     return int(math.ceil(mb / 16) * 16)
 
 
@@ -479,9 +481,9 @@ def choose(io: Sequence[IoCell], odirect_note: str, compute: Sequence[ComputeCel
     else:
         threads = 1
         why["threads"] = "not measured"
-    margin = cache_margin(lanes, sizes, machine.effective_mb)
-    why["cache_margin_mb"] = (f"{MARGIN_BASE_MB} + reads in flight + {100 * MARGIN_LIMIT_FRACTION:.0f}% of "
-                              f"{machine.effective_mb} MiB")
+    margin = cache_margin(path, lanes, sizes, machine.effective_mb)
+    why["cache_margin_mb"] = (f"{MARGIN_BASE_MB} + {100 * MARGIN_LIMIT_FRACTION:.0f}% of {machine.effective_mb} MiB"
+                              + (" + pread's page cache" if path == "pread" else ""))
     page = None
     if profile_page_size is not None and machine.page_size != profile_page_size \
             and machine.page_size in (4096, 16384, 65536):

@@ -130,7 +130,8 @@ def test_a_model_is_read_at_its_slice_sizes_and_the_cgroup_limit_is_found(tmp_pa
         limits = report["machine"]["limits"]
         assert any(lim["mb"] == 3072 and "cgroup" in lim["source"] for lim in limits), limits
         choice = report["choice"]
-        assert choice["cache_margin_mb"] == tune.cache_margin(choice["io_threads"], report["sizes"], 3072)
+        assert choice["cache_margin_mb"] == tune.cache_margin(choice["read_path"], choice["io_threads"],
+                                                              report["sizes"], 3072)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -152,10 +153,11 @@ def test_choice_rules() -> None:
     # pread is faster, but not by more than 10%: O_DIRECT; 3 lanes are within 5% of the best (600)
     assert (c.read_path, c.io_threads, c.read_mb_s) == ("odirect", 3, round(590 * 2**20 / 1e6))
     assert c.threads == 2                                   # the best tok/s; the fewer threads on a tie
-    assert c.cache_margin_mb == 112                         # 64 + 2*3*0.63 MiB + 1% of the 4096 MiB limit -> 16s
+    assert c.cache_margin_mb == 112                         # 64 + 1% of the 4096 MiB limit, up to 16 MiB
     assert c.page_size == 16384                             # the kernel's differs from the profile's
     c = tune.choose([*odirect, *_cells("pread", {1: 400, 2: 700})], "", compute, MACHINE, [648 << 10], 16384)
     assert (c.read_path, c.io_threads, c.page_size) == ("pread", 2, None)    # 700 > 1.1 x 600
+    assert c.cache_margin_mb == 112 and tune.cache_margin("pread", 8, [8 << 20], 4096) == 240   # + 2*8*8 MiB
     c = tune.choose(_cells("pread", {1: 100, 2: 101}), "O_DIRECT open failed: Invalid argument", compute,
                     MACHINE, [648 << 10], 16384)
     assert (c.read_path, c.io_threads) == ("pread", 1) and "Invalid argument" in c.why["read_path"]
