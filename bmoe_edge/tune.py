@@ -556,7 +556,8 @@ def render_profile(r: TuneResult) -> str:
     curves = {mode: lane_curve(r.io, mode) for mode in ("odirect", "pread")}
     lines = [
         f"# Written by `bmoe-edge tune` at {r.measured_at} on {m.hostname} ({m.arch}, {m.cores} cores, "
-        f"{m.ram_mb} MiB RAM, {m.page_size // KiB} KiB pages; limits: {limits}).",
+        f"{m.ram_mb} MiB RAM, {m.page_size // KiB} KiB pages;",
+        f"# limits: {limits}).",
         f"# It layers what was measured on the `{r.board}` profile; run `bmoe-edge tune` again to refresh it,",
         "# delete this file to go back to the profile's own values.",
         f"# reads of {', '.join(_size(s) for s in r.sizes)} from {r.read_file}, MiB/s by lanes:",
