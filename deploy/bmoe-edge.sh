@@ -4,7 +4,7 @@
 # `bmoe-edge build` renders this template into a bundle's launcher/ (the @...@ placeholders come from
 # the board profile). The release layout it assumes (docs/boards.md, "Building for a board"):
 #
-#   <release>/manifest.json wheels/ launcher/bmoe-edge.sh fixtures/    the bundle, as built
+#   <release>/manifest.json wheels/ launcher/ fixtures/ profile/      the bundle, as built
 #   <release>/site/                                                    wheels/*.whl unpacked
 #
 # <release> is the directory above this script's own (symlinks resolved: running
@@ -25,6 +25,10 @@ site="$release/site"
 : "$sysroot"  # used by the exec wrapper of emulated boards
 
 # The board's programs run through the profile's exec_wrapper (emulated boards) or directly.
+# The release's board and its profile are this machine's defaults (`generate` with no knobs).
+BMOE_EDGE_BOARD=@BOARD@
+BMOE_EDGE_PROFILES="$release/profile${BMOE_EDGE_PROFILES:+:$BMOE_EDGE_PROFILES}"
+export BMOE_EDGE_BOARD BMOE_EDGE_PROFILES
 board_python() {
   PYTHONPATH="$site" PYTHONNOUSERSITE=1 PYTHONSAFEPATH=1 exec @EXEC_PREFIX@"$python" "$@"
 }

@@ -20,8 +20,8 @@ echo "== build: the qemu-arm64 bundle (cross-compiled for Cortex-A76, checked)"
 "$bin" build --board qemu-arm64
 
 echo "== start the emulated board (sshd on 127.0.0.1)"
-host=$("$py" -m bmoe_edge.emulated_board start --lab "$lab" --name qemu-arm64)
-trap '"$py" -m bmoe_edge.emulated_board stop --lab "$lab" --name qemu-arm64' EXIT
+host=$("$py" -m bmoe_edge.fleet.emulated_board start --lab "$lab" --name qemu-arm64)
+trap '"$py" -m bmoe_edge.fleet.emulated_board stop --lab "$lab" --name qemu-arm64' EXIT
 export BMOE_EDGE_SSH_CONFIG=$lab/ssh_config
 echo "board: $host"
 

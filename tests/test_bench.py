@@ -14,7 +14,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from bmoe_edge import bench, bigmoe
+from bmoe_edge.bench import layout, machine, ramcap, routing
+from bmoe_edge.fixtures import bigmoe
 
 from conftest import assert_clean_error, run_cli
 
@@ -46,6 +47,7 @@ def _columns(path: Path) -> list[str]:
         return next(csv.reader(f))
 
 
+@needs_native
 def test_preset_shapes_and_layout_match_the_gguf_reader(small_models: dict[str, Path]) -> None:
     d = bigmoe.resolve_dims("qwen3-30b-a3b-3g", "Q4_0")
     assert (d.n_layer, d.n_embd, d.n_expert, d.n_expert_used, d.n_ff_exp) == (22, 1536, 64, 8, 768)
@@ -55,19 +57,19 @@ def test_preset_shapes_and_layout_match_the_gguf_reader(small_models: dict[str, 
         assert bigmoe.expert_slice_bytes(d, quant) == 663_552
 
     path = small_models["skewed"]
-    layout = bench.gguf_layout(path)
+    model = layout.gguf_layout(path)
     reader = gguf.GGUFReader(path)
     by_name = {t.name: t for t in reader.tensors}
-    assert len(layout.experts) == 3 * SMALL["n_layer"]
-    for t in layout.experts:
+    assert len(model.experts) == 3 * SMALL["n_layer"]
+    assert [(t.layer, t.projection) for t in model.experts] == sorted((t.layer, t.projection) for t in model.experts)
+    for t in model.experts:
         ref = by_name[t.name]
         assert t.offset == int(ref.data_offset)
         assert t.expert_bytes * t.n_expert == int(ref.n_bytes)
         assert t.n_expert == 64
-    assert layout.n_expert_used == 8
-    assert layout.metadata["bmoe.routing.mode"] == "shaped"
-    for type_id, sizes in bench.GGML_TYPES.items():
-        assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(type_id)] == sizes
+    assert model.n_expert_used == 8
+    assert model.metadata["bmoe.routing.mode"] == "shaped"
+    assert abs(model.metadata["bmoe.routing.skew"] - 0.8) < 1e-6
 
 
 def test_routing_plans_hit_their_targets_in_simulation() -> None:
@@ -83,18 +85,18 @@ def test_routing_plans_hit_their_targets_in_simulation() -> None:
 def test_lru_replay_and_routing_stats() -> None:
     # Two layers: the layer in flight is never evicted, so a budget of 0 keeps nothing across tokens.
     trace = [[[0, 1], [5]], [[0, 2], [5]], [[0, 1], [6]], [[3, 4], [6]]]
-    assert bench.lru_hit_rate(trace, [100, 100], 0) == 0.0
-    assert bench.lru_hit_rate(trace, [100, 100], 10_000) == 5 / 12  # 0, 5, 0, 1, 6
-    stats = bench.routing_stats(trace, n_expert=8, k=2)
+    assert routing.lru_hit_rate(trace, [100, 100], 0) == 0.0
+    assert routing.lru_hit_rate(trace, [100, 100], 10_000) == 5 / 12  # 0, 5, 0, 1, 6
+    stats = routing.routing_stats(trace, n_expert=8, k=2)
     assert stats["tokens"] == 4 and 0 < stats["prev_token_reuse"] < 1
 
 
 def test_parse_cap() -> None:
-    assert bench.parse_cap("40%", 1000) == 400
-    assert bench.parse_cap("1200", 0) == 1200 * 2**20
-    assert bench.parse_cap("1.5GB", 0) == int(1.5 * 1024) * 2**20
+    assert ramcap.parse_cap("40%", 1000) == 400
+    assert ramcap.parse_cap("1200", 0) == 1200 * 2**20
+    assert ramcap.parse_cap("1.5GB", 0) == int(1.5 * 1024) * 2**20
     with pytest.raises(Exception, match="ram-cap"):
-        bench.parse_cap("lots", 0)
+        ramcap.parse_cap("lots", 0)
 
 
 def test_tiny_model_without_arch_or_preset_fails_cleanly(tmp_path: Path) -> None:
@@ -109,7 +111,7 @@ def test_bench_io_writes_its_table(small_models: dict[str, Path], tmp_path: Path
     cols = _columns(out / "io.csv")
     for c in ("mode", "size", "lanes", "reads", "bytes", "mib_s", "lat_p50_ms", "lat_p99_ms", "storage_bytes"):
         assert c in cols
-    rows = bench.read_csv(out / "io.csv")
+    rows = machine.read_csv(out / "io.csv")
     assert {r["mode"] for r in rows} == {"odirect", "pread"}
     assert {int(r["size"]) for r in rows} == {4096, 256 * 256 // 32 * 18}
     assert all(int(r["reads"]) > 0 for r in rows)
@@ -119,7 +121,7 @@ def test_bench_io_writes_its_table(small_models: dict[str, Path], tmp_path: Path
 @needs_native
 def test_bench_stream_writes_csvs_summary_and_plots(small_models: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "stream"
-    usable = bench._memory_cgroup_v1() is not None or bench._cgroup_v2() is not None
+    usable = ramcap.memory_cgroup_v1() is not None or ramcap.cgroup_v2() is not None
     cap = "400" if usable else "0"  # MiB: the tiny model fits; the point is the cap machinery
     cells = "resident,mmap,off-serial-od4,off-overlap-od1,cache1-overlap-od4,fullcache-serial,io-od4"
     result = run_cli("bench", "stream", "-m", str(small_models["uniform"]), "--ram-cap", cap, "--tokens", "4",
@@ -129,7 +131,7 @@ def test_bench_stream_writes_csvs_summary_and_plots(small_models: dict[str, Path
     for name in ("cells.csv", "tokens.csv", "io.csv", "run.json", "summary.md", "targets.json", "tokps.png",
                  "hitrate.png", "split.png"):
         assert (out / name).is_file(), name
-    rows = bench.read_csv(out / "cells.csv")
+    rows = machine.read_csv(out / "cells.csv")
     assert {r["label"] for r in rows} == set(cells.split(","))
     assert all(r["status"] == "ok" for r in rows), [(r["label"], r["error"]) for r in rows]
     for col in ("tok_s", "bytes_read_per_token", "cache_hit_pct", "io_ms_per_token", "stall_ms_per_token",
@@ -152,8 +154,8 @@ def test_bench_stream_writes_csvs_summary_and_plots(small_models: dict[str, Path
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
 @needs_native
 def test_routing_trace_shows_the_shaped_router(small_models: dict[str, Path], tmp_path: Path) -> None:
-    uniform = bench.routing_report(small_models["uniform"], 60, tmp_path / "u")
-    skewed = bench.routing_report(small_models["skewed"], 60, tmp_path / "s")
+    uniform = routing.routing_report(small_models["uniform"], 60, tmp_path / "u")
+    skewed = routing.routing_report(small_models["skewed"], 60, tmp_path / "s")
     assert uniform["tokens"] == 59 and (tmp_path / "u" / "routing.csv").is_file()
     assert uniform["prev_token_reuse"] < 0.2 < skewed["prev_token_reuse"]
     assert skewed["top_eighth_share_median"] > uniform["top_eighth_share_median"]

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bmoe_edge import build, bundle, profiles
+from bmoe_edge.boards import build, bundle, checks, emulate, profiles
+from bmoe_edge.boards import plan as build_plan
 from bmoe_edge.errors import BmoeError
 
 from conftest import REPO, assert_clean_error, run_cli
@@ -29,7 +30,7 @@ PROMPT = "The quick brown fox"
 
 
 def test_plan_for_rpi5_cross_compiles_with_its_march_and_the_board_python_tag() -> None:
-    plan = build.plan_build(profiles.load_profile("rpi5"))
+    plan = build_plan.plan_build(profiles.load_profile("rpi5"))
     assert plan.cross and plan.toolchain_file == REPO / "toolchains" / "aarch64-linux-gnu.cmake"
     assert plan.defines["BMOE_CPU_ARM_ARCH"] == A76
     assert plan.defines["CMAKE_TOOLCHAIN_FILE"].endswith("aarch64-linux-gnu.cmake")
@@ -42,7 +43,7 @@ def test_plan_for_rpi5_cross_compiles_with_its_march_and_the_board_python_tag() 
 
 
 def test_boards_with_equal_flags_share_a_build_dir_and_others_do_not() -> None:
-    rpi5, qemu, rpi4, host = (build.plan_build(profiles.load_profile(n))
+    rpi5, qemu, rpi4, host = (build_plan.plan_build(profiles.load_profile(n))
                               for n in ("rpi5", "qemu-arm64", "rpi4", "host"))
     assert rpi5.build_dir == qemu.build_dir
     assert rpi4.build_dir != rpi5.build_dir
@@ -54,7 +55,7 @@ def test_boards_with_equal_flags_share_a_build_dir_and_others_do_not() -> None:
 
 def test_every_shipped_board_has_a_build_plan() -> None:
     for name in profiles.board_names():
-        plan = build.plan_build(profiles.load_profile(name))
+        plan = build_plan.plan_build(profiles.load_profile(name))
         assert plan.wheel_tag.startswith("cp311-cp311-linux_"), name
         assert plan.build_dir.parent == REPO / "build", name
 
@@ -64,9 +65,9 @@ def test_malformed_profile_fails_before_any_compiler(tmp_path: Path, monkeypatch
         "extends: [_cortex-a76, _debian-bookworm-arm64, _engine-defaults]\n"
         "vendor: nobody\npage_size: 4096\nram_mb: 4096\n"
         "storage: {kind: nvme, read_mb_s: 400}\n"
-        "threads: 4\nio_threads: 2\n"
-        "read_path: mmap\n"                       # line 8: not pread|odirect
-        "cache_floor_mb: 512\ncache_ceil_mb: 2048\n"
+        "engine:\n  threads: 4\n"
+        "  read_path: mmap\n"                     # line 8: not pread|odirect
+        "  cache_floor_mb: 512\n  cache_ceil_mb: 2048\n  io_threads: 2\n"
         "ssh: {user: pi, install_dir: /opt/bmoe}\n")
 
     def no_compiler(*_a, **_k):
@@ -105,7 +106,9 @@ def _fake_bundle(root: Path) -> bundle.Manifest:
     (root / "launcher" / "bmoe-edge.sh").write_text("#!/bin/sh\n")
     (root / "fixtures" / "m-00001-of-00002.gguf").write_bytes(b"GGUF1")
     (root / "fixtures" / "m-00002-of-00002.gguf").write_bytes(b"GGUF2")
-    profile = profiles.load_profile("qemu-arm64").to_dict()
+    (root / "profile").mkdir()
+    profile = bundle.profile_path("qemu-arm64")
+    (root / profile).write_text(profiles.profile_file_text(profiles.load_profile("qemu-arm64")))
     return bundle.write_manifest(
         root, board="qemu-arm64", arch="aarch64", profile=profile, python="3.11", glibc_required="2.34",
         needed_libs=["libc.so.6"], llama=bundle.LlamaPin("0.3.36", "a" * 64, "c" * 40, ()),
@@ -124,9 +127,12 @@ def test_manifest_round_trips_and_verifies(tmp_path: Path) -> None:
     assert written.wheels[0].endswith("linux_aarch64.whl")
     assert {f.path for f in written.files} == {
         "wheels/bmoe_edge-0.1.0-cp311-cp311-linux_aarch64.whl", "wheels/dep-1.0-py3-none-any.whl",
-        "launcher/bmoe-edge.sh", "fixtures/m-00001-of-00002.gguf", "fixtures/m-00002-of-00002.gguf"}
+        "launcher/bmoe-edge.sh", "fixtures/m-00001-of-00002.gguf", "fixtures/m-00002-of-00002.gguf",
+        "profile/qemu-arm64.yaml"}
     data = json.loads((tmp_path / "manifest.json").read_text())
-    assert data["profile"]["name"] == "qemu-arm64" and data["format_version"] == bundle.FORMAT_VERSION
+    assert data["profile"] == "profile/qemu-arm64.yaml" and data["format_version"] == bundle.FORMAT_VERSION
+    # the bundle's profile file is the resolved profile itself, read as it is
+    assert emulate.bundle_profile(tmp_path, written) == profiles.load_profile("qemu-arm64")
 
 
 @pytest.mark.parametrize("tamper, needle", [
@@ -183,9 +189,9 @@ def test_launcher_renders_the_exec_wrapper_for_emulated_boards_only(tmp_path: Pa
 
 def test_elf_checks_read_this_interpreter() -> None:
     exe = Path(os.path.realpath(sys.executable))
-    assert build.elf_machine(exe) == build.host_arch()
-    assert "libc.so.6" in build.needed_libs(exe)
-    versions = build.glibc_versions(exe)
+    assert checks.elf_machine(exe) == build_plan.host_arch()
+    assert "libc.so.6" in checks.needed_libs(exe)
+    versions = checks.glibc_versions(exe)
     assert versions and all(v.startswith("2.") for v in versions)
 
 
@@ -229,7 +235,7 @@ def _token_ids(stdout: str) -> list[int]:
 def _generate(bundle_dir: Path, cpu: str | None, tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     manifest = bundle.load_manifest(bundle_dir)
     model = bundle_dir / next(fx for fx in manifest.fixtures if fx.arch == "qwen3moe").files[0]
-    return build.run_bundle(bundle_dir, ["generate", "-m", str(model), "-p", PROMPT, "-n", "6", "--json",
+    return emulate.run_bundle(bundle_dir, ["generate", "-m", str(model), "-p", PROMPT, "-n", "6", "--json",
                                          "-t", "1", "--ctx", "128", *extra],
                             cpu=cpu, capture=True, timeout=600, cwd=tmp)
 
@@ -242,11 +248,15 @@ def test_qemu_arm64_bundle_verifies_and_carries_an_aarch64_extension(qemu_bundle
     assert manifest.wheel.endswith("-cp311-cp311-linux_aarch64.whl")
     ext = _extension(qemu_bundle, manifest, tmp_path)
     assert ext.name == "_native.cpython-311-aarch64-linux-gnu.so"
-    assert build.elf_machine(ext) == "aarch64"
+    assert checks.elf_machine(ext) == "aarch64"
     assert "ARM aarch64" in subprocess.run(["file", "-b", str(ext)], capture_output=True, text=True).stdout
     assert manifest.cmake_flags["ggml_cpu_march_used"] == A76
     assert manifest.cmake_flags["GGML_NATIVE"] == "OFF" and manifest.cmake_flags["GGML_OPENMP"] == "OFF"
-    assert set(manifest.needed_libs) <= set(manifest.profile["libs"])  # type: ignore[arg-type]
+    assert set(manifest.needed_libs) <= set(emulate.bundle_profile(qemu_bundle, manifest).libs)
+    with zipfile.ZipFile(qemu_bundle / manifest.wheel) as zf:   # the wheel carries the shipped profiles
+        shipped = {n.removeprefix("bmoe_edge/board_profiles/") for n in zf.namelist()
+                   if n.startswith("bmoe_edge/board_profiles/")}
+    assert shipped == {p.name for p in (REPO / "board_profiles").glob("*.yaml")}
     assert tuple(map(int, manifest.glibc_required.split("."))) <= (2, 36)
     assert manifest.llama.upstream_commit == "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
     assert manifest.llama.patches and all(len(p["sha256"]) == 64 for p in manifest.llama.patches)
@@ -278,8 +288,8 @@ def test_streamed_generate_equals_resident_under_qemu(qemu_bundle: Path, tmp_pat
 @pytest.mark.slow
 @pytest.mark.emulated
 def test_quick_gates_pass_under_qemu(qemu_bundle: Path, tmp_path: Path) -> None:
-    result = build.run_bundle(qemu_bundle, ["gates", "--quick", "--json", "--fixtures", str(qemu_bundle / "fixtures")],
-                              capture=True, timeout=1200, cwd=tmp_path)
+    result = emulate.run_bundle(qemu_bundle, ["gates", "--quick", "--json", "--fixtures",
+                                              str(qemu_bundle / "fixtures")], capture=True, timeout=1200, cwd=tmp_path)
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
     report = json.loads(result.stdout)
     assert report["failed"] == 0 and report["passed"] > 0
@@ -296,7 +306,7 @@ def test_launcher_installs_and_runs_a_release(qemu_bundle: Path, tmp_path: Path)
     subprocess.run([str(launcher), "--install-site"], check=True, timeout=300, cwd=tmp_path)
     assert (release / "site" / "bmoe_edge" / "__init__.py").is_file()
     result = subprocess.run([str(launcher), "--version"], capture_output=True, text=True, timeout=300,
-                            cwd=tmp_path, preexec_fn=build._no_core_dumps)
+                            cwd=tmp_path, preexec_fn=emulate._no_core_dumps)
     assert result.returncode == 0, result.stderr
     assert "hook: yes" in result.stdout and "machine: aarch64" in result.stdout
 
@@ -309,7 +319,7 @@ def test_rpi5_bundle_runs_on_cortex_a76_and_dies_of_sigill_on_cortex_a72(
     bundle_dir = rpi5_bundle.bundle_dir
     manifest = bundle.verify_bundle(bundle_dir)
     assert manifest.cmake_flags["ggml_cpu_march_used"] == A76 and manifest.cmake_flags["BMOE_CPU_ARM_ARCH"] == A76
-    version = build.run_bundle(bundle_dir, ["--version"], cpu="cortex-a76", capture=True, timeout=300)
+    version = emulate.run_bundle(bundle_dir, ["--version"], cpu="cortex-a76", capture=True, timeout=300)
     assert version.returncode == 0 and "hook: yes" in version.stdout, version.stderr
     ok = _generate(bundle_dir, "cortex-a76", tmp_path)
     assert ok.returncode == 0, ok.stderr
@@ -317,7 +327,7 @@ def test_rpi5_bundle_runs_on_cortex_a76_and_dies_of_sigill_on_cortex_a72(
     # the same bundle on a Pi 4's CPU: the dotprod/fp16 kernels are illegal instructions there
     dead = _generate(bundle_dir, "cortex-a72", tmp_path)
     assert dead.returncode in (-4, 132), (dead.returncode, dead.stderr[-2000:])
-    assert build.exit_code(dead.returncode) == 132
+    assert emulate.exit_code(dead.returncode) == 132
 
 
 @pytest.mark.slow
@@ -326,7 +336,7 @@ def test_rpi4_bundle_uses_armv8_a_and_runs_on_cortex_a72(rpi4_bundle: build.Buil
     manifest = bundle.verify_bundle(rpi4_bundle.bundle_dir)
     assert manifest.cmake_flags["ggml_cpu_march_used"] == "armv8-a"
     assert rpi4_bundle.plan.build_dir.name == "board-aarch64-armv8-a-cp311"
-    version = build.run_bundle(rpi4_bundle.bundle_dir, ["--version"], capture=True, timeout=300)  # qemu_cpu
+    version = emulate.run_bundle(rpi4_bundle.bundle_dir, ["--version"], capture=True, timeout=300)  # qemu_cpu
     assert version.returncode == 0 and "hook: yes" in version.stdout, version.stderr
     result = _generate(rpi4_bundle.bundle_dir, "cortex-a72", tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -366,17 +376,17 @@ def test_output_checks_fail_the_build_with_a_clear_error(
 def test_march_and_hook_checks_compare_with_what_the_build_used(
     qemu_bundle: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    plan = build.plan_build(profiles.load_profile("qemu-arm64"))
+    plan = build_plan.plan_build(profiles.load_profile("qemu-arm64"))
     wheel = next((plan.build_dir / "wheelhouse").glob("*.whl"))
-    assert build.check_build(plan, wheel).march_used == A76
+    assert checks.check_build(plan, wheel).march_used == A76
     as_pi4 = dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, march="armv8-a"))
     with pytest.raises(BmoeError, match=r"compiled with -march=armv8\.2-a\+dotprod\+fp16, .* needs armv8-a"):
-        build.check_build(as_pi4, wheel)
-    monkeypatch.setattr(build, "defined_symbols", lambda *_a: set())
+        checks.check_build(as_pi4, wheel)
+    monkeypatch.setattr(checks, "defined_symbols", lambda *_a: set())
     with pytest.raises(BmoeError, match="ggml_cpu_set_expert_ready_hook is not in"):
-        build.check_build(plan, wheel)
+        checks.check_build(plan, wheel)
     no_hook = dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, hook=False))
-    assert build.check_build(no_hook, wheel).hook is False
+    assert checks.check_build(no_hook, wheel).hook is False
 
 
 @pytest.mark.slow
@@ -385,6 +395,6 @@ def test_host_bundle_goes_through_the_same_path_natively(dist: Path, tmp_path: P
     manifest = bundle.verify_bundle(result.bundle_dir)
     assert not result.plan.cross and manifest.wheel.endswith("-cp311-cp311-linux_x86_64.whl")
     assert manifest.cmake_flags["ggml_cpu_march_used"] == "" and manifest.cmake_flags["GGML_NATIVE"] == "OFF"
-    version = build.run_bundle(result.bundle_dir, ["--version"], capture=True, timeout=120, cwd=tmp_path)
+    version = emulate.run_bundle(result.bundle_dir, ["--version"], capture=True, timeout=120, cwd=tmp_path)
     assert version.returncode == 0, version.stderr
     assert "hook: yes" in version.stdout and "machine: x86_64" in version.stdout

@@ -1,4 +1,4 @@
-"""Deploy over SSH with real parts: a real OpenSSH sshd on 127.0.0.1 (bmoe_edge.emulated_board) in front
+"""Deploy over SSH with real parts: a real OpenSSH sshd on 127.0.0.1 (bmoe_edge.fleet.emulated_board) in front
 of the qemu-arm64 board, a real cross-built bundle, the CLI run as a user would (a separate process).
 
 Fast tests (no bundle): targets, inventories, the board checks, unit rendering, host keys and SSH errors.
@@ -22,8 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from bmoe_edge import build, bundle, deploy, emulated_board, remote
+from bmoe_edge.boards import build, bundle, emulate
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.fleet import deploy, emulated_board, install, onboard, probe, remote
+from bmoe_edge.fleet import state as board_state
 
 from conftest import run_cli
 
@@ -116,44 +118,44 @@ def _manifest_like(**changes: object) -> bundle.Manifest:
 
 
 @pytest.mark.parametrize("facts, needle", [
-    (deploy.BoardFacts("x86_64", "x86_64", "3.11.2", "2.36", False, "uname -m"), "the board is x86_64 (uname -m)"),
-    (deploy.BoardFacts("aarch64", "armv7l", "3.11.2", "2.36", False, "platform.machine()"), "is armv7l"),
-    (deploy.BoardFacts("aarch64", "aarch64", "3.10.12", "2.36", False, "uname -m"), "Python is 3.10.12"),
-    (deploy.BoardFacts("aarch64", "aarch64", "3.11.2", "2.31", False, "uname -m"), "needs glibc >= 2.34"),
+    (probe.BoardFacts("x86_64", "x86_64", "3.11.2", "2.36", False, "uname -m"), "the board is x86_64 (uname -m)"),
+    (probe.BoardFacts("aarch64", "armv7l", "3.11.2", "2.36", False, "platform.machine()"), "is armv7l"),
+    (probe.BoardFacts("aarch64", "aarch64", "3.10.12", "2.36", False, "uname -m"), "Python is 3.10.12"),
+    (probe.BoardFacts("aarch64", "aarch64", "3.11.2", "2.31", False, "uname -m"), "needs glibc >= 2.34"),
 ])
-def test_board_checks_refuse_a_mismatch_in_one_line(facts: deploy.BoardFacts, needle: str) -> None:
+def test_board_checks_refuse_a_mismatch_in_one_line(facts: probe.BoardFacts, needle: str) -> None:
     with pytest.raises(BmoeError) as err:
-        deploy.check_facts(facts, _manifest_like(), "pi@pi5:22")
+        probe.check_facts(facts, _manifest_like(), "pi@pi5:22")
     assert needle in str(err.value) and "\n" not in str(err.value)
-    deploy.check_facts(deploy.BoardFacts("aarch64", "aarch64", "3.11.2", "2.36", False, "uname -m"),
+    probe.check_facts(probe.BoardFacts("aarch64", "aarch64", "3.11.2", "2.36", False, "uname -m"),
                        _manifest_like(), "pi@pi5:22")
 
 
 @pytest.mark.parametrize("path", ["/etc/passwd", "../x", "wheels/../../x", "a//b", ""])
 def test_remote_paths_cannot_escape_the_release(path: str) -> None:
-    layout = deploy.Layout("/home/pi/bmoe-edge")
+    layout = board_state.Layout("/home/pi/bmoe-edge")
     with pytest.raises(BmoeError, match="not a plain relative path"):
-        deploy.inside(layout.partial("rpi5-0.1.0-abcdefabcdef"), path)
+        board_state.inside(layout.partial("rpi5-0.1.0-abcdefabcdef"), path)
     for bad_id in ("../etc", "a/b", ".hidden", ""):
         with pytest.raises(BmoeError, match="not a plain name"):
             layout.release(bad_id)
     with pytest.raises(BmoeError, match="absolute path"):
-        deploy.Layout("relative/dir")
+        board_state.Layout("relative/dir")
 
 
 def test_unit_rendering_escapes_the_install_dir() -> None:
     template = build.DEPLOY_DIR / "bmoe-edge-generate@.service"
-    text = deploy.render_unit(template.read_text(), "/opt/my 100% \"odd\" $dir", "pi")
+    text = install.render_unit(template.read_text(), "/opt/my 100% \"odd\" $dir", "pi")
     exec_start = next(ln for ln in text.splitlines() if ln.startswith("ExecStart="))
     assert exec_start == ('ExecStart="/opt/my 100%% \\"odd\\" $$dir/current/launcher/bmoe-edge-job.sh" '
                           '"/opt/my 100%% \\"odd\\" $$dir/jobs/%i"')
     assert "User=pi" in text and "@INSTALL_DIR@" not in text
     with pytest.raises(BmoeError):
-        deploy.render_unit(template.read_text(), "/opt/a\nb", "pi")
+        install.render_unit(template.read_text(), "/opt/a\nb", "pi")
 
 
 def test_generate_options_pass_through_only_when_given() -> None:
-    args = deploy.generate_args(max_tokens=8, temp=0.0, top_k=40, top_p=0.95, seed=0, as_json=True, progress=True,
+    args = onboard.generate_args(max_tokens=8, temp=0.0, top_k=40, top_p=0.95, seed=0, as_json=True, progress=True,
                                 csv_path=None, overrides={"stream": False, "cache_mb": "auto", "threads": None,
                                                           "overlap": True, "read_path": None})
     assert args == ["-n", "8", "--no-stream", "--cache-mb", "auto", "--overlap", "--temp", "0.0", "--top-k", "40",
@@ -285,7 +287,7 @@ def _release_ok(install_dir: Path, bundle_dir: Path) -> str:
     current = install_dir / "current"
     assert current.is_symlink(), f"{current} is not a symlink"
     rel = install_dir / os.readlink(current)
-    assert (rel / deploy.STAMP).is_file() and (rel / "site" / "bmoe_edge" / "__init__.py").is_file()
+    assert (rel / board_state.STAMP).is_file() and (rel / "site" / "bmoe_edge" / "__init__.py").is_file()
     m = bundle.load_manifest(rel)
     for f in m.files:
         assert hashlib.sha256((rel / f.path).read_bytes()).hexdigest() == f.sha256, f.path
@@ -315,7 +317,7 @@ def test_deploy_with_gates_installs_verifies_and_switches(deployed: dict, board,
     assert (inst / "releases" / m.bundle_id / "profile" / "qemu-arm64.yaml").is_file()
     state = json.loads((inst / "state.json").read_text())
     assert state["bundle_id"] == m.bundle_id and state["board"] == "qemu-arm64" and state["gates"]["failed"] == 0
-    assert os.access(inst / "bin" / "bmoe-edge", os.X_OK) and (inst / "systemd" / deploy.UNIT_NAME).is_file()
+    assert os.access(inst / "bin" / "bmoe-edge", os.X_OK) and (inst / "systemd" / board_state.UNIT_NAME).is_file()
     pointer = json.loads((board.home / ".config" / "bmoe-edge" / "deploy.json").read_text())
     assert pointer["install_dir"] == str(inst)
     # status, found through the pointer file (no --install-dir): current, bundle, board, when, gates
@@ -390,7 +392,7 @@ def test_changed_bundle_moves_one_file_then_rollback(deployed: dict, board, bund
     assert status["gates"]["failed"] == 0   # A's gate result comes back with it
     # the board's own `bmoe-edge` runs the current release
     version = subprocess.run([str(inst / "bin" / "bmoe-edge"), "--version"], capture_output=True, text=True,
-                             timeout=300, preexec_fn=build._no_core_dumps)
+                             timeout=300, preexec_fn=emulate._no_core_dumps)
     assert version.returncode == 0 and "machine: aarch64" in version.stdout, version.stderr
 
 
@@ -410,7 +412,7 @@ def test_remote_gates_bring_the_report_back(deployed: dict, board, lab: Path) ->
 @pytest.mark.emulated
 def test_systemd_unit_renders_and_its_execstart_runs_a_job(deployed: dict, board, lab: Path) -> None:
     inst = board.install_dir
-    unit = (inst / "systemd" / deploy.UNIT_NAME).read_text()
+    unit = (inst / "systemd" / board_state.UNIT_NAME).read_text()
     fields = dict(ln.split("=", 1) for ln in unit.splitlines() if "=" in ln and not ln.startswith("#"))
     assert fields["User"] == "root" and fields["Type"] == "oneshot" and fields["WantedBy"] == "multi-user.target"
     job = inst / "jobs" / "hello"
@@ -424,7 +426,7 @@ def test_systemd_unit_renders_and_its_execstart_runs_a_job(deployed: dict, board
     argv = shlex.split(line)
     assert argv[0] == str(inst / "current" / "launcher" / "bmoe-edge-job.sh")
     ran = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd="/", env={"PATH": os.environ["PATH"]},
-                         preexec_fn=build._no_core_dumps)
+                         preexec_fn=emulate._no_core_dumps)
     assert ran.returncode == 0, ran.stderr[-2000:]
     ids = _token_ids((job / "out.jsonl").read_text())
     assert len(ids) == 5 and (job / "telemetry.csv").read_text().count("\n") == 6
@@ -448,7 +450,7 @@ def test_hostile_prompts_and_paths_pass_through_unharmed(deployed: dict, board, 
     remote_run = run_cli("generate", "--host", board.target, "-m", str(model), *args, env=_env(lab), timeout=600)
     assert remote_run.returncode == 0, remote_run.stderr[-2000:]
     # the same prompt given to the same bundle locally (argv, no shell): same tokens, same prompt length
-    local = build.run_bundle(bundle_a, ["generate", "--board", "qemu-arm64", "-m", str(bundle_a / QWEN3), *args],
+    local = emulate.run_bundle(bundle_a, ["generate", "--board", "qemu-arm64", "-m", str(bundle_a / QWEN3), *args],
                              capture=True, timeout=600, cwd=tmp_path)
     assert local.returncode == 0, local.stderr[-2000:]
     assert _token_ids(remote_run.stdout) == _token_ids(local.stdout) and len(_token_ids(local.stdout)) == 6

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bmoe_edge import gates, tinymoe
+from bmoe_edge.bench.machine import drop_page_cache
 from bmoe_edge.engine import Engine, StreamConfig
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.fixtures import tinymoe
+from bmoe_edge.proof import gates
 
 BASE = replace(gates.BASE, stream=True)
 PROMPT = gates.PROMPTS[0]
@@ -20,15 +22,6 @@ PROMPT = gates.PROMPTS[0]
 @pytest.fixture(scope="module")
 def qwen3() -> Path:
     return tinymoe.fixture("qwen3moe", "Q8_0")
-
-
-def drop_page_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # dirty pages (a freshly written file) would not be dropped
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def rss_anon_bytes() -> int:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from bmoe_edge import gates
+from bmoe_edge.proof import gates
 
 from conftest import run_cli
 
@@ -41,8 +41,8 @@ def test_quick_gates_pass() -> None:
 def test_a_corrupted_read_fails_the_gate(arch: str, quant: str) -> None:
     spec = gates.FixtureSpec(arch, quant)
     good = gates.CASES["cache-off"]
-    cells = [gates.Cell(spec, good)] + [
-        gates.Cell(spec, replace(good, name=f"corrupt-{n}", overrides={"fault": f"corrupt:{n}"}))
+    cells = [gates.GateCell(spec, good)] + [
+        gates.GateCell(spec, replace(good, name=f"corrupt-{n}", overrides={"fault": f"corrupt:{n}"}))
         for n in (1, 7, 40)
     ]
     results = list(gates.run_gates(cells, gates.fixture_resolver(None), steps=12))
@@ -55,7 +55,7 @@ def test_a_corrupted_read_fails_the_gate(arch: str, quant: str) -> None:
 def test_a_failed_read_fails_the_cell_with_the_message() -> None:
     spec = gates.FixtureSpec("olmoe", "Q8_0")
     case = replace(gates.CASES["cache-off"], name="fail", overrides={"fault": "fail:5"})
-    (result,) = gates.run_gates([gates.Cell(spec, case)], gates.fixture_resolver(None), steps=8)
+    (result,) = gates.run_gates([gates.GateCell(spec, case)], gates.fixture_resolver(None), steps=8)
     assert not result.passed
     assert "injected fault" in result.error
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bmoe_edge import gates, tinymoe
 from bmoe_edge.engine import Engine
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.fixtures import tinymoe
+from bmoe_edge.proof import gates
 
 from conftest import assert_clean_error, run_cli
 
@@ -57,7 +58,7 @@ def test_a_corrupted_read_under_overlap_fails_the_gate() -> None:
     spec = gates.FixtureSpec("gpt-oss", "Q8_0")
     case = replace(gates.CASES["overlap-cache-off"], name="overlap-corrupt", overrides={"overlap": True,
                                                                                        "fault": "corrupt:9"})
-    (result,) = gates.run_gates([gates.Cell(spec, case)], gates.fixture_resolver(None), steps=12)
+    (result,) = gates.run_gates([gates.GateCell(spec, case)], gates.fixture_resolver(None), steps=12)
     assert not result.passed and not result.equal_logits
 
 

@@ -13,11 +13,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from bmoe_edge import profiles
+from bmoe_edge.boards import profiles
 from bmoe_edge.cli import app
 from bmoe_edge.errors import BmoeError
 
-from conftest import assert_clean_error, run_cli
+from conftest import REPO, assert_clean_error, run_cli
 
 SHIPPED = {"rpi5", "rpi4", "orangepi5", "rock5b", "jetson-orin-nano", "host", "qemu-arm64"}
 
@@ -38,30 +38,42 @@ python: "3.11"
 glibc: "2.36"
 qemu_cpu: cortex-a76
 libs: [libc.so.6, libm.so.6]
-threads: 4
-io_threads: 2
-read_path: pread
-cache_mb: auto
-cache_floor_mb: 512
-cache_ceil_mb: 2048
-dense: mmap
-overlap: true
 ssh:
   user: pi
   install_dir: /home/pi/bmoe-edge
+engine:
+  threads: 4
+  io_threads: 2
+  read_path: pread
+  cache_mb: auto
+  cache_floor_mb: 512
+  cache_ceil_mb: 2048
+  dense: mmap
+  overlap: true
 """
 
 
+ENGINE_KEYS = {"threads", "io_threads", "read_path", "cache_mb", "cache_floor_mb", "cache_ceil_mb", "dense", "overlap"}
+
+
+def field(key: str) -> str:
+    """How an error names a field: engine settings sit under `engine:`."""
+    return f"engine.{key}" if key in ENGINE_KEYS else key
+
+
 def line_of(text: str, start: str) -> int:
-    """1-based line of the first line of `text` starting with `start`."""
-    return next(i for i, line in enumerate(text.splitlines(), 1) if line.startswith(start))
+    """1-based line of the first line of `text` starting with `start` (indentation ignored)."""
+    return next(i for i, line in enumerate(text.splitlines(), 1) if line.lstrip().startswith(start.lstrip()))
 
 
 def edit(text: str, key: str, new: str | None) -> str:
-    """Replace the line `key: ...` with `new` (None: delete it)."""
-    pattern = re.compile(rf"^{re.escape(key)}:.*\n", re.M)
-    assert pattern.search(text), key
-    return pattern.sub("" if new is None else new + "\n", text, count=1)
+    """Replace the line `key: ...` with `new`, at the same indentation (None: delete it)."""
+    pattern = re.compile(rf"^( *){re.escape(key)}:.*\n", re.M)
+    found = pattern.search(text)
+    assert found, key
+    indent = found.group(1)
+    replacement = "" if new is None else "".join(f"{indent}{line}\n" for line in new.split("\n"))
+    return text[:found.start()] + replacement + text[found.end():]
 
 
 def write(directory: Path, name: str, text: str) -> Path:
@@ -87,13 +99,13 @@ def test_every_shipped_profile_resolves() -> None:
     assert {p.name for p in found} == SHIPPED
     for p in found:
         assert p.source.parent == profiles.shipped_dir()
-        assert p.ram_mb > p.cache_ceil_mb > 0 if p.cache_mb == "auto" else True
+        assert p.ram_mb > p.engine["cache_ceil_mb"] > 0 if p.engine["cache_mb"] == "auto" else True
         assert (p.arch == "aarch64") == (p.march is not None) == (p.qemu_cpu is not None)
 
 
-def test_shipped_profiles_are_package_data() -> None:
-    # Inside bmoe_edge/, so the wheel (scikit-build-core, wheel.packages = ["bmoe_edge"]) carries them.
-    assert profiles.shipped_dir() == Path(profiles.__file__).resolve().parent / "board_profiles"
+def test_shipped_profiles_are_the_top_level_board_profiles() -> None:
+    # The source of truth is the checkout's board_profiles/ (the wheel carries a copy: test_build).
+    assert profiles.shipped_dir() == REPO / "board_profiles"
     assert {p.stem for p in profiles.shipped_dir().glob("*.yaml")} >= SHIPPED
 
 
@@ -117,7 +129,7 @@ def test_rpi5_and_rpi4_flags() -> None:
 def test_rk3588_jetson_host_and_qemu() -> None:
     for name in ("orangepi5", "rock5b"):
         p = profiles.load_profile(name)
-        assert (p.march, p.qemu_cpu, p.threads) == ("armv8.2-a+dotprod+fp16", "cortex-a76", 4)
+        assert (p.march, p.qemu_cpu, p.engine["threads"]) == ("armv8.2-a+dotprod+fp16", "cortex-a76", 4)
     jetson = profiles.load_profile("jetson-orin-nano")
     assert (jetson.cpu, jetson.qemu_cpu, jetson.glibc) == ("cortex-a78ae", "cortex-a76", "2.35")
 
@@ -164,16 +176,16 @@ def test_user_board_from_env_var_and_user_fragment_override(tmp_path: Path) -> N
     two.mkdir()
     write(one, "myboard", "extends: [_cortex-a76, _debian-bookworm-arm64, _engine-defaults]\n"
           "vendor: me\npage_size: 4096\nram_mb: 2048\nstorage: {kind: sd, read_mb_s: 45}\n"
-          "threads: 4\nio_threads: 1\ncache_floor_mb: 256\ncache_ceil_mb: 1024\n"
+          "engine: {threads: 4, io_threads: 1, cache_floor_mb: 256, cache_ceil_mb: 1024}\n"
           "ssh: {user: me, install_dir: /opt/bmoe}\n")
-    write(two, "_engine-defaults", "read_path: pread\ncache_mb: 100\ndense: anon\noverlap: false\n")
+    write(two, "_engine-defaults", "engine:\n  read_path: pread\n  cache_mb: 100\n  dense: anon\n  overlap: false\n")
     dirs = profiles.profile_dirs(environ={profiles.PROFILES_ENV: f"{one}{os.pathsep}{two}"})
     assert dirs[:2] == [one.resolve(), two.resolve()]
     mine = profiles.load_profile("myboard", dirs)
-    assert (mine.read_path, mine.cache_mb, mine.dense, mine.overlap) == ("pread", 100, "anon", False)
+    assert [mine.engine[k] for k in ("read_path", "cache_mb", "dense", "overlap")] == ["pread", 100, "anon", False]
     assert "myboard" in profiles.board_names(dirs)
     # The shipped boards now see the user's fragment too: theirs override ours by name.
-    assert profiles.load_profile("rpi5", dirs).read_path == "pread"
+    assert profiles.load_profile("rpi5", dirs).engine["read_path"] == "pread"
 
 
 def test_missing_profiles_dir_is_an_error(tmp_path: Path) -> None:
@@ -186,7 +198,7 @@ def test_missing_profiles_dir_is_an_error(tmp_path: Path) -> None:
 def test_load_profile_file(tmp_path: Path) -> None:
     path = write(tmp_path, "tb", GOOD)
     p = profiles.load_profile_file(path)
-    assert (p.name, p.read_path, p.hook, p.ssh.port) == ("tb", "pread", True, None)
+    assert (p.name, p.engine["read_path"], p.hook, p.ssh.port) == ("tb", "pread", True, None)
 
 
 # --- errors: file, line, field -----------------------------------------------------------------------
@@ -204,15 +216,21 @@ def expect(tmp_path: Path, text: str, line: int, field: str, *needles: str, file
 def test_bad_enum_value(tmp_path: Path) -> None:
     text = edit(GOOD, "read_path", "read_path: odirekt")
     write(tmp_path, "tb", text)
-    message = expect(tmp_path, text, line_of(text, "read_path"), "read_path")
-    assert message.endswith("field 'read_path': 'odirekt' is not one of pread, odirect")
+    message = expect(tmp_path, text, line_of(text, "read_path"), "engine.read_path")
+    assert message.endswith("field 'engine.read_path': 'odirekt' is not one of pread, odirect")
 
 
 def test_unknown_field_suggests_the_close_one(tmp_path: Path) -> None:
-    text = GOOD + "io_thread: 3\n"
+    text = GOOD + "  io_thread: 3\n"
     write(tmp_path, "tb", text)
-    expect(tmp_path, text, line_of(text, "io_thread:"), "io_thread",
+    expect(tmp_path, text, line_of(text, "io_thread:"), "engine.io_thread",
            "unknown field", "did you mean 'io_threads'")
+
+
+def test_an_engine_setting_at_the_top_level_says_where_it_goes(tmp_path: Path) -> None:
+    text = GOOD + "threads: 3\n"
+    write(tmp_path, "tb", text)
+    expect(tmp_path, text, len(text.splitlines()), "threads", "engine settings go under `engine:` (engine.threads)")
 
 
 def test_unknown_nested_field(tmp_path: Path) -> None:
@@ -240,7 +258,7 @@ def test_wrong_type_or_value(tmp_path: Path, key: str, bad: str, needle: str) ->
     if key == "storage":
         text = text.replace("  kind: nvme\n  read_mb_s: 400\n", "")
     write(tmp_path, "tb", text)
-    expect(tmp_path, text, line_of(text, f"{key}:"), key, needle)
+    expect(tmp_path, text, line_of(text, f"{key}:"), field(key), needle)
 
 
 def test_bad_list_item_names_its_own_line(tmp_path: Path) -> None:
@@ -259,7 +277,8 @@ def test_bad_nested_enum(tmp_path: Path) -> None:
 def test_missing_required_field(tmp_path: Path) -> None:
     text = edit(GOOD, "dense", None)
     write(tmp_path, "tb", text)
-    expect(tmp_path, text, 1, "dense", "required, but neither this file nor what it extends sets it")
+    expect(tmp_path, text, line_of(text, "engine:"), "engine.dense",
+           "required, but neither this file nor what it extends sets it")
 
 
 def test_missing_required_nested_field_points_at_its_mapping(tmp_path: Path) -> None:
@@ -291,18 +310,18 @@ def test_extends_itself_with_nothing_below_is_an_error(tmp_path: Path) -> None:
 
 
 def test_missing_fragment(tmp_path: Path) -> None:
-    write(tmp_path, "_real", "dense: anon\n")
+    write(tmp_path, "_real", "engine: {dense: anon}\n")
     text = "vendor: v\nextends:\n  - _real\n  - _cortex-a99\n"
     write(tmp_path, "tb", text)
     expect(tmp_path, text, 4, "extends", "no profile or fragment named '_cortex-a99'", "fragments: _real")
 
 
 def test_error_inside_a_fragment_names_the_fragment(tmp_path: Path) -> None:
-    write(tmp_path, "_frag", "# a comment\nread_path: mmap\n")
+    write(tmp_path, "_frag", "# a comment\nengine:\n  read_path: mmap\n")
     write(tmp_path, "tb", "extends: _frag\n" + edit(GOOD, "read_path", None))
     message = load_error(tmp_path)
     frag = (tmp_path / "_frag.yaml").resolve()
-    assert message == f"{frag}:2: field 'read_path': 'mmap' is not one of pread, odirect"
+    assert message == f"{frag}:3: field 'engine.read_path': 'mmap' is not one of pread, odirect"
 
 
 def test_yaml_syntax_error_has_its_line(tmp_path: Path) -> None:
@@ -315,10 +334,10 @@ def test_yaml_syntax_error_has_its_line(tmp_path: Path) -> None:
 
 
 def test_field_set_twice(tmp_path: Path) -> None:
-    text = GOOD + "threads: 2\n"
+    text = GOOD + "  threads: 2\n"
     write(tmp_path, "tb", text)
     first = line_of(GOOD, "threads")
-    expect(tmp_path, text, len(text.splitlines()), "threads", f"set twice (first on line {first})")
+    expect(tmp_path, text, len(text.splitlines()), "engine.threads", f"set twice (first on line {first})")
 
 
 def test_name_must_be_the_file_name(tmp_path: Path) -> None:
@@ -340,16 +359,16 @@ def test_arch_rules(tmp_path: Path) -> None:
 def test_cache_rules(tmp_path: Path) -> None:
     text = edit(GOOD, "cache_floor_mb", "cache_floor_mb: 4096")
     write(tmp_path, "tb", text)
-    expect(tmp_path, text, line_of(text, "cache_floor_mb"), "cache_floor_mb",
+    expect(tmp_path, text, line_of(text, "cache_floor_mb"), "engine.cache_floor_mb",
            "4096 MiB is not less than ram_mb 4096 (")
 
     text = edit(GOOD, "cache_floor_mb", None)
     write(tmp_path, "tb", text)
-    expect(tmp_path, text, 1, "cache_floor_mb", "required when cache_mb is auto")
+    expect(tmp_path, text, line_of(text, "engine:"), "engine.cache_floor_mb", "required when cache_mb is auto")
 
     write(tmp_path, "tb", edit(edit(edit(GOOD, "cache_floor_mb", None), "cache_ceil_mb", None),
                                "cache_mb", "cache_mb: 1000"))
-    assert profiles.load_profile("tb", [tmp_path]).cache_mb == 1000
+    assert profiles.load_profile("tb", [tmp_path]).engine["cache_mb"] == 1000
 
 
 def test_exec_wrapper_placeholders(tmp_path: Path) -> None:
@@ -367,7 +386,7 @@ def test_not_a_mapping_and_empty_file(tmp_path: Path) -> None:
 
 def test_unknown_profile_lists_the_known_ones(tmp_path: Path) -> None:
     write(tmp_path, "tb", GOOD)
-    write(tmp_path, "_frag", "dense: anon\n")
+    write(tmp_path, "_frag", "engine: {dense: anon}\n")
     assert load_error(tmp_path, "rpi6").startswith("unknown board profile 'rpi6'; known: tb (searched ")
     assert "is a fragment" in load_error(tmp_path, "_frag")
 
@@ -424,14 +443,16 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     missing = str(tmp_path / "nope")
     assert_clean_error(run_cli("profiles", "list", "--profiles-dir", missing), "does not exist")
 
-    write(tmp_path, "tb", edit(GOOD, "read_path", "read_path: odirekt"))
+    text = edit(GOOD, "read_path", "read_path: odirekt")
+    write(tmp_path, "tb", text)
+    where = f"tb.yaml:{line_of(text, 'read_path')}: field 'engine.read_path'"
     result = run_cli("profiles", "show", "tb", "--profiles-dir", str(tmp_path))
-    assert_clean_error(result, "tb.yaml:18: field 'read_path': 'odirekt' is not one of pread, odirect")
+    assert_clean_error(result, f"{where}: 'odirekt' is not one of pread, odirect")
 
     # `list` still prints every good board, then one error line per broken one, and exits 1.
     result = run_cli("profiles", "list", "--profiles-dir", str(tmp_path))
     assert "rpi5" in result.stdout and "tb " not in result.stdout
-    assert_clean_error(result, "tb.yaml:18: field 'read_path'")
+    assert_clean_error(result, where)
 
 
 def test_cli_runner_show(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 resolved by the profile loader, bad inputs, and `tune --host` on the emulated board (a real sshd in front
 of qemu-aarch64, the deployed qemu-arm64 bundle measuring itself).
 
-Every run gets its own $XDG_CONFIG_HOME: nothing here touches the real ~/.config/bmoe-edge/profiles.
+Every run gets its own $XDG_CONFIG_HOME (and conftest points every test at a per-session one): nothing
+here touches the real ~/.config/bmoe-edge/profiles.
 """
 
 from __future__ import annotations
@@ -11,28 +12,33 @@ import json
 import os
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import test_deploy
 import yaml
 
-from bmoe_edge import bench, emulated_board, profiles, remote, tinymoe, tune
+from bmoe_edge.bench import layout, machine, ramcap
+from bmoe_edge.bench import tune as measure
+from bmoe_edge.boards import profiles, tune
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.fixtures import tinymoe
+from bmoe_edge.fleet import emulated_board, remote
 
+import test_deploy
 from conftest import assert_clean_error, run_cli
 
 TUNED = ("io_threads", "threads", "read_path", "cache_margin_mb")
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != profiles.PROFILES_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (profiles.PROFILES_ENV, profiles.BOARD_ENV)}
     return dict(env, XDG_CONFIG_HOME=str(tmp_path / "config"), **extra)
 
 
 def _assert_matches(profile: profiles.BoardProfile, choice: dict) -> None:
     for key in TUNED:
-        assert getattr(profile, key) == choice[key], key
+        assert profile.engine[key] == choice[key], key
     assert profile.storage.read_mb_s == choice["read_mb_s"]
 
 
@@ -50,19 +56,19 @@ def test_tune_measures_this_machine_and_writes_a_profile_the_loader_resolves(tmp
     print(f"\ntune --quick: {time.monotonic() - started:.1f} s")
     # what it measured: both read paths (O_DIRECT works on this disk) at 1..2x cores lanes, 1..cores threads
     cores = os.cpu_count() or 1
-    lanes = list(range(1, min(2 * cores, tune.MAX_LANES) + 1))
+    lanes = list(range(1, min(2 * cores, measure.MAX_LANES) + 1))
     for mode in ("odirect", "pread"):
         cells = [c for c in report["io"] if c["mode"] == mode]
         assert sorted(c["lanes"] for c in cells) == lanes and all(c["mib_s"] > 0 and c["reads"] > 0 for c in cells)
     assert [c["threads"] for c in report["compute"]] == list(range(1, cores + 1))
     assert all(c["tok_s"] > 0 for c in report["compute"])
-    machine = report["machine"]
-    assert machine["page_size"] == os.sysconf("SC_PAGE_SIZE") and machine["cores"] == cores
-    assert machine["ram_mb"] == bench.mem_info()["MemTotal"] // 2**20
+    facts = report["machine"]
+    assert facts["page_size"] == os.sysconf("SC_PAGE_SIZE") and facts["cores"] == cores
+    assert facts["ram_mb"] == machine.mem_info()["MemTotal"] // 2**20
     assert not list(scratch.iterdir())    # the scratch file is gone
     # what it chose follows the rules from what it measured
     choice = report["choice"]
-    io = [tune.IoCell(**c) for c in report["io"]]
+    io = [measure.IoCell(**c) for c in report["io"]]
     curve = tune.lane_curve(io, choice["read_path"])
     assert choice["io_threads"] == min(n for n, v in curve.items() if v >= 0.95 * max(curve.values()))
     assert choice["threads"] == max(report["compute"], key=lambda c: c["tok_s"])["threads"]
@@ -70,7 +76,8 @@ def test_tune_measures_this_machine_and_writes_a_profile_the_loader_resolves(tmp
     written = tmp_path / "config" / "bmoe-edge" / "profiles" / "host.yaml"
     assert report["written"] == [str(written)]
     own = yaml.safe_load(written.read_text())
-    assert own["extends"] == "host" and set(own) >= {"io_threads", "threads", "read_path", "storage", "cache_margin_mb"}
+    assert own["extends"] == "host" and set(own) >= {"storage", "engine"} and set(own["engine"]) == set(TUNED)
+    assert set(own["storage"]) == {"read_mb_s"}
     dirs = profiles.profile_dirs(environ=env)
     assert dirs[0] == written.parent.resolve()
     host = profiles.load_profile("host", dirs)
@@ -80,7 +87,7 @@ def test_tune_measures_this_machine_and_writes_a_profile_the_loader_resolves(tmp
     assert (host.ram_mb, host.storage.kind, host.ssh) == (shipped.ram_mb, shipped.storage.kind, shipped.ssh)
     # the CLI sees it too: `profiles show host` with only the environment pointing at it
     shown = run_cli("profiles", "show", "host", "--json", env=env)
-    assert shown.returncode == 0 and json.loads(shown.stdout)["io_threads"] == choice["io_threads"]
+    assert shown.returncode == 0 and json.loads(shown.stdout)["engine"]["io_threads"] == choice["io_threads"]
 
 
 def test_the_table_shows_what_was_measured_and_chosen(tmp_path: Path) -> None:
@@ -91,17 +98,15 @@ def test_the_table_shows_what_was_measured_and_chosen(tmp_path: Path) -> None:
     for needle in ("memory", "RAM ", "page size 4 KiB" if os.sysconf("SC_PAGE_SIZE") == 4096 else "page size",
                    "effective limit", "reads, MiB/s", "odirect  648 KiB", "pread    648 KiB", "1 lane",
                    "compute, resident decode tok/s", "threads", "chosen", "read_path", "io_threads",
-                   "storage.read_mb_s", "cache_margin_mb", f"wrote {out}"):
+                   "storage.read_mb_s", "engine.cache_margin_mb", f"wrote {out}"):
         assert needle in text, (needle, text)
     print("\n" + text)
     # the --out file is a profile named after the file, extending host, with the table's values
     p = profiles.load_profile_file(out, [profiles.shipped_dir()])
     assert (p.name, p.source) == ("bench-box", out.resolve())
     cols = [re.split(r"\s{2,}", row.strip()) for row in text.split("\nchosen\n")[1].splitlines()[1:] if row.strip()]
-    now = {c[0]: c[2] for c in cols if c[0] in ("read_path", "io_threads", "storage.read_mb_s", "threads",
-                                                "cache_margin_mb")}
-    assert now == {"read_path": p.read_path, "io_threads": str(p.io_threads), "threads": str(p.threads),
-                   "storage.read_mb_s": str(p.storage.read_mb_s), "cache_margin_mb": str(p.cache_margin_mb)}
+    now = {c[0].rpartition(".")[2]: c[2] for c in cols if c[0].startswith(("engine.", "storage."))}
+    assert now == {**{key: str(p.engine[key]) for key in TUNED}, "read_mb_s": str(p.storage.read_mb_s)}
     assert not (tmp_path / "config").exists()   # --out: the user directory is untouched
 
 
@@ -109,11 +114,11 @@ def test_a_model_is_read_at_its_slice_sizes_and_the_cgroup_limit_is_found(tmp_pa
     """-m: its slice sizes, and (it fits) compute on it; run inside a memory cgroup with a 3 GiB limit,
     which is reported and sizes the margin."""
     model = tinymoe.fixture("qwen3moe", "Q8_0")
-    slices = sorted({t.expert_bytes for t in bench.gguf_layout(model).experts})
+    slices = sorted({t.expert_bytes for t in layout.gguf_layout(model).experts})
     try:
-        cap = bench.make_cap(3 << 30, "auto")
+        cap = ramcap.make_cap(3 << 30, "auto")
     except BmoeError:
-        cap = bench.NoCap()     # no writable memory cgroup here: the limit is not checked
+        cap = ramcap.NoCap()     # no writable memory cgroup here: the limit is not checked
     cap.prepare()
     try:
         result = run_cli("tune", "--quick", "-m", str(model), "--no-write", "--json", env=_env(tmp_path),
@@ -138,16 +143,16 @@ def test_a_model_is_read_at_its_slice_sizes_and_the_cgroup_limit_is_found(tmp_pa
 # The rules and the search order (plain functions).
 
 
-def _cells(mode: str, by_lanes: dict[int, float]) -> list[tune.IoCell]:
-    return [tune.IoCell(mode, 648 << 10, n, v, 100) for n, v in by_lanes.items()]
+def _cells(mode: str, by_lanes: dict[int, float]) -> list[measure.IoCell]:
+    return [measure.IoCell(mode, 648 << 10, n, v, 100) for n, v in by_lanes.items()]
 
 
-MACHINE = tune.Machine("b", "aarch64", 4, 8064, 7000, 16384, (tune.MemoryLimit("cgroup v2 /x memory.max", 4096),),
+MACHINE = measure.Machine("b", "aarch64", 4, 8064, 7000, 16384, (machine.MemoryLimit("cgroup v2 /x memory.max", 4096),),
                        None)
 
 
 def test_choice_rules() -> None:
-    compute = [tune.ComputeCell(1, 5.0), tune.ComputeCell(2, 9.0), tune.ComputeCell(3, 9.0), tune.ComputeCell(4, 8.0)]
+    compute = [measure.ComputeCell(n, v) for n, v in ((1, 5.0), (2, 9.0), (3, 9.0), (4, 8.0))]
     odirect = _cells("odirect", {1: 300, 2: 560, 3: 590, 4: 600, 5: 598})
     c = tune.choose([*odirect, *_cells("pread", {1: 250, 2: 640, 3: 650})], "", compute, MACHINE, [648 << 10], 4096)
     # pread is faster, but not by more than 10%: O_DIRECT; 3 lanes are within 5% of the best (600)
@@ -165,23 +170,33 @@ def test_choice_rules() -> None:
 
 
 def test_user_profile_directory_is_searched_after_explicit_dirs_and_before_the_env(tmp_path: Path) -> None:
-    xdg, env_dir, extra = tmp_path / "xdg", tmp_path / "env", tmp_path / "extra"
-    env_dir.mkdir()
+    xdg, release, extra = tmp_path / "xdg", tmp_path / "release", tmp_path / "extra"
     extra.mkdir()
-    environ = {"XDG_CONFIG_HOME": str(xdg), "HOME": "/nonexistent", profiles.PROFILES_ENV: str(env_dir)}
+    # a deployed release: the launcher exports BMOE_EDGE_BOARD and puts <release>/profile first in
+    # $BMOE_EDGE_PROFILES, where the bundle's resolved profile of its board is (profile_file_text)
+    (release / "profile").mkdir(parents=True)
+    resolved = profiles.load_profile("rpi5")
+    (release / "profile" / "rpi5.yaml").write_text(profiles.profile_file_text(replace(resolved, ram_mb=4096)))
+    environ = {"XDG_CONFIG_HOME": str(xdg), "HOME": "/nonexistent", profiles.BOARD_ENV: "rpi5",
+               profiles.PROFILES_ENV: str(release / "profile")}
     assert profiles.user_dir(environ) == xdg / "bmoe-edge" / "profiles"
+    env_dir = (release / "profile").resolve()
     assert profiles.profile_dirs([extra], environ) == [extra, env_dir, profiles.shipped_dir()]  # missing: skipped
     (xdg / "bmoe-edge" / "profiles").mkdir(parents=True)
     user = (xdg / "bmoe-edge" / "profiles").resolve()
     assert profiles.profile_dirs([extra], environ) == [extra, user, env_dir, profiles.shipped_dir()]
     assert profiles.user_dir({"HOME": "/home/pi"}) == Path("/home/pi/.config/bmoe-edge/profiles")
     assert profiles.user_dir({}) is None
-    # a tuned rpi5 in the user dir layers on the one in $BMOE_EDGE_PROFILES (a release's resolved profile)
-    (env_dir / "rpi5.yaml").write_text(yaml.safe_dump(profiles.load_profile("rpi5").to_dict() | {"ram_mb": 4096}))
-    (user / "rpi5.yaml").write_text("extends: rpi5\nio_threads: 3\ncache_margin_mb: 96\nstorage: {read_mb_s: 420}\n")
-    p = profiles.load_profile("rpi5", profiles.profile_dirs(environ=environ))
-    assert (p.io_threads, p.cache_margin_mb, p.storage.read_mb_s) == (3, 96, 420)
-    assert (p.ram_mb, p.storage.kind) == (4096, "nvme")     # from the one in $BMOE_EDGE_PROFILES
+    # a tuned rpi5 in the user dir (what `tune --host` writes) layers on the release's resolved profile,
+    # and the machine's profile (what `generate` with no --board loads on the board) is that one
+    (user / "rpi5.yaml").write_text("extends: rpi5\nstorage: {read_mb_s: 420}\n"
+                                    "engine: {io_threads: 3, threads: 2, read_path: pread, cache_margin_mb: 96}\n")
+    p = profiles.load_profile(profiles.machine_board(environ), profiles.profile_dirs(environ=environ))
+    assert p.source == (user / "rpi5.yaml") and p.storage.read_mb_s == 420
+    assert {k: p.engine[k] for k in TUNED} == {"io_threads": 3, "threads": 2, "read_path": "pread",
+                                               "cache_margin_mb": 96}
+    assert (p.ram_mb, p.storage.kind) == (4096, resolved.storage.kind)     # from the release's profile
+    assert p.engine["cache_mb"] == resolved.engine["cache_mb"]               # engine: merges key by key
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -282,11 +297,18 @@ def test_tune_host_measures_the_board_and_writes_the_profile_here_and_there(
     with remote.Board(remote.parse_target(b.target), remote.SshOptions(ssh_config=lab / "ssh_config")) as conn:
         again = conn.run(remote.env_command({}, [f"{b.install_dir}/bin/bmoe-edge", "tune", "--quick", "--no-write",
                                                  "--json"]), what="tune on the board", timeout=600)
+        # `generate` with no --board there runs with the tuned engine settings (the machine's profile)
+        fixture = f"{b.install_dir}/current/fixtures/tiny-qwen3moe-Q8_0.gguf"
+        gen = conn.run(remote.env_command({}, [f"{b.install_dir}/bin/bmoe-edge", "generate", "-m", fixture,
+                                               "-p", "Once", "-n", "1", "--json"]), what="generate", timeout=600)
     on_board = json.loads(again.stdout)
     assert on_board["board"] == "qemu-arm64" and on_board["written"] == []
     for key in TUNED:
         assert on_board["before"][key] == report["choice"][key], key
     assert on_board["before"]["read_mb_s"] == report["choice"]["read_mb_s"]
+    run = json.loads(gen.stdout.splitlines()[0])
+    assert run["type"] == "run" and run["io_threads"] == report["choice"]["io_threads"]
+    assert run["read_path_requested"] == report["choice"]["read_path"]
 
 
 @pytest.mark.slow

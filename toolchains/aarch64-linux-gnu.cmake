@@ -4,7 +4,7 @@
 #
 # The target's C library, libstdc++ and kernel headers come with the cross compiler
 # (/usr/aarch64-linux-gnu, glibc 2.36 on bookworm); the target's Python headers come from Debian's
-# arm64 libpython3.X-dev, unpacked into the board sysroot by bmoe_edge/sysroot.py and passed to
+# arm64 libpython3.X-dev, unpacked into the board sysroot by bmoe_edge/boards/sysroot.py and passed to
 # CMake as Python_INCLUDE_DIR (the build also sets the extension suffix and wheel tag explicitly).
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)

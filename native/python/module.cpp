@@ -14,10 +14,13 @@
 
 namespace nb = nanobind;
 
+void bind_testing(nb::module_ & parent);  // testing.cpp
+
 NB_MODULE(_native, m) {
     m.doc() = "bmoe-edge native engine";
 
     nb::exception<bmoe::Error>(m, "EngineError");
+    bind_testing(m);
 
     nb::class_<bmoe::BuildInfo>(m, "BuildInfo")
         .def_ro("llama_pin", &bmoe::BuildInfo::llama_pin)
@@ -39,6 +42,21 @@ NB_MODULE(_native, m) {
         .def_ro("n_vocab", &bmoe::ModelInfo::n_vocab)
         .def_ro("expert_bytes", &bmoe::ModelInfo::expert_bytes);
     m.def("probe_model", &bmoe::probe_model, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>());
+
+    nb::class_<bmoe::ExpertTensor>(m, "ExpertTensor")
+        .def_ro("name", &bmoe::ExpertTensor::name)
+        .def_ro("layer", &bmoe::ExpertTensor::layer)
+        .def_ro("projection", &bmoe::ExpertTensor::projection)
+        .def_ro("file", &bmoe::ExpertTensor::file)
+        .def_ro("offset", &bmoe::ExpertTensor::offset)
+        .def_ro("bytes", &bmoe::ExpertTensor::bytes);
+    m.def("expert_tensors", &bmoe::expert_tensors, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>());
+    nb::class_<bmoe::MetadataEntry>(m, "MetadataEntry")
+        .def_ro("key", &bmoe::MetadataEntry::key)
+        .def_ro("text", &bmoe::MetadataEntry::text)
+        .def_ro("number", &bmoe::MetadataEntry::number)
+        .def_ro("is_number", &bmoe::MetadataEntry::is_number);
+    m.def("model_metadata", &bmoe::model_metadata, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>());
 
     m.def("quantize_model", &bmoe::quantize_model, nb::arg("input"), nb::arg("output"), nb::arg("ftype"),
           nb::arg("threads") = 0, nb::call_guard<nb::gil_scoped_release>());
@@ -62,6 +80,8 @@ NB_MODULE(_native, m) {
         .def_rw("cache_mb", &bmoe::StreamConfig::cache_mb)
         .def_rw("cache_floor_mb", &bmoe::StreamConfig::cache_floor_mb)
         .def_rw("cache_ceil_mb", &bmoe::StreamConfig::cache_ceil_mb)
+        .def_rw("cache_margin_mb", &bmoe::StreamConfig::cache_margin_mb)
+        .def_rw("page_kb", &bmoe::StreamConfig::page_kb)
         .def_rw("io_threads", &bmoe::StreamConfig::io_threads)
         .def_rw("read_path", &bmoe::StreamConfig::read_path)
         .def_rw("dense", &bmoe::StreamConfig::dense)
@@ -92,7 +112,8 @@ NB_MODULE(_native, m) {
         BMOE_RO(TokenMetrics, bytes_read) BMOE_RO(TokenMetrics, slice_bytes) BMOE_RO(TokenMetrics, copy_bytes)
         BMOE_RO(TokenMetrics, cache_lookups) BMOE_RO(TokenMetrics, cache_hits) BMOE_RO(TokenMetrics, evictions)
         BMOE_RO(TokenMetrics, major_faults) BMOE_RO(TokenMetrics, rss_bytes)
-        BMOE_RO(TokenMetrics, resident_expert_bytes);
+        BMOE_RO(TokenMetrics, resident_expert_bytes) BMOE_RO(TokenMetrics, cache_budget_bytes)
+        BMOE_RO(TokenMetrics, pool_bytes);
 
     nb::class_<bmoe::RunInfo>(m, "RunInfo")
         BMOE_RO(RunInfo, model) BMOE_RO(RunInfo, architecture) BMOE_RO(RunInfo, n_layer) BMOE_RO(RunInfo, n_expert)
@@ -100,7 +121,10 @@ NB_MODULE(_native, m) {
         BMOE_RO(RunInfo, expert_bytes) BMOE_RO(RunInfo, file_bytes) BMOE_RO(RunInfo, n_files)
         BMOE_RO(RunInfo, threads) BMOE_RO(RunInfo, io_threads) BMOE_RO(RunInfo, read_path_requested)
         BMOE_RO(RunInfo, read_path) BMOE_RO(RunInfo, read_path_note) BMOE_RO(RunInfo, dio_align)
-        BMOE_RO(RunInfo, page_size) BMOE_RO(RunInfo, cache_budget_mb) BMOE_RO(RunInfo, cache_mode)
+        BMOE_RO(RunInfo, page_size) BMOE_RO(RunInfo, kernel_page_size) BMOE_RO(RunInfo, cache_budget_mb)
+        BMOE_RO(RunInfo, cache_mode) BMOE_RO(RunInfo, cache_note) BMOE_RO(RunInfo, memory_limit_source)
+        BMOE_RO(RunInfo, memory_limit_mb) BMOE_RO(RunInfo, memory_headroom_mb) BMOE_RO(RunInfo, memory_pending_mb)
+        BMOE_RO(RunInfo, cache_adaptive)
         BMOE_RO(RunInfo, dense) BMOE_RO(RunInfo, overlap) BMOE_RO(RunInfo, hook_compiled_in)
         BMOE_RO(RunInfo, lazy_load) BMOE_RO(RunInfo, ctx) BMOE_RO(RunInfo, batch) BMOE_RO(RunInfo, ubatch)
         BMOE_RO(RunInfo, flash_attn) BMOE_RO(RunInfo, fault) BMOE_RO(RunInfo, warning) BMOE_RO(RunInfo, load_ms)
@@ -115,6 +139,8 @@ NB_MODULE(_native, m) {
         .def_ro("end_of_generation", &bmoe::StepResult::end_of_generation)
         .def_ro("metrics", &bmoe::StepResult::metrics)
         .def_prop_ro("logits", [](const bmoe::StepResult & r) { return nb::bytes(r.logits.data(), r.logits.size()); });
+
+    m.def("overlap_in_use", &bmoe::overlap_in_use);
 
     nb::class_<bmoe::Engine>(m, "Engine")
         .def(nb::init<const std::string &, const bmoe::StreamConfig &>(), nb::arg("model_path"), nb::arg("config"),

@@ -14,6 +14,7 @@
 #include "gguf_map.h"
 #include "llama.h"
 #include "llama_runtime.h"
+#include "memory_budget.h"
 #include "seam.h"
 #include "stream_setup.h"
 #include "telemetry.h"
@@ -50,8 +51,13 @@ void validate(const StreamConfig & c) {
     if (c.threads < 0 || c.ctx < 16 || c.batch < 1 || c.ubatch < 1) {
         throw Error("threads must be >= 0, ctx >= 16, batch and ubatch >= 1");
     }
-    if (c.cache_floor_mb < 0 || c.cache_ceil_mb < 0) {
-        throw Error("cache_floor_mb and cache_ceil_mb must be >= 0");
+    if (c.cache_floor_mb < 0 || c.cache_ceil_mb < 0 || c.cache_margin_mb < 0) {
+        throw Error("cache_floor_mb, cache_ceil_mb and cache_margin_mb must be >= 0");
+    }
+    const long kernel_kb = sysconf(_SC_PAGESIZE) / 1024;
+    if (c.page_kb != 0 && (c.page_kb < kernel_kb || c.page_kb > 1024 || (c.page_kb & (c.page_kb - 1)) != 0)) {
+        throw Error("page_kb must be 0 (the kernel's page) or a power of two from this kernel's page size (" +
+                    std::to_string(kernel_kb) + " KiB) to 1024 KiB, got " + std::to_string(c.page_kb));
     }
 }
 
@@ -108,6 +114,7 @@ struct Engine::Impl {
     std::unique_ptr<llama_context, ContextDeleter> ctx;
     std::unique_ptr<llama_sampler, SamplerDeleter> sampler;
     const llama_vocab * vocab = nullptr;
+    std::unique_ptr<detail::MemoryBudget> memory;
     std::unique_ptr<detail::ExpertReadyHook> hook;  // last member: unregistered before anything is freed
     std::vector<llama_token> pending;
     bool want_logits = false;
@@ -117,7 +124,7 @@ struct Engine::Impl {
     void load_model(const std::string & path, const Recipe * recipe);
     void create_context();
     void warm_up_and_capture();
-    uint64_t cache_budget_bytes();
+    void size_cache();
     void decode(std::vector<llama_token> & tokens);
 };
 
@@ -131,7 +138,8 @@ void Engine::Impl::open(const std::string & path) {
     info.threads = config.threads;
     info.io_threads = config.io_threads;
     info.read_path_requested = to_string(config.read_path);
-    info.page_size = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    info.kernel_page_size = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    info.page_size = config.page_kb > 0 ? static_cast<uint64_t>(config.page_kb) * 1024 : info.kernel_page_size;
     info.dense = to_string(config.dense);
     info.overlap = config.overlap;
     info.hook_compiled_in = build_info().expert_ready_hook;
@@ -176,13 +184,8 @@ void Engine::Impl::open(const std::string & path) {
         return;
     }
     warm_up_and_capture();
-    const uint64_t budget = cache_budget_bytes();
-    streaming = detail::attach_streaming(*gguf, *seam, config, budget, info);
-    if (budget > 0 && budget < info.routed_bytes_per_token) {
-        info.warning += std::string(info.warning.empty() ? "" : "; ") + "cache budget (" + std::to_string(budget >> 10) +
-                        " KiB) is below one token's routed experts (" +
-                       std::to_string(info.routed_bytes_per_token >> 10) + " KiB): expect a 0% hit rate";
-    }
+    streaming = detail::attach_streaming(*gguf, *seam, config, info);
+    size_cache();
     detail::Streamer & streamer = *streaming.streamer;
     if (config.overlap) {
         hook = std::make_unique<detail::ExpertReadyHook>(streamer);
@@ -271,17 +274,52 @@ void Engine::Impl::warm_up_and_capture() {
     }
 }
 
-uint64_t Engine::Impl::cache_budget_bytes() {
-    double mb = config.cache_mb;
-    info.cache_mode = mb == 0 ? "off" : "fixed";
-    if (mb == kCacheAuto) {
-        info.cache_mode = "auto";
-        const auto available = static_cast<double>(detail::mem_available_bytes() >> 20);
-        mb = std::min(std::max(0.0, available - static_cast<double>(config.cache_floor_mb)),
-                      static_cast<double>(config.cache_ceil_mb));
+// The cache budget from the memory really there, now that the dense weights are loaded and the
+// KV cache and compute buffers are allocated (detail/memory_budget.h says how).
+void Engine::Impl::size_cache() {
+    detail::Streamer & streamer = *streaming.streamer;
+    detail::Footprint footprint;
+    for (const auto & [data, size] : seam->runtime_buffers()) {
+        footprint.to_touch.push_back({data, size});
     }
-    info.cache_budget_mb = mb;
-    return static_cast<uint64_t>(mb * 1048576.0);
+    if (config.dense == DenseMode::Mmap) {  // with dense=anon they were read into the mirror already
+        for (const auto & c : seam->captured()) {
+            if (!c.is_expert) {
+                footprint.to_touch.push_back({detail::Seam::data(c), c.nbytes});
+            }
+        }
+    }
+    uint64_t widest_layer = 0;
+    for (int l = 0; l < streamer.n_layers(); ++l) {
+        widest_layer = std::max(widest_layer, streamer.bytes_per_expert(l));
+    }
+    // The layer being computed and the one being read (overlap), each slice rounded out to units.
+    const uint64_t slices = static_cast<uint64_t>(info.n_expert_used) * 3;
+    footprint.in_flight_bytes = 2 * (static_cast<uint64_t>(info.n_expert_used) * widest_layer + slices * 2 * info.page_size);
+    // Each cached slice is one pool mapping plus the split of the reservation around it.
+    const uint64_t maps_free = detail::mappings_left();
+    const uint64_t per_expert_maps = 2 * static_cast<uint64_t>(info.streamed_tensors / std::max(1, streamer.n_layers()));
+    if (maps_free != UINT64_MAX && per_expert_maps > 0) {
+        const uint64_t cap = maps_free / per_expert_maps / std::max(1, streamer.n_layers()) *
+                             streamer.cache().bytes_per_token_slot();
+        if (cap < info.expert_bytes) {  // only a limit where the cache could otherwise hold more
+            footprint.mappings_cap_bytes = cap;
+        }
+    }
+    memory = std::make_unique<detail::MemoryBudget>(config, std::move(footprint), streamer.cache().bytes_per_token_slot());
+    const detail::BudgetReport report = memory->initial(detail::read_memory());
+    info.cache_mode = config.cache_mb == 0 ? "off" : config.cache_mb == kCacheAuto ? "auto" : "fixed";
+    info.cache_budget_mb = static_cast<double>(report.budget) / 1048576.0;
+    info.cache_note = report.note;
+    info.memory_limit_source = report.limit_source;
+    info.memory_limit_mb = static_cast<double>(report.limit) / 1048576.0;
+    info.memory_headroom_mb = static_cast<double>(report.headroom) / 1048576.0;
+    info.memory_pending_mb = static_cast<double>(report.pending) / 1048576.0;
+    info.cache_adaptive = memory->adaptive();
+    if (!report.note.empty()) {
+        info.warning += std::string(info.warning.empty() ? "" : "; ") + report.note;
+    }
+    streamer.set_budget(report.budget);
 }
 
 void Engine::Impl::decode(std::vector<llama_token> & tokens) {
@@ -398,7 +436,15 @@ bool Engine::next(StepResult & out) {
         out.metrics.cache_lookups = c.lookups;
         out.metrics.cache_hits = c.hits;
         out.metrics.evictions = c.evictions;
-        out.metrics.resident_expert_bytes = d.streaming.streamer->resident_expert_bytes();
+        detail::Streamer & streamer = *d.streaming.streamer;
+        out.metrics.resident_expert_bytes = streamer.resident_expert_bytes();
+        const uint64_t budget = streamer.cache().budget();
+        const uint64_t adapted = d.memory->adapt(budget, streamer.pool_held_bytes(), detail::major_faults() - faults0);
+        if (adapted != budget) {
+            streamer.set_budget(adapted);
+        }
+        out.metrics.cache_budget_bytes = adapted;
+        out.metrics.pool_bytes = streamer.pool_held_bytes();
     }
     out.metrics.compute_ms = out.metrics.wall_ms - out.metrics.stall_ms;
     out.metrics.major_faults = detail::major_faults() - faults0;

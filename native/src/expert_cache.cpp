@@ -1,45 +1,78 @@
 #include "expert_cache.h"
 
+#include <algorithm>
+#include <limits>
+
 namespace bmoe::detail {
 
+ExpertCache::ExpertCache(uint64_t budget_bytes, std::vector<uint64_t> expert_bytes, std::vector<int> n_expert)
+    : expert_bytes_(std::move(expert_bytes)), layers_(expert_bytes_.size()) {
+    for (size_t l = 0; l < layers_.size(); ++l) {
+        const auto n = static_cast<size_t>(l < n_expert.size() ? std::max(0, n_expert[l]) : 0);
+        layers_[l].where.resize(n);
+        layers_[l].present.assign(n, false);
+        slot_bytes_ += expert_bytes_[l];
+    }
+    set_budget(budget_bytes);
+}
+
+void ExpertCache::set_budget(uint64_t budget_bytes) {
+    budget_ = budget_bytes;
+    const uint64_t slots = slot_bytes_ == 0 ? 0 : budget_ / slot_bytes_;
+    per_layer_ = static_cast<int>(std::min<uint64_t>(slots, static_cast<uint64_t>(std::numeric_limits<int>::max())));
+}
+
 bool ExpertCache::touch(const ExpertKey & key) {
-    const auto it = index_.find(hash(key));
-    if (it == index_.end()) {
+    Layer & l = layers_[static_cast<size_t>(key.layer)];
+    const auto e = static_cast<size_t>(key.expert);
+    if (!l.present[e]) {
         return false;
     }
-    lru_.splice(lru_.begin(), lru_, it->second);
+    l.lru.splice(l.lru.begin(), l.lru, l.where[e]);
     return true;
 }
 
-void ExpertCache::insert(const ExpertKey & key, uint64_t bytes) {
-    lru_.push_front({key, bytes});
-    index_[hash(key)] = lru_.begin();
-    bytes_ += bytes;
+void ExpertCache::insert(const ExpertKey & key) {
+    Layer & l = layers_[static_cast<size_t>(key.layer)];
+    const auto e = static_cast<size_t>(key.expert);
+    if (l.present[e]) {
+        return;
+    }
+    l.lru.push_front(key.expert);
+    l.where[e] = l.lru.begin();
+    l.present[e] = true;
+    bytes_ += expert_bytes_[static_cast<size_t>(key.layer)];
+    ++entries_;
+}
+
+void ExpertCache::drop(int layer, std::list<int>::iterator it) {
+    Layer & l = layers_[static_cast<size_t>(layer)];
+    l.present[static_cast<size_t>(*it)] = false;
+    l.lru.erase(it);
+    bytes_ -= expert_bytes_[static_cast<size_t>(layer)];
+    --entries_;
 }
 
 std::vector<ExpertKey> ExpertCache::evict_over_budget(int pinned_layer) {
     std::vector<ExpertKey> victims;
-    auto it = lru_.end();
-    while (bytes_ > budget_ && it != lru_.begin()) {
-        --it;
-        if (it->key.layer == pinned_layer) {
-            continue;
+    const auto share = static_cast<size_t>(per_layer_);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+        const int layer = static_cast<int>(i);
+        Layer & l = layers_[i];
+        while (layer != pinned_layer && l.lru.size() > share) {
+            auto last = std::prev(l.lru.end());
+            victims.push_back({layer, *last});
+            drop(layer, last);
         }
-        victims.push_back(it->key);
-        bytes_ -= it->bytes;
-        index_.erase(hash(it->key));
-        it = lru_.erase(it);
     }
     return victims;
 }
 
 void ExpertCache::evict_layer(int layer, const std::vector<int> & experts) {
+    Layer & l = layers_[static_cast<size_t>(layer)];
     for (int e : experts) {
-        const auto it = index_.find(hash({layer, e}));
-        if (it != index_.end()) {
-            bytes_ -= it->second->bytes;
-            lru_.erase(it->second);
-            index_.erase(it);
+        if (l.present[static_cast<size_t>(e)]) {
+            drop(layer, l.where[static_cast<size_t>(e)]);
         }
     }
 }

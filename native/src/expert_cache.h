@@ -1,11 +1,17 @@
-// The cache policy: LRU over (layer, expert) entries under a byte budget. Pure bookkeeping: it
-// decides what stays and what goes; the streamer does the reading and the releasing.
+// The cache policy: which experts stay resident between uses, under a byte budget. Pure
+// bookkeeping: it decides what stays and what goes; the streamer does the reading and releasing.
+//
+// Every token visits the layers in the same order, so one LRU over all layers sees a loop: with a
+// budget below one token's routed experts, everything is evicted just before it is needed again
+// and the hit rate is 0% (measured: 0 hits and slower than no cache). The budget is therefore
+// split into equal per-layer shares (the same number of experts in every layer), with LRU inside
+// a layer: any share of at least one expert hits at least as often as no cache, on uniform and on
+// skewed routing alike. A budget below one expert per layer keeps nothing (it could never hit).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <list>
-#include <unordered_map>
 #include <vector>
 
 namespace bmoe::detail {
@@ -18,36 +24,44 @@ struct ExpertKey {
 
 class ExpertCache {
 public:
-    explicit ExpertCache(uint64_t budget_bytes) : budget_(budget_bytes) {}
+    // Per layer: the bytes of one of its experts (all projections) and its expert count; a layer
+    // with 0 bytes has no streamed experts.
+    ExpertCache(uint64_t budget_bytes, std::vector<uint64_t> expert_bytes, std::vector<int> n_expert);
 
-    // True (and the entry becomes most recent) if the expert is resident.
+    // True (and the entry becomes the most recent of its layer) if the expert is resident.
     bool touch(const ExpertKey & key);
-    void insert(const ExpertKey & key, uint64_t bytes);
-    // Entries to evict, least recent first, so that everything resident fits the budget again;
-    // entries of `pinned_layer` (the layer being computed) are never chosen. They are removed
-    // from the cache when returned.
+    void insert(const ExpertKey & key);
+    // Entries to evict so that every layer is within its share again, least recent first; entries
+    // of `pinned_layer` (the layer being computed) are never chosen. They leave the cache.
     std::vector<ExpertKey> evict_over_budget(int pinned_layer);
-
     // Forget these entries of one layer (their reads failed: they are not resident).
     void evict_layer(int layer, const std::vector<int> & experts);
+    // A new budget (memory pressure came or went); evict_over_budget applies a smaller one.
+    void set_budget(uint64_t budget_bytes);
 
-    uint64_t resident_bytes() const { return bytes_; }
     uint64_t budget() const { return budget_; }
-    size_t size() const { return index_.size(); }
+    // Experts each layer may keep beyond the one being computed (0: the cache is off).
+    int per_layer() const { return per_layer_; }
+    // The bytes one expert of every layer takes: the smallest budget that can hit.
+    uint64_t bytes_per_token_slot() const { return slot_bytes_; }
+    uint64_t resident_bytes() const { return bytes_; }
+    size_t size() const { return entries_; }
 
 private:
-    struct Entry {
-        ExpertKey key;
-        uint64_t bytes;
+    struct Layer {
+        std::list<int> lru;  // front = most recent
+        std::vector<std::list<int>::iterator> where;
+        std::vector<bool> present;
     };
-    static uint64_t hash(const ExpertKey & k) {
-        return (static_cast<uint64_t>(static_cast<uint32_t>(k.layer)) << 32) | static_cast<uint32_t>(k.expert);
-    }
+    void drop(int layer, std::list<int>::iterator it);
 
-    uint64_t budget_;
+    uint64_t budget_ = 0;
+    std::vector<uint64_t> expert_bytes_;
+    uint64_t slot_bytes_ = 0;
+    int per_layer_ = 0;
+    std::vector<Layer> layers_;
     uint64_t bytes_ = 0;
-    std::list<Entry> lru_;  // front = most recent
-    std::unordered_map<uint64_t, std::list<Entry>::iterator> index_;
+    size_t entries_ = 0;
 };
 
 }  // namespace bmoe::detail

@@ -6,10 +6,12 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
 #include "bmoe/recipes.h"
+#include "gguf.h"
 #include "gguf_map.h"
 #include "seam.h"
 #include "llama.h"
@@ -96,6 +98,79 @@ ModelInfo probe_model(const std::string & path) {
         }
     }
     return info;
+}
+
+std::vector<ExpertTensor> expert_tensors(const std::string & path) {
+    file_size_or_fail(path);
+    check_magic(path);
+    const detail::GgufMap gguf(path);
+    std::vector<ExpertTensor> out;
+    const Recipe * recipe = find_recipe(gguf.architecture());
+    if (recipe == nullptr) {
+        return out;
+    }
+    for (const auto & [name, loc] : gguf.tensors()) {
+        ExpertTensor t;
+        int layer = 0;
+        int projection = 0;
+        if (detail::parse_expert_name(name, *recipe, layer, projection)) {
+            t.name = name;
+            t.layer = layer;
+            t.projection = projection;
+            t.file = loc.file;
+            t.offset = loc.offset;
+            t.bytes = loc.size;
+            out.push_back(t);
+        }
+    }
+    std::sort(out.begin(), out.end(), [](const ExpertTensor & a, const ExpertTensor & b) {
+        return a.layer != b.layer ? a.layer < b.layer : a.projection < b.projection;
+    });
+    return out;
+}
+
+std::vector<MetadataEntry> model_metadata(const std::string & path) {
+    file_size_or_fail(path);
+    check_magic(path);
+    gguf_init_params params{};
+    params.no_alloc = true;
+    std::unique_ptr<gguf_context, void (*)(gguf_context *)> ctx(gguf_init_from_file(path.c_str(), params), &gguf_free);
+    if (!ctx) {
+        fail(path, "invalid or truncated gguf");
+    }
+    std::vector<MetadataEntry> out;
+    const int64_t n = gguf_get_n_kv(ctx.get());
+    for (int64_t i = 0; i < n; ++i) {
+        MetadataEntry e;
+        e.key = gguf_get_key(ctx.get(), i);
+        e.is_number = true;
+        switch (gguf_get_kv_type(ctx.get(), i)) {
+            case GGUF_TYPE_UINT8: e.number = gguf_get_val_u8(ctx.get(), i); break;
+            case GGUF_TYPE_INT8: e.number = gguf_get_val_i8(ctx.get(), i); break;
+            case GGUF_TYPE_UINT16: e.number = gguf_get_val_u16(ctx.get(), i); break;
+            case GGUF_TYPE_INT16: e.number = gguf_get_val_i16(ctx.get(), i); break;
+            case GGUF_TYPE_UINT32: e.number = gguf_get_val_u32(ctx.get(), i); break;
+            case GGUF_TYPE_INT32: e.number = gguf_get_val_i32(ctx.get(), i); break;
+            case GGUF_TYPE_UINT64: e.number = static_cast<double>(gguf_get_val_u64(ctx.get(), i)); break;
+            case GGUF_TYPE_INT64: e.number = static_cast<double>(gguf_get_val_i64(ctx.get(), i)); break;
+            case GGUF_TYPE_FLOAT32: e.number = gguf_get_val_f32(ctx.get(), i); break;
+            case GGUF_TYPE_FLOAT64: e.number = gguf_get_val_f64(ctx.get(), i); break;
+            case GGUF_TYPE_BOOL: e.number = gguf_get_val_bool(ctx.get(), i) ? 1.0 : 0.0; break;
+            case GGUF_TYPE_STRING:
+                e.is_number = false;
+                e.text = gguf_get_val_str(ctx.get(), i);
+                break;
+            default:
+                continue;  // arrays (the vocabulary): not scalar metadata
+        }
+        if (e.is_number) {
+            char buf[64];
+            std::snprintf(buf, sizeof(buf), "%.17g", e.number);
+            e.text = buf;
+        }
+        out.push_back(e);
+    }
+    return out;
 }
 
 }  // namespace bmoe

@@ -7,6 +7,7 @@
 
 #include <atomic>
 
+#include "bmoe/engine.h"
 #include "bmoe/error.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
@@ -66,8 +67,28 @@ bool Seam::on_ask(ggml_tensor * t) {
     return false;
 }
 
+void Seam::note_runtime_buffer(const ggml_tensor * t) {
+    const ggml_tensor * owner = t->view_src != nullptr ? t->view_src : t;
+    ggml_backend_buffer_t buffer = owner->buffer;
+    if (buffer == nullptr || ggml_backend_buffer_get_usage(buffer) == GGML_BACKEND_BUFFER_USAGE_WEIGHTS ||
+        !ggml_backend_buffer_is_host(buffer)) {
+        return;
+    }
+    const void * base = ggml_backend_buffer_get_base(buffer);
+    for (const auto & [known, size] : runtime_buffers_) {
+        if (known == base) {
+            return;
+        }
+    }
+    runtime_buffers_.emplace_back(base, ggml_backend_buffer_get_size(buffer));
+}
+
 void Seam::capture_sources(ggml_tensor * node) {
+    note_runtime_buffer(node);
     for (ggml_tensor * src : node->src) {
+        if (src != nullptr) {
+            note_runtime_buffer(src);
+        }
         if (src == nullptr || src->view_src != nullptr || src->buffer == nullptr ||
             ggml_backend_buffer_get_usage(src->buffer) != GGML_BACKEND_BUFFER_USAGE_WEIGHTS || seen_.count(src)) {
             continue;
@@ -144,6 +165,12 @@ void expert_ready(const ggml_tensor * src0, int expert, void * user_data) {
 }
 #endif
 }  // namespace
+
+}  // namespace bmoe::detail
+
+bool bmoe::overlap_in_use() { return detail::g_hook_taken.load(); }
+
+namespace bmoe::detail {
 
 ExpertReadyHook::ExpertReadyHook(Streamer & streamer) {
 #ifdef BMOE_HAVE_EXPERT_READY_HOOK

@@ -13,6 +13,7 @@
 #include <functional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "bmoe/recipes.h"
@@ -48,6 +49,9 @@ public:
     std::string take_error();
 
     const std::vector<CapturedTensor> & captured() const { return captured_; }
+    // The host buffers the graph computes in besides the weights (KV cache, compute buffers),
+    // as (base, bytes): memory the process holds even where the warm-up has not touched it yet.
+    const std::vector<std::pair<const void *, uint64_t>> & runtime_buffers() const { return runtime_buffers_; }
     const Recipe & recipe() const { return recipe_; }
 
     // Throws bmoe::Error unless the tensor sits in llama.cpp's plain CPU buffer with exactly the
@@ -60,6 +64,7 @@ private:
     bool on_ask(ggml_tensor * t);
     bool on_computed(ggml_tensor * t);
     void capture_sources(ggml_tensor * t);
+    void note_runtime_buffer(const ggml_tensor * t);
 
     Recipe recipe_;
     Mode mode_ = Mode::Off;
@@ -67,6 +72,7 @@ private:
     std::string error_;
     std::vector<CapturedTensor> captured_;
     std::unordered_map<const ggml_tensor *, size_t> seen_;
+    std::vector<std::pair<const void *, uint64_t>> runtime_buffers_;
     std::vector<int> ids_;
 };
 

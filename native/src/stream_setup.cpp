@@ -42,10 +42,10 @@ private:
 
 }  // namespace
 
-StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config,
-                                uint64_t cache_budget_bytes, RunInfo & info) {
+StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config, RunInfo & info) {
     const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     StreamingParts parts;
+    parts.pool = std::make_unique<PagePool>(info.page_size);
 
     // Every expert tensor the file has must have been seen in the graph as a MUL_MAT_ID weight.
     std::set<std::string> expected;
@@ -93,7 +93,7 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
     info.streamed_tensors = static_cast<int>(streamed.size());
 
     for (size_t i = 0; i < gguf.files().size(); ++i) {
-        parts.mirrors.push_back(std::make_unique<Mirror>(gguf.file_sizes()[i], page));
+        parts.mirrors.push_back(std::make_unique<Mirror>(gguf.file_sizes()[i], *parts.pool));
         parts.files.push_back(std::make_unique<SliceFile>(gguf.files()[i], gguf.file_sizes()[i], config.read_path,
                                                           config.io_threads, parts.mirrors.back()->base()));
     }
@@ -135,7 +135,7 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
         mirrors.push_back(parts.mirrors[i].get());
     }
     parts.streamer = std::make_unique<Streamer>(std::move(streamed), std::move(files), std::move(mirrors),
-                                                cache_budget_bytes, *parts.lanes, info.threads);
+                                                *parts.pool, *parts.lanes, info.threads);
     return parts;
 }
 

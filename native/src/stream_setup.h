@@ -10,6 +10,7 @@
 #include "bmoe/metrics.h"
 #include "gguf_map.h"
 #include "mirror.h"
+#include "page_pool.h"
 #include "read_lanes.h"
 #include "seam.h"
 #include "slice_file.h"
@@ -17,15 +18,17 @@
 
 namespace bmoe::detail {
 
-// Member order is destruction order reversed: the streamer goes first, the mirrors last.
+// Member order is destruction order reversed: the streamer goes first, the mirrors and their page
+// pool last.
 struct StreamingParts {
+    std::unique_ptr<PagePool> pool;
     std::vector<std::unique_ptr<Mirror>> mirrors;
     std::vector<std::unique_ptr<SliceFile>> files;
     std::unique_ptr<ReadLanes> lanes;
     std::unique_ptr<Streamer> streamer;
 };
 
-StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config,
-                                uint64_t cache_budget_bytes, RunInfo & info);
+// The streamer starts with the cache off; the engine gives it a budget once memory is measured.
+StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config, RunInfo & info);
 
 }  // namespace bmoe::detail

@@ -4,7 +4,9 @@
 #include <chrono>
 #include <thread>
 
+#include "bmoe/error.h"
 #include "mirror.h"
+#include "page_pool.h"
 #include "read_lanes.h"
 #include "slice_file.h"
 
@@ -22,12 +24,37 @@ double ms_since(Clock::time_point t0) {
 // the read lanes; a bounded spin leaves them the cores.)
 constexpr auto kSpinFor = std::chrono::microseconds(30);
 
+int layer_count(const std::vector<StreamedTensor> & tensors) {
+    int n = 0;
+    for (const auto & t : tensors) {
+        n = std::max(n, t.layer + 1);
+    }
+    return n;
+}
+
+std::vector<uint64_t> expert_bytes_by_layer(const std::vector<StreamedTensor> & tensors) {
+    std::vector<uint64_t> out(static_cast<size_t>(layer_count(tensors)), 0);
+    for (const auto & t : tensors) {
+        out[static_cast<size_t>(t.layer)] += t.expert_bytes;
+    }
+    return out;
+}
+
+std::vector<int> experts_by_layer(const std::vector<StreamedTensor> & tensors) {
+    std::vector<int> out(static_cast<size_t>(layer_count(tensors)), 0);
+    for (const auto & t : tensors) {
+        out[static_cast<size_t>(t.layer)] = std::max(out[static_cast<size_t>(t.layer)], t.n_expert);
+    }
+    return out;
+}
+
 }  // namespace
 
 Streamer::Streamer(std::vector<StreamedTensor> tensors, std::vector<SliceFile *> files, std::vector<Mirror *> mirrors,
-                   uint64_t cache_budget_bytes, ReadLanes & lanes, int compute_threads)
-    : tensors_(std::move(tensors)), files_(std::move(files)), mirrors_(std::move(mirrors)),
-      cache_(cache_budget_bytes), lanes_(lanes), compute_threads_(std::max(1, compute_threads)) {
+                   PagePool & pool, ReadLanes & lanes, int compute_threads)
+    : tensors_(std::move(tensors)), files_(std::move(files)), mirrors_(std::move(mirrors)), pool_(pool),
+      cache_(0, expert_bytes_by_layer(tensors_), experts_by_layer(tensors_)), lanes_(lanes),
+      compute_threads_(std::max(1, compute_threads)) {
     int max_layer = -1;
     for (const auto & t : tensors_) {
         max_layer = std::max(max_layer, t.layer);
@@ -73,14 +100,31 @@ uint64_t Streamer::bytes_per_expert(int layer) const {
 }
 
 void Streamer::for_each_slice(int layer, int expert, bool acquire) {
-    for (size_t i : by_layer_[static_cast<size_t>(layer)]) {
-        const StreamedTensor & t = tensors_[i];
+    const std::vector<size_t> & projections = by_layer_[static_cast<size_t>(layer)];
+    for (size_t k = 0; k < projections.size(); ++k) {
+        const StreamedTensor & t = tensors_[projections[k]];
         const uint64_t off = t.offset + static_cast<uint64_t>(expert) * t.expert_bytes;
-        if (acquire) {
-            mirrors_[t.file]->acquire(off, t.expert_bytes);
-        } else {
+        if (!acquire) {
             mirrors_[t.file]->release(off, t.expert_bytes);
+            continue;
         }
+        try {
+            mirrors_[t.file]->acquire(off, t.expert_bytes);
+        } catch (...) {
+            for (size_t j = 0; j < k; ++j) {  // all of an expert's projections, or none
+                const StreamedTensor & done = tensors_[projections[j]];
+                mirrors_[done.file]->release(done.offset + static_cast<uint64_t>(expert) * done.expert_bytes,
+                                             done.expert_bytes);
+            }
+            throw;
+        }
+    }
+}
+
+void Streamer::release_victims(const std::vector<ExpertKey> & victims) {
+    for (const ExpertKey & victim : victims) {
+        for_each_slice(victim.layer, victim.expert, false);
+        ++counters_.evictions;
     }
 }
 
@@ -88,6 +132,12 @@ std::vector<int> Streamer::admit(int layer, const std::vector<int> & routed, std
     experts = routed;
     std::sort(experts.begin(), experts.end());
     experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
+    const int n_expert = tensors_[by_layer_[static_cast<size_t>(layer)].front()].n_expert;
+    if (!experts.empty() && (experts.front() < 0 || experts.back() >= n_expert)) {
+        throw Error("layer " + std::to_string(layer) + " routed to expert " +
+                    std::to_string(experts.front() < 0 ? experts.front() : experts.back()) + " of " +
+                    std::to_string(n_expert) + ": the router's output is corrupt");
+    }
     std::vector<int> missing;
     for (int e : experts) {
         ++counters_.lookups;
@@ -99,14 +149,20 @@ std::vector<int> Streamer::admit(int layer, const std::vector<int> & routed, std
     }
     // Count the new slices in before evicting, so a page shared with a victim is not dropped
     // only to be read again.
-    for (int e : missing) {
-        for_each_slice(layer, e, true);
-        cache_.insert({layer, e}, bytes_per_expert(layer));
+    for (size_t i = 0; i < missing.size(); ++i) {
+        try {
+            for_each_slice(layer, missing[i], true);
+        } catch (...) {
+            // A mapping failed: nothing of this layer may count as resident.
+            for (size_t j = 0; j < i; ++j) {
+                for_each_slice(layer, missing[j], false);
+            }
+            cache_.evict_layer(layer, std::vector<int>(missing.begin(), missing.begin() + static_cast<long>(i)));
+            throw;
+        }
+        cache_.insert({layer, missing[i]});
     }
-    for (const ExpertKey & victim : cache_.evict_over_budget(layer)) {
-        for_each_slice(victim.layer, victim.expert, false);
-        ++counters_.evictions;
-    }
+    release_victims(cache_.evict_over_budget(layer));
     return missing;
 }
 
@@ -249,6 +305,17 @@ void Streamer::wait_ready(const void * key, int expert) {
     }
     stall_ns_ += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
 }
+
+void Streamer::set_budget(uint64_t bytes) {
+    const bool shrinking = bytes < cache_.budget();
+    cache_.set_budget(bytes);
+    release_victims(cache_.evict_over_budget(-1));
+    if (shrinking) {
+        pool_.trim();  // the evicted experts' pages go back to the kernel, not to the pool
+    }
+}
+
+uint64_t Streamer::pool_held_bytes() const { return pool_.held_units() * pool_.unit(); }
 
 StreamCounters Streamer::take_counters() {
     StreamCounters out = counters_;

@@ -20,6 +20,7 @@ namespace bmoe::detail {
 
 class Batch;
 class Mirror;
+class PagePool;
 class ReadLanes;
 class SliceFile;
 struct ReadJob;
@@ -49,8 +50,9 @@ struct StreamCounters {
 
 class Streamer {
 public:
+    // The cache starts with no budget: set_budget gives it one once memory has been measured.
     Streamer(std::vector<StreamedTensor> tensors, std::vector<SliceFile *> files, std::vector<Mirror *> mirrors,
-             uint64_t cache_budget_bytes, ReadLanes & lanes, int compute_threads);
+             PagePool & pool, ReadLanes & lanes, int compute_threads);
     ~Streamer();
 
     // Serial: returns once every routed slice of `layer` is resident. Throws bmoe::Error if any
@@ -66,6 +68,12 @@ public:
     void drain();
     bool failed() const { return fatal_.load(std::memory_order_acquire); }
 
+    // A new cache budget; a smaller one evicts at once and returns the freed pages to the kernel.
+    // Only between decodes (no batch in flight).
+    void set_budget(uint64_t bytes);
+    const ExpertCache & cache() const { return cache_; }
+    uint64_t pool_held_bytes() const;
+
     StreamCounters take_counters();
     uint64_t resident_expert_bytes() const;
     uint64_t bytes_per_expert(int layer) const;
@@ -78,6 +86,7 @@ private:
                                   std::vector<std::pair<size_t, int>> * targets);
     void forget(int layer, const std::vector<int> & missing);
     void for_each_slice(int layer, int expert, bool acquire);
+    void release_victims(const std::vector<ExpertKey> & victims);
     void mark_ready(size_t tensor, int expert, uint64_t generation);
     void mark_failed();
 
@@ -85,6 +94,7 @@ private:
     std::vector<std::vector<size_t>> by_layer_;  // layer -> indexes into tensors_, projection order
     std::vector<SliceFile *> files_;
     std::vector<Mirror *> mirrors_;
+    PagePool & pool_;
     ExpertCache cache_;
     ReadLanes & lanes_;
     StreamCounters counters_;

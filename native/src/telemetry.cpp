@@ -1,25 +1,28 @@
 #include "telemetry.h"
 
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace bmoe::detail {
 namespace {
 
 uint64_t field_from(const char * path, const std::string & key, uint64_t scale) {
+    // Line by line: /proc/self/status also has lines whose value is not a number.
     std::ifstream f(path);
-    std::string k;
-    uint64_t v = 0;
-    while (f >> k >> v) {
-        if (k == key) {
-            return v * scale;
+    std::string line;
+    while (std::getline(f, line)) {
+        if (line.compare(0, key.size(), key) == 0 && line.size() > key.size() &&
+            (line[key.size()] == ' ' || line[key.size()] == '\t')) {
+            return std::strtoull(line.c_str() + key.size(), nullptr, 10) * scale;
         }
-        f.ignore(256, '\n');
     }
     return 0;
 }
@@ -58,28 +61,47 @@ uint64_t cgroup_value(const std::string & path) {
     }
 }
 
-uint64_t cgroup_headroom(const std::string & base, const std::string & path, const char * limit_name,
-                         const char * usage_name) {
-    uint64_t headroom = UINT64_MAX;
+// Every ancestor of `path` with a limit, innermost first.
+void cgroup_limits(const std::string & base, const std::string & path, const char * version,
+                   const char * limit_name, const char * usage_name, const char * inactive_key,
+                   std::vector<CgroupMemory> & out) {
     for (std::string p = path;;) {
         const std::string dir = base + (p == "/" ? "" : p);
         const uint64_t limit = cgroup_value(dir + "/" + limit_name);
         const uint64_t usage = cgroup_value(dir + "/" + usage_name);
         if (limit < (1ULL << 60) && usage != UINT64_MAX) {  // v1 reports "no limit" as ~2^63
-            headroom = std::min(headroom, limit > usage ? limit - usage : 0);
+            out.push_back({std::string(version) + " " + p, limit, usage,
+                           field_from((dir + "/memory.stat").c_str(), inactive_key, 1)});
         }
         if (p.empty() || p == "/") {
-            return headroom;
+            return;
         }
         const size_t slash = p.rfind('/');
         p = slash == 0 || slash == std::string::npos ? "/" : p.substr(0, slash);
     }
 }
 
+double pressure_avg10() {
+    std::ifstream f("/proc/pressure/memory");
+    std::string word;
+    while (f >> word) {
+        if (word.rfind("avg10=", 0) == 0) {
+            return std::atof(word.c_str() + 6);  // the first line is "some"
+        }
+    }
+    return 0;
+}
+
 }  // namespace
 
-uint64_t mem_available_bytes() {
-    uint64_t available = field_from("/proc/meminfo", "MemAvailable:", 1024);
+MemoryReading read_memory() {
+    MemoryReading r;
+    r.mem_total = field_from("/proc/meminfo", "MemTotal:", 1024);
+    r.mem_available = field_from("/proc/meminfo", "MemAvailable:", 1024);
+    r.rss_anon = field_from("/proc/self/status", "RssAnon:", 1024);
+    r.rss_file = field_from("/proc/self/status", "RssFile:", 1024);
+    r.rss_shmem = field_from("/proc/self/status", "RssShmem:", 1024);
+    r.pressure_some_avg10 = pressure_avg10();
     std::ifstream f("/proc/self/cgroup");
     std::string line;
     while (std::getline(f, line)) {  // "<id>:<controllers>:<path>"
@@ -92,14 +114,47 @@ uint64_t mem_available_bytes() {
         const std::string path = line.substr(b + 1);
         if (controllers.empty() && line.compare(0, a, "0") == 0) {
             const bool unified = std::ifstream("/sys/fs/cgroup/cgroup.controllers").good();
-            available = std::min(available, cgroup_headroom(unified ? "/sys/fs/cgroup" : "/sys/fs/cgroup/unified", path,
-                                                            "memory.max", "memory.current"));
+            cgroup_limits(unified ? "/sys/fs/cgroup" : "/sys/fs/cgroup/unified", path, "cgroup v2", "memory.max",
+                          "memory.current", "inactive_file", r.cgroups);
         } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
-            available = std::min(available, cgroup_headroom("/sys/fs/cgroup/memory", path, "memory.limit_in_bytes",
-                                                            "memory.usage_in_bytes"));
+            cgroup_limits("/sys/fs/cgroup/memory", path, "cgroup v1", "memory.limit_in_bytes", "memory.usage_in_bytes",
+                          "total_inactive_file", r.cgroups);
         }
     }
-    return available;
+    return r;
+}
+
+uint64_t mappings_left() {
+    std::ifstream limit_file("/proc/sys/vm/max_map_count");
+    uint64_t limit = 0;
+    if (!(limit_file >> limit)) {
+        return UINT64_MAX;
+    }
+    std::ifstream maps("/proc/self/maps");
+    uint64_t used = 0;
+    for (std::string line; std::getline(maps, line);) {
+        ++used;
+    }
+    constexpr uint64_t kReserve = 4096;
+    return limit > used + kReserve ? limit - used - kReserve : 0;
+}
+
+uint64_t resident_bytes_of(const void * data, uint64_t size) {
+    const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    const auto start = reinterpret_cast<uintptr_t>(data) / page * page;
+    const auto end = (reinterpret_cast<uintptr_t>(data) + size + page - 1) / page * page;
+    if (size == 0 || end <= start) {
+        return 0;
+    }
+    std::vector<unsigned char> vec((end - start) / page);
+    if (mincore(reinterpret_cast<void *>(start), end - start, vec.data()) != 0) {
+        return size;  // not a mapping we can ask about: assume it is all there
+    }
+    uint64_t pages = 0;
+    for (unsigned char v : vec) {
+        pages += v & 1;
+    }
+    return std::min(size, pages * page);
 }
 
 }  // namespace bmoe::detail

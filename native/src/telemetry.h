@@ -1,15 +1,40 @@
-// Readings of this process and machine for the telemetry (Linux /proc and getrusage).
+// Readings of this process and machine for the telemetry and the memory policy (Linux /proc,
+// cgroup files, getrusage, mincore). Mechanism only: nothing here decides anything.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace bmoe::detail {
 
 uint64_t rss_bytes();
 uint64_t major_faults();
 uint64_t storage_read_bytes();  // /proc/self/io read_bytes: what really came from the device
-// MemAvailable, further limited by the headroom (limit - usage) of every memory cgroup (v1 or v2)
-// this process sits in, ancestors included: a container or a benchmark's RAM cap counts.
-uint64_t mem_available_bytes();
+
+// One memory cgroup with a limit that this process sits in (itself or an ancestor, v1 or v2).
+struct CgroupMemory {
+    std::string path;          // e.g. "cgroup v2 /system.slice/bmoe.service" (systemd MemoryMax= lands here)
+    uint64_t limit = 0;
+    uint64_t usage = 0;        // everything charged: processes, page cache, shared memory
+    uint64_t inactive_file = 0;  // page cache the kernel takes back first
+};
+
+struct MemoryReading {
+    uint64_t mem_total = 0;
+    uint64_t mem_available = 0;
+    std::vector<CgroupMemory> cgroups;  // only those with a limit
+    uint64_t rss_anon = 0;
+    uint64_t rss_file = 0;   // mapped file pages (dense weights with dense=mmap)
+    uint64_t rss_shmem = 0;  // the expert page pool
+    double pressure_some_avg10 = 0;  // /proc/pressure/memory (percent), 0 where absent
+};
+
+MemoryReading read_memory();
+// Mappings this process may still create under vm.max_map_count, less a reserve for everything
+// else (libraries, allocator arenas); UINT64_MAX where the limit cannot be read.
+uint64_t mappings_left();
+// Bytes of [data, data+size) that are resident in memory (mincore).
+uint64_t resident_bytes_of(const void * data, uint64_t size);
 
 }  // namespace bmoe::detail

@@ -22,8 +22,10 @@ constexpr double kCacheAuto = -1;
 struct StreamConfig {
     bool stream = true;               // false: a plain resident llama.cpp run (no eval callback)
     double cache_mb = 0;              // MiB (fractions allowed); 0 = nothing kept beyond the layer in flight; kCacheAuto = auto
-    int64_t cache_floor_mb = 1024;    // auto: leave this much of MemAvailable to everything else
+    int64_t cache_floor_mb = 1024;    // where the machine's memory is the limit: leave this much to other processes
     int64_t cache_ceil_mb = 1 << 20;  // auto: never more than this
+    int64_t cache_margin_mb = 64;     // kept free under the limit for everything the budget cannot foresee
+    int page_kb = 0;                  // the mirror's page unit in KiB (a power of two >= the kernel's page); 0 = the kernel's
     int io_threads = 4;               // read lanes, each with its own file descriptors
     ReadPath read_path = ReadPath::ODirect;
     DenseMode dense = DenseMode::Mmap;

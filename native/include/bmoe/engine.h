@@ -20,6 +20,10 @@ struct StepResult {
     std::string logits;  // raw float32 logits of this step (n_vocab * 4 bytes) when requested
 };
 
+// True while an engine of this process overlaps reads with compute: the expert-ready hook is
+// process-wide, so a second engine must run serial (the default "overlap when possible" asks this).
+bool overlap_in_use();
+
 class Engine {
 public:
     // Throws bmoe::Error with a one-line message for every expected failure (bad file, unknown

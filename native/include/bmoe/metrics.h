@@ -23,6 +23,8 @@ struct TokenMetrics {
     uint64_t major_faults = 0;
     uint64_t rss_bytes = 0;
     uint64_t resident_expert_bytes = 0;  // whole pages of the mirror currently holding expert bytes
+    uint64_t cache_budget_bytes = 0;     // the budget in force after this step (it adapts to memory pressure)
+    uint64_t pool_bytes = 0;             // memory the expert page pool holds (in use, or kept for reuse)
 };
 
 struct RunInfo {
@@ -43,9 +45,16 @@ struct RunInfo {
     std::string read_path;           // what is actually used
     std::string read_path_note;      // why it differs, if it does
     uint64_t dio_align = 0;
-    uint64_t page_size = 0;
+    uint64_t page_size = 0;          // the mirror's page unit
+    uint64_t kernel_page_size = 0;
     double cache_budget_mb = 0;
     std::string cache_mode;          // "off", "fixed", "auto"
+    std::string cache_note;          // why the budget is what it is (clamped, cannot hit), if anything
+    std::string memory_limit_source; // the tightest limit: "machine" or the cgroup's path
+    double memory_limit_mb = 0;
+    double memory_headroom_mb = 0;   // what the cache could take at open
+    double memory_pending_mb = 0;    // KV cache, compute buffers, dense weights not yet touched at open
+    bool cache_adaptive = false;     // the budget follows memory pressure while running
     std::string dense;
     bool overlap = false;
     bool hook_compiled_in = false;

@@ -1,0 +1,200 @@
+"""`bench stream` (host side): the standard cell matrix, run interleaved and repeated, each cell in a
+fresh process under the cap; raw CSVs and run.json."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import random
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bmoe_edge.bench.cells import TOKEN_COLUMNS, BenchCell, spawn_cell
+from bmoe_edge.bench.io import io_sweep
+from bmoe_edge.bench.layout import GgufLayout, gguf_layout
+from bmoe_edge.bench.machine import MiB, ctx_for, machine_info, write_rows
+from bmoe_edge.bench.ramcap import make_cap
+from bmoe_edge.bench.routing import routing_report
+
+
+def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_tokens: int, threads: int,
+                  budgets_mb: Sequence[float] | None = None) -> list[BenchCell]:
+    """The standard matrix: resident warm; mmap under the cap; streamed under the same cap (cache off,
+    fixed budgets, auto; 1 vs 4 lanes; pread vs O_DIRECT; overlap on/off); full-cache streamed (P1);
+    the engine's read pattern without compute (io-only)."""
+    expert_mb = layout.expert_bytes_total / MiB
+    ctx = ctx_for(max(tokens, mmap_tokens))
+    base = {"threads": threads, "ctx": ctx, "batch": 64, "ubatch": 64}
+    dense_mb = (layout.file_bytes - layout.expert_bytes_total) / MiB
+    if budgets_mb is None:
+        # What the cap leaves for the cache: the cap minus the dense weights (mapped, charged to the
+        # cell), one layer in flight and ~240 MiB for the process (interpreter, libraries, KV, compute).
+        room = cap_bytes / MiB - dense_mb - 240 if cap_bytes else expert_mb
+        budgets_mb = sorted({max(0.0, round(x)) for x in (room / 4, room / 2, room)} - {0.0})
+    cells = [
+        BenchCell("resident", "resident", {**base, "stream": False}, capped=False, tokens=tokens, warmup=tokens,
+             group="resident"),
+        BenchCell("mmap", "mmap", {**base, "stream": False}, tokens=mmap_tokens, group="mmap"),
+    ]
+
+    def stream(label: str, **kw: Any) -> BenchCell:
+        capped = kw.pop("capped", True)
+        warm = kw.pop("warmup", 0)
+        return BenchCell(label, "stream", {**base, "stream": True, "io_threads": 4, "read_path": "odirect",
+                                      "overlap": False, "cache_mb": 0, **kw},
+                    capped=capped, tokens=tokens, warmup=warm, group="stream")
+
+    cells += [
+        stream("off-serial-od4"),
+        stream("off-overlap-od4", overlap=True),
+        stream("off-serial-od1", io_threads=1),
+        stream("off-overlap-od1", io_threads=1, overlap=True),
+        stream("off-serial-pr4", read_path="pread"),
+    ]
+    for mb in budgets_mb:
+        cells.append(stream(f"cache{mb:g}-overlap-od4", cache_mb=mb, overlap=True))
+    cells.append(stream(f"cache{max(budgets_mb):g}-serial-od4", cache_mb=max(budgets_mb)))
+    cells.append(stream("auto-overlap-od4", cache_mb="auto", overlap=True))
+    if cap_bytes:
+        cells.append(stream("auto-ceil-overlap-od4", cache_mb="auto", cache_ceil_mb=int(max(budgets_mb)),
+                            overlap=True))
+    full = math.ceil(expert_mb * 1.02 + 1)
+    cells += [
+        stream("fullcache-serial", cache_mb=full, capped=False, warmup=tokens),
+        stream("fullcache-overlap", cache_mb=full, overlap=True, capped=False, warmup=tokens),
+    ]
+    io_tokens = min(tokens, 32)  # steady state is reached at once: no cache, no compute
+    cells += [
+        BenchCell("io-od4", "io", io={"mode": "odirect", "lanes": 4, "barrier": True}, tokens=io_tokens, group="io"),
+        BenchCell("io-od1", "io", io={"mode": "odirect", "lanes": 1, "barrier": True}, tokens=io_tokens, group="io"),
+        BenchCell("io-od4-nobarrier", "io", io={"mode": "odirect", "lanes": 4, "barrier": False}, tokens=io_tokens,
+             group="io"),
+        BenchCell("io-pr4", "io", io={"mode": "pread", "lanes": 4, "barrier": True}, tokens=io_tokens, group="io"),
+    ]
+    return cells
+
+
+CELL_COLUMNS = (
+    "model", "label", "kind", "repeat", "status", "tok_s", "ms_per_token", "ms_per_token_median", "decode_tokens",
+    "bytes_read_per_token", "storage_bytes_per_token", "copy_bytes_per_token", "cache_hit_pct", "io_ms_per_token",
+    "stall_ms_per_token", "drain_ms_per_token", "compute_ms_per_token", "read_mib_s", "major_faults_per_token",
+    "evictions_per_token", "peak_rss_bytes", "cap_method", "cap_mb", "cap_max_usage_mb", "cap_failcnt",
+    "cap_oom_kills", "threads", "io_threads", "read_path", "overlap", "cache_mode", "cache_budget_mb",
+    "process_threads", "loadavg_before", "loadavg_after", "load_s", "load_storage_bytes", "distinct_tokens",
+    "stop_reason", "cell_s", "wall_s", "warning", "error",
+)
+
+
+def _flatten(record: dict[str, Any], model: str, repeat: int) -> dict[str, Any]:
+    run = record.get("run", {})
+    out = {"model": model, "repeat": repeat, **{k: v for k, v in record.items() if k != "run"}}
+    for key in ("threads", "io_threads", "read_path", "overlap", "cache_mode", "cache_budget_mb", "warning"):
+        if key in run:
+            out[key] = run[key]
+    return out
+
+
+@dataclass
+class Campaign:
+    model: Path
+    out: Path
+    cap_bytes: int
+    cap_method: str
+    cells: list[BenchCell]
+    repeats: int
+    io_sizes: Sequence[int] = ()
+    io_seconds: float = 2.0
+    routing_tokens: int = 0
+    seed: int = 0
+    log: Any = None
+
+
+def stream_campaign(c: Campaign) -> dict[str, Any]:
+    """Run every cell `repeats` times, interleaved (a shuffled order per repeat), each in a fresh
+    process under the cap; with an io sweep at the start of each repeat. Writes the raw data."""
+    c.out.mkdir(parents=True, exist_ok=True)
+    raw = c.out / "tokens"
+    raw.mkdir(exist_ok=True)
+    layout = gguf_layout(c.model)
+    say = c.log or (lambda s: print(s, file=sys.stderr, flush=True))
+    meta = {
+        "model": str(c.model), "file_bytes": layout.file_bytes, "expert_bytes": layout.expert_bytes_total,
+        "routed_bytes_per_token": layout.routed_bytes_per_token, "n_expert": layout.n_expert,
+        "n_expert_used": layout.n_expert_used, "n_layer": len(layout.layers()),
+        "slice_bytes": sorted({t.expert_bytes for t in layout.experts}),
+        "model_metadata": {k: v for k, v in layout.metadata.items() if k.startswith(("bmoe.", "general.name"))},
+        "cap_bytes": c.cap_bytes, "cap_request_method": c.cap_method, "repeats": c.repeats,
+        "cells": [asdict(cell) for cell in c.cells], "machine": machine_info(c.model),
+        "argv": sys.argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (c.out / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    if c.routing_tokens:
+        say(f"routing trace ({c.routing_tokens} tokens, strace)")
+        stats = routing_report(c.model, c.routing_tokens, c.out)
+        say(f"  reuse {stats['prev_token_reuse']:.3f} (chance {stats['chance_reuse']}), zipf median "
+            f"{stats['zipf_per_layer_median']}")
+    cells_csv = c.out / "cells.csv"
+    io_csv = c.out / "io.csv"
+    records = []
+    io_rows: list[dict[str, Any]] = []
+    slice_sizes = sorted({t.expert_bytes for t in layout.experts})
+    io_sizes = list(c.io_sizes) or [4096, 65536, *slice_sizes, 4 * MiB]
+    with open(cells_csv, "w", newline="") as fc:
+        writer = csv.DictWriter(fc, fieldnames=CELL_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for rep in range(c.repeats):
+            if c.io_seconds > 0:
+                rows = io_sweep(c.model, sizes=io_sizes, lanes=(1, 4), seconds=c.io_seconds, seed=c.seed + rep,
+                                modes=("odirect", "pread"))
+                for r in rows:
+                    r["repeat"] = rep
+                io_rows.extend(rows)
+                write_rows(io_csv, io_rows)
+                say(f"[{rep}] io sweep: " + ", ".join(f"{r['mode']} {r['size'] // 1024}K x{r['lanes']} "
+                                                      f"{r['mib_s']:.0f}" for r in rows if r["size"] in slice_sizes))
+            order = list(c.cells)
+            random.Random(c.seed * 7919 + rep).shuffle(order)
+            for cell in order:
+                cap = make_cap(c.cap_bytes if cell.capped else 0, c.cap_method)
+                timeout = 120 + cell.warmup * 2 + cell.tokens * (30 if cell.kind == "mmap" else 8)
+                tokens_csv = raw / f"{cell.label}-r{rep}.csv"
+                record = spawn_cell(cell, c.model, cap, tokens_csv, timeout)
+                flat = _flatten(record, c.model.name, rep)
+                records.append(flat)
+                writer.writerow(flat)
+                fc.flush()
+                say(f"[{rep}] {cell.label:<26} {record.get('status'):<10} {float(record.get('tok_s', 0)):8.3f} tok/s "
+                    f"hit {float(record.get('cache_hit_pct', 0)):5.1f}% "
+                    f"read {float(record.get('bytes_read_per_token', 0)) / MiB:7.1f} MiB/tok "
+                    f"la {record.get('loadavg_before', '-')}" + (f"  {record.get('error', '')}"
+                                                                  if record.get("status") != "ok" else ""))
+    _merge_tokens(raw, c.out / "tokens.csv")
+    meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    (c.out / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    return meta
+
+
+def _merge_tokens(raw: Path, dest: Path) -> None:
+    """All per-token CSVs in one file, with label and repeat columns."""
+    files = sorted(raw.glob("*-r*.csv"))
+    with open(dest, "w", newline="") as out:
+        w = csv.writer(out)
+        w.writerow(["label", "repeat", *TOKEN_COLUMNS])
+        for p in files:
+            m = re.fullmatch(r"(.+)-r(\d+)\.csv", p.name)
+            if not m:
+                continue
+            with open(p, newline="") as f:
+                for row in csv.DictReader(f):
+                    w.writerow([m.group(1), m.group(2), *(row.get(c, "") for c in TOKEN_COLUMNS)])
+    for p in files:
+        p.unlink()
+    with contextlib.suppress(OSError):
+        raw.rmdir()

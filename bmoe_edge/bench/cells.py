@@ -1,0 +1,189 @@
+"""Benchmark cells: one configuration measured in a fresh process (under the RAM cap) that prints one
+JSON record; the per-token rows go to a CSV."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bmoe_edge.bench.io import io_replay
+from bmoe_edge.bench.machine import PROMPT, MiB, drop_page_cache, loadavg, proc_read_bytes, proc_threads
+from bmoe_edge.bench.ramcap import MemCap
+from bmoe_edge.errors import BmoeError
+
+RECORD_PREFIX = "BMOE-BENCH-RECORD "
+
+
+@dataclass
+class BenchCell:
+    label: str
+    kind: str  # resident | mmap | stream | io
+    config: dict[str, Any] = field(default_factory=dict)  # StreamConfig fields (engine cells)
+    capped: bool = True
+    tokens: int = 64
+    warmup: int = 0  # tokens generated (same prompt) before the measured run, same engine
+    io: dict[str, Any] = field(default_factory=dict)  # io cells: mode, lanes, barrier
+    group: str = ""  # for plots: resident | mmap | stream | io
+
+    def spec(self, model: Path, tokens_csv: Path | None) -> dict[str, Any]:
+        return {"label": self.label, "kind": self.kind, "model": str(model), "config": self.config,
+                "tokens": self.tokens, "warmup": self.warmup, "io": self.io, "prompt": PROMPT,
+                "tokens_csv": str(tokens_csv) if tokens_csv else ""}
+
+
+TOKEN_COLUMNS = ("step", "n_tokens", "wall_ms", "io_ms", "stall_ms", "drain_ms", "compute_ms", "bytes_read",
+                 "slice_bytes", "copy_bytes", "cache_lookups", "cache_hits", "evictions", "major_faults",
+                 "rss_bytes", "resident_expert_bytes", "storage_bytes")
+
+
+def _engine_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    from bmoe_edge.engine import Engine, Generation, StreamConfig
+
+    config = StreamConfig(**spec["config"])
+    t0 = time.perf_counter()
+    io_load0 = proc_read_bytes()
+    with Engine(spec["model"], config) as engine:
+        info = engine.run_info
+        load_s = time.perf_counter() - t0
+        load_storage = proc_read_bytes() - io_load0
+        if spec["warmup"]:
+            engine.run(spec["prompt"], spec["warmup"])
+        rows: list[dict[str, Any]] = []
+        gen = Generation([])
+        prev = proc_read_bytes()
+        for token in engine.generate(spec["prompt"], spec["tokens"], result=gen):
+            now = proc_read_bytes()
+            rows.append(asdict(token.metrics) | {"storage_bytes": now - prev})
+            prev = now
+        threads = proc_threads()
+    record = {
+        "stop_reason": gen.stop_reason, "generated": len(gen.tokens), "distinct_tokens": len(set(gen.tokens)),
+        "process_threads": threads, "load_s": round(load_s, 3), "load_storage_bytes": load_storage,
+        "run": {k: v for k, v in info.items() if k != "model"},
+    }
+    return record, rows
+
+
+def _io_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    io = spec["io"]
+    rows = io_replay(Path(spec["model"]), tokens=spec["tokens"] + 1, lanes=int(io.get("lanes", 4)),
+                     mode=io.get("mode", "odirect"), seed=int(io.get("seed", 0)), barrier=bool(io.get("barrier", True)))
+    for r in rows:
+        r.update({"io_ms": r["wall_ms"], "compute_ms": 0.0, "rss_bytes": 0})
+    return {"process_threads": proc_threads(), "run": {"io_threads": io.get("lanes", 4),
+                                                       "read_path": io.get("mode", "odirect")}}, rows
+
+
+def measure_cell(spec: dict[str, Any]) -> dict[str, Any]:
+    """Measure one cell in this process; returns its record (per-token rows go to tokens_csv)."""
+    la0 = loadavg()
+    t0 = time.perf_counter()
+    record: dict[str, Any] = {"label": spec["label"], "kind": spec["kind"], "loadavg_before": la0}
+    if spec["kind"] == "io":
+        extra, rows = _io_cell(spec)
+    else:
+        extra, rows = _engine_cell(spec)
+    record.update(extra)
+    record.update(summarise_tokens(rows))
+    record["peak_rss_bytes"] = max([r.get("rss_bytes", 0) for r in rows] +
+                                   [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024])
+    record["loadavg_after"] = loadavg()
+    record["cell_s"] = round(time.perf_counter() - t0, 2)
+    if spec.get("tokens_csv"):
+        with open(spec["tokens_csv"], "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=TOKEN_COLUMNS, extrasaction="ignore")
+            w.writeheader()
+            for r in rows:
+                w.writerow({c: r.get(c, 0) for c in TOKEN_COLUMNS})
+    return record
+
+
+def summarise_tokens(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Decode figures: the prompt step (step 0) is left out."""
+    decode = [r for r in rows if r.get("step", 0) > 0]
+    n = len(decode)
+    if not n:
+        return {"decode_tokens": 0}
+
+    def total(key: str) -> float:
+        return float(sum(r.get(key, 0) for r in decode))
+
+    wall = total("wall_ms")
+    lookups = total("cache_lookups")
+    bytes_read = total("bytes_read")
+    io_ms = total("io_ms")
+    return {
+        "decode_tokens": n,
+        "tok_s": round(1000 * n / wall, 4) if wall else 0.0,
+        "ms_per_token": round(wall / n, 3),
+        "ms_per_token_median": round(statistics.median(r["wall_ms"] for r in decode), 3),
+        "bytes_read_per_token": round(bytes_read / n),
+        "storage_bytes_per_token": round(total("storage_bytes") / n),
+        "copy_bytes_per_token": round(total("copy_bytes") / n),
+        "cache_hit_pct": round(100 * total("cache_hits") / lookups, 2) if lookups else 0.0,
+        "io_ms_per_token": round(io_ms / n, 3),
+        "stall_ms_per_token": round(total("stall_ms") / n, 3),
+        "drain_ms_per_token": round(total("drain_ms") / n, 3),
+        "compute_ms_per_token": round(total("compute_ms") / n, 3),
+        "read_mib_s": round(bytes_read / MiB / (io_ms / 1000), 1) if io_ms > 0 else 0.0,
+        "major_faults_per_token": round(total("major_faults") / n, 2),
+        "evictions_per_token": round(total("evictions") / n, 2),
+    }
+
+
+def cell_main(spec_json: str) -> int:
+    spec = json.loads(spec_json)
+    try:
+        record = measure_cell(spec)
+        record["status"] = "ok"
+    except BmoeError as exc:
+        record = {"label": spec.get("label", ""), "kind": spec.get("kind", ""), "status": "error", "error": str(exc)}
+    print(RECORD_PREFIX + json.dumps(record), flush=True)
+    return 0 if record["status"] == "ok" else 1
+
+
+def spawn_cell(cell: BenchCell, model: Path, cap: MemCap, tokens_csv: Path | None, timeout: float,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run a cell in a fresh process (inside the cap), cold: the model's pages dropped first."""
+    drop_page_cache(model)
+    cap.prepare()
+    cmd = [sys.executable, "-m", "bmoe_edge", "bench", "cell", json.dumps(cell.spec(model, tokens_csv))]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=cap.preexec, start_new_session=True, env=env)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+            status = None
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            status = "timeout"
+    finally:
+        capped = cap.finish()
+    record: dict[str, Any] = {}
+    for line in out.splitlines():
+        if line.startswith(RECORD_PREFIX):
+            record = json.loads(line[len(RECORD_PREFIX):])
+    if not record:
+        record = {"label": cell.label, "kind": cell.kind, "status": status or "crashed",
+                  "error": f"exit {proc.returncode}: " + " | ".join(err.strip().splitlines()[-3:])}
+        if capped.oom_kills or proc.returncode == -signal.SIGKILL:
+            record["status"] = status or ("oom-killed" if capped.oom_kills else "killed")
+    record.update({
+        "wall_s": round(time.perf_counter() - t0, 2), "cap_method": capped.method,
+        "cap_mb": round(capped.limit_bytes / MiB, 1), "cap_max_usage_mb": round(capped.max_usage_bytes / MiB, 1),
+        "cap_failcnt": capped.failcnt, "cap_oom_kills": capped.oom_kills, "cap_note": capped.note,
+    })
+    return record

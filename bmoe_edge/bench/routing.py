@@ -1,0 +1,158 @@
+"""`bench routing`: which experts the engine reads, per token and layer (strace of a serial, one-lane,
+cache-off run), their popularity and reuse, and the hit rate of an LRU cache over that trace."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import re
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bmoe_edge.bench.cells import BenchCell
+from bmoe_edge.bench.layout import gguf_layout
+from bmoe_edge.bench.machine import PROMPT, MiB, ctx_for
+from bmoe_edge.errors import BmoeError
+
+
+def trace_routing(model: Path, tokens: int, workdir: Path, prompt: str = PROMPT) -> list[list[list[int]]]:
+    """Per decoded token, per layer, the experts the engine read: strace of its pread64 calls in a
+    serial, one-lane, cache-off run (every routed expert is read, in layer order). Needs strace."""
+    layout = gguf_layout(model)
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "strace.log"
+    spec = BenchCell("routing-trace", "stream", {"cache_mb": 0, "io_threads": 1, "overlap": False, "threads": 1,
+                                            "ctx": ctx_for(tokens)}, tokens=tokens).spec(model, None)
+    cmd = ["strace", "-f", "-qq", "-s", "0", "-e", "trace=pread64", "-o", str(log), sys.executable, "-m", "bmoe_edge",
+           "bench", "cell", json.dumps(spec)]
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=3600)
+    except FileNotFoundError:
+        raise BmoeError("bench routing needs strace (apt-get install strace)") from None
+    except subprocess.CalledProcessError as exc:
+        raise BmoeError(f"the traced run failed: {exc.stderr.strip()[-400:]}") from None
+    pat = re.compile(r"pread64\(\d+, [^,]*, (\d+), (\d+)\) = (\d+)")
+    steps: list[dict[int, set[int]]] = []
+    last_layer = None
+    with open(log) as f:
+        for line in f:
+            m = pat.search(line)
+            if not m:
+                continue
+            length, offset = int(m.group(1)), int(m.group(2))
+            hit = layout.locate(offset + length // 2)
+            if hit is None or length < hit[0].expert_bytes // 2:
+                continue
+            tensor, expert = hit
+            if last_layer is None or tensor.layer < last_layer:
+                steps.append({})
+            last_layer = tensor.layer
+            steps[-1].setdefault(tensor.layer, set()).add(expert)
+    log.unlink()
+    n_layer = len(layout.layers())
+    return [[sorted(s.get(il, ())) for il in range(n_layer)] for s in steps[1:]]  # drop the prompt step
+
+
+def lru_hit_rate(trace: list[list[list[int]]], bytes_per_expert: Sequence[int], budget_bytes: int) -> float:
+    """The engine's cache policy replayed on a routing trace: LRU over (layer, expert), the layer in
+    flight never evicted; returns hits / lookups."""
+    from collections import OrderedDict
+
+    lru: OrderedDict[tuple[int, int], int] = OrderedDict()
+    used = hits = lookups = 0
+    for token in trace:
+        for il, experts in enumerate(token):
+            for e in experts:
+                lookups += 1
+                key = (il, e)
+                if key in lru:
+                    hits += 1
+                    lru.move_to_end(key)
+                else:
+                    lru[key] = bytes_per_expert[il]
+                    used += bytes_per_expert[il]
+            if used > budget_bytes:
+                for key in list(lru):
+                    if used <= budget_bytes:
+                        break
+                    if key[0] == il:
+                        continue
+                    used -= lru.pop(key)
+    return hits / lookups if lookups else 0.0
+
+
+def routing_stats(trace: list[list[list[int]]], n_expert: int, k: int) -> dict[str, Any]:
+    """Popularity (per-layer Zipf fit of the selection frequency), previous-token reuse."""
+    n_layer = len(trace[0]) if trace else 0
+    reuse = []
+    for a, b in itertools.pairwise(trace):
+        for il in range(n_layer):
+            if a[il] and b[il]:
+                reuse.append(len(set(a[il]) & set(b[il])) / len(b[il]))
+    zipf, top_share = [], []
+    freq_rank = [0.0] * n_expert
+    for il in range(n_layer):
+        counts = [0] * n_expert
+        for tok in trace:
+            for e in tok[il]:
+                counts[e] += 1
+        freq = sorted((c / len(trace) for c in counts), reverse=True)
+        for r, f in enumerate(freq):
+            freq_rank[r] += f / n_layer
+        zipf.append(_zipf_slope(freq))
+        top_share.append(sum(freq[: max(1, n_expert // 8)]) / max(1e-9, sum(freq)))
+    return {
+        "tokens": len(trace), "layers": n_layer,
+        "prev_token_reuse": round(statistics.mean(reuse), 4) if reuse else 0.0, "chance_reuse": round(k / n_expert, 4),
+        "zipf_per_layer_median": round(statistics.median(zipf), 3) if zipf else 0,
+        "zipf_of_mean_ranked_freq": round(_zipf_slope(freq_rank), 3),
+        "top_eighth_share_median": round(statistics.median(top_share), 4) if top_share else 0,
+        "mean_ranked_freq": [round(f, 4) for f in freq_rank],
+        "experts_touched_per_layer": round(statistics.mean(
+            len({e for tok in trace for e in tok[il]}) for il in range(n_layer)), 2) if n_layer else 0,
+    }
+
+
+def _zipf_slope(freq: Sequence[float]) -> float:
+    """-slope of log(frequency) on log(rank), leaving out saturated (always chosen) and unseen ranks."""
+    pts = [(math.log(r + 1), math.log(f)) for r, f in enumerate(sorted(freq, reverse=True)) if 0 < f < 0.99]
+    if len(pts) < 3:
+        return 0.0
+    mx = statistics.mean(p[0] for p in pts)
+    my = statistics.mean(p[1] for p in pts)
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    return round(-sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx, 4) if sxx else 0.0
+
+
+def routing_report(model: Path, tokens: int, out: Path, budgets_mb: Sequence[float] = ()) -> dict[str, Any]:
+    layout = gguf_layout(model)
+    trace = trace_routing(model, tokens, out)
+    stats = routing_stats(trace, layout.n_expert, layout.n_expert_used)
+    per_layer = [layout.bytes_per_expert(il) for il in sorted(layout.layers())]
+    budgets = list(budgets_mb) or [0, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048,
+                                   math.ceil(layout.expert_bytes_total / MiB)]
+    stats["lru_hit_rate"] = {str(b): round(100 * lru_hit_rate(trace, per_layer, int(b * MiB)), 2) for b in budgets}
+    stats["model_metadata"] = {k: v for k, v in layout.metadata.items() if k.startswith("bmoe.")}
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "routing.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["token", "layer", "experts"])
+        for t, tok in enumerate(trace):
+            for il, experts in enumerate(tok):
+                w.writerow([t, il, " ".join(map(str, experts))])
+    (out / "routing.json").write_text(json.dumps(stats, indent=2) + "\n")
+    return stats
+
+
+def load_trace(path: Path) -> list[list[list[int]]]:
+    tokens: dict[int, dict[int, list[int]]] = {}
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            tokens.setdefault(int(row["token"]), {})[int(row["layer"])] = [int(e) for e in row["experts"].split()]
+    return [[tok[il] for il in sorted(tok)] for _, tok in sorted(tokens.items())]

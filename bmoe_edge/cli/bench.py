@@ -1,0 +1,96 @@
+"""`bmoe-edge bench`: io, stream, summary, routing, and the hidden per-cell command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from bmoe_edge.cli.common import bench_app, fail
+
+
+@bench_app.command("io")
+def bench_io_cmd(
+    model: Annotated[Path, typer.Option("-m", "--model", help="Read this file (a gguf: its slice size is added).")],
+    sizes: Annotated[str, typer.Option("--sizes", help="Read sizes: bytes, 64k, 4m, or slice.")] = "4k,64k,slice,1m,4m",
+    lanes: Annotated[str, typer.Option("--lanes", help="Lane counts.")] = "1,4",
+    modes: Annotated[str, typer.Option("--modes", help="odirect, pread.")] = "odirect,pread",
+    seconds: Annotated[float, typer.Option("--seconds", help="Per cell (at most; or the file runs out).")] = 3.0,
+    repeats: Annotated[int, typer.Option("--repeats", min=1)] = 1,
+    out: Annotated[Path | None, typer.Option("--out", help="Write io.csv and io.md here.")] = None,
+) -> None:
+    """Raw random-read bandwidth of the model's drive, cold, at the engine's slice sizes and lane counts."""
+    from bmoe_edge.bench import io
+
+    rows = io.bench_io(model, out, sizes=list(io.iter_sizes(sizes, model)),
+                          lanes=[int(x) for x in lanes.split(",")], modes=[m.strip() for m in modes.split(",")],
+                          seconds=seconds, repeats=repeats)
+    typer.echo(io.io_summary(rows), nl=False)
+
+
+@bench_app.command("stream")
+def bench_stream_cmd(
+    model: Annotated[Path, typer.Option("-m", "--model", help="The gguf (a single file).")],
+    ram_cap: Annotated[str, typer.Option("--ram-cap", help="PCT% of the model file, or MiB.")],
+    tokens: Annotated[int, typer.Option("--tokens", min=2, help="Generated tokens per cell.")] = 256,
+    mmap_tokens: Annotated[int | None, typer.Option("--mmap-tokens", help="For the (slow) mmap cell.")] = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=1)] = 3,
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("bench-out"),
+    threads: Annotated[int, typer.Option("-t", "--threads", help="Compute threads of every cell.")] = 1,
+    cells: Annotated[str | None, typer.Option("--cells", help="Only these labels (comma list).")] = None,
+    budgets: Annotated[str | None, typer.Option("--budgets", help="Cache budgets, MiB (default: by cap).")] = None,
+    cap_method: Annotated[str, typer.Option("--cap-method", help="auto, cgroup-v1, cgroup-v2, balloon.")] = "auto",
+    io_seconds: Annotated[float, typer.Option("--io-seconds", help="bench io per cell per repeat (0 = none).")] = 2.0,
+    routing_tokens: Annotated[int, typer.Option("--routing-tokens", help="Trace the routing first (strace).")] = 0,
+    host: Annotated[str | None, typer.Option("--host", help="Run on a board (not implemented here).")] = None,
+) -> None:
+    """Streamed vs llama.cpp mmap under a RAM cap, interleaved and repeated: CSVs, summary.md, plots."""
+    from bmoe_edge.bench import campaign, layout, ramcap, summary
+
+    if host:
+        fail("--host is not implemented yet: copy the model and run `bmoe-edge bench stream` on the board")
+    model_layout = layout.gguf_layout(model)
+    cap = ramcap.parse_cap(ram_cap, model_layout.file_bytes)
+    matrix = campaign.default_cells(model_layout, cap, tokens=tokens, mmap_tokens=mmap_tokens or tokens,
+                                    threads=threads,
+                                    budgets_mb=[float(b) for b in budgets.split(",")] if budgets else None)
+    if cells:
+        wanted = [c.strip() for c in cells.split(",")]
+        unknown = sorted(set(wanted) - {c.label for c in matrix})
+        if unknown:
+            fail(f"unknown cells {', '.join(unknown)} (known: {', '.join(c.label for c in matrix)})")
+        matrix = [c for c in matrix if c.label in wanted]
+    campaign.stream_campaign(campaign.Campaign(model, out, cap, cap_method, matrix, repeats, io_seconds=io_seconds,
+                                         routing_tokens=routing_tokens))
+    typer.echo(summary.write_summary(out).read_text(), nl=False)
+
+
+@bench_app.command("summary")
+def bench_summary_cmd(out: Annotated[Path, typer.Argument(help="A bench stream output directory.")]) -> None:
+    """Rewrite summary.md, targets.json and the plots of a finished campaign."""
+    from bmoe_edge.bench import summary
+
+    typer.echo(summary.write_summary(out).read_text(), nl=False)
+
+
+@bench_app.command("routing")
+def bench_routing_cmd(
+    model: Annotated[Path, typer.Option("-m", "--model")],
+    tokens: Annotated[int, typer.Option("--tokens", min=2)] = 64,
+    out: Annotated[Path, typer.Option("--out")] = Path("bench-out"),
+) -> None:
+    """Which experts the engine reads, per token and layer (strace of a cache-off run): popularity, reuse."""
+    from bmoe_edge.bench import routing
+
+    stats = routing.routing_report(model, tokens, out)
+    typer.echo(json.dumps({k: v for k, v in stats.items() if k != "mean_ranked_freq"}, indent=2))
+
+
+@bench_app.command("cell", hidden=True)
+def bench_cell_cmd(spec: Annotated[str, typer.Argument(help="The cell as JSON.")]) -> None:
+    """One benchmark cell in this process (spawned by `bench stream`); prints one JSON record."""
+    from bmoe_edge.bench import cells
+
+    raise typer.Exit(cells.cell_main(spec))

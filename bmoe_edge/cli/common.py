@@ -1,0 +1,74 @@
+"""The typer app, its sub-apps, and the options several commands share (SSH, engine settings)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from bmoe_edge.engine.settings import FLAG_SETTINGS, CacheBudget, Setting
+
+app = typer.Typer(
+    help="Run Mixture-of-Experts models bigger than a board's RAM, losslessly, by streaming experts.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+llama_app = typer.Typer(help="The pinned llama.cpp source.", no_args_is_help=True)
+app.add_typer(llama_app, name="llama")
+profiles_app = typer.Typer(help="Board profiles: what each board is and how to build for it.",
+                           no_args_is_help=True)
+app.add_typer(profiles_app, name="profiles")
+bench_app = typer.Typer(help="Benchmarks: drive bandwidth, streamed vs llama.cpp mmap under a RAM cap, routing.",
+                        no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+def fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+# Reaching boards over SSH (deploy, rollback, status, gates/generate --host); the logic is in bmoe_edge.fleet.
+HostOpt = Annotated[str | None, typer.Option("--host", help="Run it on this board over SSH: USER@HOST[:PORT].")]
+InstallDirOpt = Annotated[str | None, typer.Option(
+    "--install-dir", help="Where releases live on the board (default: the inventory's, the profile's "
+    "ssh.install_dir, or where the last deploy went).")]
+SshConfigOpt = Annotated[Path | None, typer.Option(
+    "--ssh-config", envvar="BMOE_EDGE_SSH_CONFIG", help="Read this ssh config instead of ~/.ssh/config "
+    "(like ssh -F).")]
+AcceptNewOpt = Annotated[bool, typer.Option(
+    "--accept-new-host-key", help="Accept and record the key of a host not in known_hosts (never a changed one).")]
+
+
+def _option(s: Setting) -> Any:
+    """The typer annotation of a setting's option: None when not given (the profile's or the default)."""
+    # The cache budget is text on the command line ("auto" or MiB) and parsed by CacheBudget.parse.
+    kind = str if s.kind is CacheBudget else s.kind
+    return Annotated[kind | None, typer.Option(*s.flags, help=s.help)]  # type: ignore[operator]
+
+
+def engine_options(settings: Sequence[Setting] = FLAG_SETTINGS) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command one option per engine setting (from the settings table). The command takes
+    `engine: dict[str, object]` instead: the values given, None for those not given."""
+
+    def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "engine"]
+        added = [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=_option(s))
+                 for s in settings]
+
+        @functools.wraps(command)
+        def run(**kwargs: Any) -> Any:
+            engine = {s.name: kwargs.pop(s.name) for s in settings}
+            return command(**kwargs, engine=engine)
+
+        run.__signature__ = signature.replace(parameters=[*own, *added])  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
+        return run
+
+    return wrap

@@ -1,0 +1,190 @@
+"""Commands of the run stage: --version, doctor, info, archs, tiny-model, generate."""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from bmoe_edge import __version__, doctor, llama_source
+from bmoe_edge.cli.common import AcceptNewOpt, HostOpt, InstallDirOpt, SshConfigOpt, app, engine_options, fail
+from bmoe_edge.engine import info, runner, settings
+from bmoe_edge.engine.session import Sampling
+from bmoe_edge.errors import BmoeError
+from bmoe_edge.fixtures import tinymoe
+from bmoe_edge.proof.gates import ARCHS_WITH_FIXTURES
+
+
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    try:
+        v = info.version_info()
+    except BmoeError as exc:
+        typer.echo(f"bmoe-edge {__version__}")
+        fail(str(exc))
+    typer.echo(f"bmoe-edge {v.version}")
+    typer.echo(f"llama.cpp: {v.llama_pin} (upstream {v.llama_commit})")
+    typer.echo(f"hook: {'yes' if v.hook else 'no'}")
+    # which build this is: a board bundle run under qemu says aarch64
+    typer.echo(f"machine: {platform.machine()} (python {platform.python_version()})")
+    raise typer.Exit(0)
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Show versions and exit."),
+    ] = False,
+) -> None:
+    """bmoe-edge: build, deploy and run MoE expert streaming on edge boards."""
+
+
+@app.command("doctor")
+def doctor_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Check that this machine has what building, emulating and deploying need."""
+    checks = doctor.run_checks()
+    fix_all = doctor.install_command(checks)
+    if as_json:
+        typer.echo(json.dumps(
+            {"ok": fix_all is None, "install": fix_all,
+             "checks": [asdict(c) | {"fix": c.fix} for c in checks]},
+            indent=2,
+        ))
+    else:
+        for c in checks:
+            status = "ok     " if c.found else "MISSING"
+            detail = c.found if c.found else f"{c.purpose}: {c.fix}"
+            typer.echo(f"{status} {c.tool:<24} {detail}")
+        if fix_all:
+            typer.echo(f"\nto install everything missing:\n  {fix_all}")
+    if fix_all:
+        raise typer.Exit(1)
+
+
+@app.command("info")
+def info_cmd(
+    model: Annotated[Path, typer.Argument(help="A gguf model file.")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Show what a gguf model is: architecture, layers, experts (no weights are read)."""
+    summary = info.model_summary(model)
+    if as_json:
+        typer.echo(json.dumps(asdict(summary) | {"is_moe": summary.is_moe}, indent=2))
+        return
+    typer.echo(f"model:         {summary.path}")
+    typer.echo(f"architecture:  {summary.architecture}")
+    if summary.name:
+        typer.echo(f"name:          {summary.name}")
+    typer.echo(f"layers:        {summary.n_layer}")
+    typer.echo(f"embedding:     {summary.n_embd}")
+    if summary.is_moe:
+        typer.echo(f"experts:       {summary.n_expert} ({summary.n_expert_used} used per token)")
+        if summary.expert_bytes:
+            typer.echo(f"expert bytes:  {summary.expert_bytes / 2**20:.1f} MiB streamable")
+    else:
+        typer.echo("experts:       none (dense model: nothing to stream)")
+    typer.echo(f"vocabulary:    {summary.n_vocab}")
+    typer.echo(f"tensors:       {summary.n_tensors}")
+    typer.echo(f"file size:     {summary.file_bytes / 2**20:.1f} MiB")
+
+
+@app.command("tiny-model")
+def tiny_model_cmd(
+    arch: Annotated[str | None, typer.Option("--arch", help=f"One of: {', '.join(tinymoe.ARCHS)}.")] = None,
+    quant: Annotated[str | None, typer.Option("--quant", help=f"One of: {', '.join(tinymoe.QUANTS)}.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="The gguf to write.")] = None,
+    split: Annotated[int, typer.Option("--split", help="Write N shards <stem>-0000i-of-0000N.gguf.")] = 1,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random weights.")] = 0,
+    preset: Annotated[str | None, typer.Option("--preset", help="A benchmark-sized model: qwen3-30b-a3b-2g|3g|6g|8g "
+                                               "(default output under $BMOE_EDGE_CACHE/bench/).")] = None,
+    routing_skew: Annotated[float, typer.Option("--routing-skew", help="--preset: Zipf exponent of expert "
+                                                "popularity, with repeats across neighbouring tokens; 0 = random "
+                                                "router (uniform).")] = 0.0,
+    routing_repeat: Annotated[float | None, typer.Option("--routing-repeat", help="--preset: previous-token "
+                                                         "expert reuse of a shaped router (default 0.4).")] = None,
+    layers: Annotated[int | None, typer.Option("--layers", help="--preset: layers (~0.13 GB each).")] = None,
+    vocab_size: Annotated[int | None, typer.Option("--vocab-size", help="--preset: vocabulary (default 4096).")] = None,
+) -> None:
+    """Write a tiny synthetic MoE gguf (8 experts, top-2, 4 layers, a real small tokenizer), or with
+    --preset a benchmark-sized one written tensor by tensor."""
+    if preset is not None:
+        from bmoe_edge.fixtures import bigmoe
+
+        q = quant or "Q4_0"
+        if output is None:
+            tag = f"skew{routing_skew:g}" + ("" if routing_repeat is None else f"-rep{routing_repeat:g}")
+            size = "" if layers is None else f"-{layers}l"
+            output = llama_source.cache_dir() / "bench" / f"{preset}{size}-{q}-{tag}.gguf"
+        written = bigmoe.write_preset(output, preset, q, routing_skew=routing_skew, routing_repeat=routing_repeat,
+                                      seed=seed, n_layer=layers, vocab_size=vocab_size,
+                                      progress=lambda s: typer.echo(f"  {s}", err=True))
+        typer.echo(bigmoe.describe(written))
+        return
+    if arch is None or quant is None or output is None:
+        fail("tiny-model needs --arch, --quant and -o (or --preset)")
+    for path in tinymoe.write_tiny_moe(output, arch, quant, seed=seed, split=split):
+        typer.echo(str(path))
+
+
+@app.command("archs")
+def archs_cmd() -> None:
+    """The architectures the engine can stream: the recipe table (general.architecture -> expert tensors).
+
+    "gated" rows have a synthetic fixture and pass the byte-identity gates; the others follow the same
+    graph shape in llama.cpp but have no fixture yet.
+    """
+    for recipe in info.recipes():
+        gated = "gated" if recipe.architecture in ARCHS_WITH_FIXTURES else "untested"
+        typer.echo(f"{recipe.architecture:<12} {gated:<9} {', '.join(recipe.expert_suffixes):<40} {recipe.note}")
+
+
+@app.command("generate")
+@engine_options()
+def generate_cmd(
+    model: Annotated[Path, typer.Option("-m", "--model", help="The gguf model (first shard of a split model).")],
+    prompt: Annotated[str, typer.Option("-p", "--prompt")],
+    max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1)] = 64,
+    board: Annotated[str | None, typer.Option("--board", help="Take the defaults from this board profile "
+                                              "(default: this machine's: the deployed board's, else host).")] = None,
+    temp: Annotated[float, typer.Option("--temp", help="0 = greedy.")] = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k")] = 40,
+    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    progress: Annotated[bool, typer.Option("--progress", help="Per-token telemetry on stderr.")] = False,
+    csv_path: Annotated[Path | None, typer.Option("--csv", help="Write per-token telemetry here.")] = None,
+    host: HostOpt = None,
+    install_dir: InstallDirOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
+    *,
+    engine: dict[str, Any],
+) -> None:
+    """Generate text headlessly, streaming the routed experts from flash (greedy by default).
+
+    With --host, it runs on the board through its current release (-m is a path on the board, the
+    deployed board profile gives the defaults) and the tokens stream back as they come."""
+    if host:
+        from bmoe_edge.fleet import onboard, remote
+
+        args = onboard.generate_args(
+            max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p, seed=seed, as_json=as_json,
+            progress=progress, csv_path=None if csv_path is None else str(csv_path), overrides=engine)
+        options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+        raise typer.Exit(onboard.board_generate(remote.parse_target(host), str(model), prompt, args, options=options,
+                                                board_name=board, install_dir=install_dir))
+    from bmoe_edge.boards import profiles
+
+    # No knobs is the fast path: the profile of the machine this runs on gives every default.
+    defaults = profiles.load_profile(board or profiles.machine_board()).engine
+    config = settings.resolve(defaults, engine)
+    outputs = runner.Outputs(as_json=as_json, progress=progress, csv_path=csv_path)
+    runner.generate(model, prompt, max_tokens, config, Sampling(temp, top_k, top_p, seed), outputs)

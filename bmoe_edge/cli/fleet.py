@@ -1,0 +1,95 @@
+"""Commands of the deploy stage: deploy, rollback, status (one board or a fleet)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from bmoe_edge.cli.common import AcceptNewOpt, InstallDirOpt, SshConfigOpt, app, fail
+
+HostsOpt = Annotated[list[str] | None, typer.Option(
+    "--host", help="A board over SSH: USER@HOST[:PORT] (repeatable: a fleet, in parallel).")]
+InventoryOpt = Annotated[Path | None, typer.Option(
+    "--inventory", help="YAML: `hosts:` with their board names and optional user/port/install_dir.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="The per-host report as JSON.")]
+
+
+def _fleet_output(results: list, as_json: bool) -> None:
+    from bmoe_edge.fleet import table
+
+    if as_json:
+        typer.echo(table.report_json(results))
+    elif len(results) == 1 and results[0].ok:
+        typer.echo(table.format_one(results[0]))
+    elif len(results) == 1:
+        fail(results[0].error or "failed")
+    else:
+        typer.echo(table.format_table(results))
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
+
+
+@app.command("deploy")
+def deploy_cmd(
+    board: Annotated[str | None, typer.Option("--board", help="Deploy dist/<board> (hosts without a board in "
+                                              "the inventory are this board).")] = None,
+    host: HostsOpt = None,
+    inventory: InventoryOpt = None,
+    bundle_dir: Annotated[Path | None, typer.Option("--bundle", help="Deploy this bundle directory.")] = None,
+    dist: Annotated[Path, typer.Option("--dist", help="Where bundles are: DIST/<board>.")] = Path("dist"),
+    run_gates: Annotated[bool, typer.Option("--gates", help="Run the quick gates on the board before switching; "
+                                            "any failing cell leaves `current` where it was.")] = False,
+    keep: Annotated[int, typer.Option("--keep", min=1, help="Releases kept on the board (plus current and "
+                                      "previous).")] = 5,
+    install_dir: InstallDirOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Upload a bundle to boards over SSH, verify it there, install it, switch `current` atomically."""
+    from bmoe_edge.fleet import deploy
+
+    default_host = None
+    if not host and inventory is None and (board or bundle_dir):
+        from bmoe_edge.boards import bundle, emulate
+
+        where = bundle_dir or dist / str(board)
+        ssh = emulate.bundle_profile(where, bundle.load_manifest(where)).ssh
+        if ssh.host:
+            default_host = f"{ssh.host}:{ssh.port}" if ssh.port else ssh.host
+    targets = deploy.resolve_targets(host or [], inventory, board, default_host)
+    results = deploy.deploy(bundle_dir, targets, board=board, dist=dist, keep=keep, gates=run_gates,
+                            accept_new_host_key=accept_new_host_key, ssh_config=ssh_config, install_dir=install_dir)
+    _fleet_output(results, as_json)
+
+
+def _on_boards(name: str, doc: str) -> None:
+    """Register a per-host command over the targets (rollback, status) that prints the fleet table."""
+
+    def command(
+        host: HostsOpt = None,
+        inventory: InventoryOpt = None,
+        board: Annotated[str | None, typer.Option("--board",
+                                                  help="Profile for the login/install dir defaults.")] = None,
+        install_dir: InstallDirOpt = None,
+        ssh_config: SshConfigOpt = None,
+        accept_new_host_key: AcceptNewOpt = False,
+        as_json: JsonOpt = False,
+    ) -> None:
+        from bmoe_edge.fleet import deploy, releases, remote
+
+        options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+        action = getattr(releases, name)
+        results = action(deploy.resolve_targets(host or [], inventory, board), options=options,
+                         board_name=board, install_dir=install_dir)
+        _fleet_output(results, as_json)
+
+    command.__doc__ = doc
+    app.command(name)(command)
+
+
+_on_boards("rollback", "Switch `current` back to the previous release on the board(s), atomically (after "
+           "verifying it).")
+_on_boards("status", "What runs on the board(s): current release, bundle id, board, when deployed, last gate result.")

@@ -1,0 +1,10 @@
+"""Run: the native engine and its Python face (settings, session, report, info, the headless runner).
+
+The lowest stage: it imports nothing of the other stages (boards, fleet, proof, bench, cli).
+"""
+
+from bmoe_edge.engine.session import Engine, Generation, Sampling, Token, TokenMetrics
+from bmoe_edge.engine.settings import SETTINGS, CacheBudget, Setting, StreamConfig
+
+__all__ = ["SETTINGS", "CacheBudget", "Engine", "Generation", "Sampling", "Setting", "StreamConfig", "Token",
+           "TokenMetrics"]

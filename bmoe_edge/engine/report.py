@@ -1,0 +1,107 @@
+"""Telemetry out: per-token rows (CSV by column name, JSON lines), progress lines, run summaries."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import IO
+
+from bmoe_edge.engine.session import Generation, TokenMetrics
+
+METRIC_COLUMNS = tuple(f.name for f in fields(TokenMetrics))
+
+
+def progress_line(m: TokenMetrics) -> str:
+    hit = f"{100 * m.cache_hits / m.cache_lookups:.0f}%" if m.cache_lookups else "-"
+    return (f"[step {m.step:>4}] {m.wall_ms:8.1f} ms  io {m.io_ms:7.1f}  stall {m.stall_ms:7.1f}  "
+            f"read {m.bytes_read / 2**20:7.2f} MiB  hit {hit:>4}  evict {m.evictions:>4}  "
+            f"majflt {m.major_faults:>3}  rss {m.rss_bytes / 2**20:7.1f} MiB  "
+            f"budget {m.cache_budget_bytes / 2**20:7.1f} MiB")
+
+
+class MetricsCsv:
+    """Per-token metrics as CSV; columns are named so readers never depend on their order."""
+
+    def __init__(self, path: Path, run_info: dict[str, object]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] = open(path, "w", newline="")  # noqa: SIM115 - closed in close()
+        self._writer = csv.DictWriter(self._file, fieldnames=("model", "read_path", *METRIC_COLUMNS))
+        self._writer.writeheader()
+        self._fixed = {"model": run_info.get("model", ""), "read_path": run_info.get("read_path", "")}
+
+    def write(self, m: TokenMetrics) -> None:
+        self._writer.writerow(self._fixed | asdict(m))
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def summary(gen: Generation, run_info: dict[str, object]) -> dict[str, object]:
+    """Totals of a generation: decode speed excludes the prompt step."""
+    decode = gen.metrics[1:]
+    decode_ms = sum(m.wall_ms for m in decode)
+    lookups = sum(m.cache_lookups for m in gen.metrics)
+    n_decode = len(decode)
+    return {
+        "prompt_tokens": len(gen.prompt_tokens),
+        "generated_tokens": len(gen.tokens),
+        "stop_reason": gen.stop_reason,
+        "prompt_ms": gen.metrics[0].wall_ms if gen.metrics else 0.0,
+        "decode_tok_s": 1000.0 * n_decode / decode_ms if decode_ms > 0 else 0.0,
+        "bytes_read": sum(m.bytes_read for m in gen.metrics),
+        "bytes_read_per_token": sum(m.bytes_read for m in decode) / n_decode if n_decode else 0.0,
+        "copy_bytes": sum(m.copy_bytes for m in gen.metrics),
+        "cache_hit_pct": 100.0 * sum(m.cache_hits for m in gen.metrics) / lookups if lookups else 0.0,
+        "stall_ms": sum(m.stall_ms for m in gen.metrics),
+        "io_ms": sum(m.io_ms for m in gen.metrics),
+        "major_faults": sum(m.major_faults for m in gen.metrics),
+        "peak_rss_bytes": max((m.rss_bytes for m in gen.metrics), default=0),
+        "run": run_info,
+    }
+
+
+def memory_line(run: dict[str, object]) -> str:
+    """Why the cache budget is what it is: the limit that binds and what the process needs."""
+    if not run.get("streaming") or run.get("cache_mode") == "off" or not run.get("memory_limit_source"):
+        return ""
+    line = (f"memory: limit {float(str(run['memory_limit_mb'])):.0f} MiB ({run['memory_limit_source']}); "
+            f"left for the cache {float(str(run['memory_headroom_mb'])):.0f} MiB after the process, "
+            f"{float(str(run['memory_pending_mb'])):.0f} MiB of buffers still to touch and the margin; "
+            f"budget {float(str(run['cache_budget_mb'])):.0f} MiB"
+            + (", adapts to pressure" if run.get("cache_adaptive") else ""))
+    return line  # a clamped or useless budget is said in the run's warning
+
+
+def run_header(run: dict[str, object]) -> str:
+    """The resolved configuration of a run: two lines, and a third with the memory the cache was sized from."""
+    memory = memory_line(run)
+    return "\n".join([
+        f"model {run['model']} ({run['architecture']}, {run['n_expert']} experts, {run['n_expert_used']} used)",
+        f"streaming {'on' if run['streaming'] else 'off'}; read path {run['read_path'] or '-'}"
+        + (f" ({run['read_path_note']})" if run["read_path_note"] else "")
+        + f"; cache {run['cache_mode']} {float(str(run['cache_budget_mb'])):.1f} MiB; lanes {run['io_threads']};"
+        f" overlap {'on' if run['overlap'] else 'off'}; dense {run['dense']}; threads {run['threads']};"
+        f" load {float(str(run['load_ms'])):.0f} ms, {int(str(run['load_bytes_read'])) / 2**20:.1f} MiB read",
+        *([memory] if memory else []),
+    ])
+
+
+def summary_text(s: dict[str, object]) -> str:
+    run = s["run"]
+    assert isinstance(run, dict)
+    lines = [
+        run_header(run),
+        f"{s['generated_tokens']} tokens, {float(s['decode_tok_s']):.2f} tok/s decode; "
+        f"read {int(s['bytes_read']) / 2**20:.1f} MiB ({float(s['bytes_read_per_token']) / 2**20:.2f} MiB/token); "
+        f"hit {float(s['cache_hit_pct']):.1f}%; stall {float(s['stall_ms']):.0f} ms; "
+        f"peak RSS {int(s['peak_rss_bytes']) / 2**20:.0f} MiB; stop: {s['stop_reason']}",
+    ]
+    if run.get("warning"):
+        lines.append(f"warning: {run['warning']}")
+    return "\n".join(lines)
+
+
+def json_line(record: dict[str, object]) -> str:
+    return json.dumps(record, separators=(",", ":"))

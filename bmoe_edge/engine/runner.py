@@ -1,0 +1,59 @@
+"""Headless generation: run a resolved configuration, stream the tokens and telemetry out.
+
+The configuration comes from bmoe_edge.engine.settings.resolve (defaults, a board profile's `engine:`
+section, then the flags that were given).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from bmoe_edge.engine import report
+from bmoe_edge.engine.session import Engine, Generation, Sampling
+from bmoe_edge.engine.settings import StreamConfig
+
+
+@dataclass(frozen=True)
+class Outputs:
+    as_json: bool = False
+    progress: bool = False
+    csv_path: Path | None = None
+    summary: bool = True
+
+
+def generate(model: Path, prompt: str, max_tokens: int, config: StreamConfig, sampling: Sampling,
+             outputs: Outputs, out: IO[str] = sys.stdout, err: IO[str] = sys.stderr) -> Generation:
+    """Print tokens as they come (text, or one JSON object per token), then a summary."""
+    with Engine(model, config) as engine:
+        info = engine.run_info
+        if outputs.as_json:
+            print(report.json_line({"type": "run", **info}), file=out, flush=True)
+        elif outputs.progress:
+            print(report.run_header(info), file=err, flush=True)
+        csv_out = report.MetricsCsv(outputs.csv_path, info) if outputs.csv_path else None
+        result = Generation([])
+        try:
+            for token in engine.generate(prompt, max_tokens, sampling, result=result):
+                if outputs.as_json:
+                    print(report.json_line({"type": "token", "id": token.id, "text": token.text}), file=out,
+                          flush=True)
+                else:
+                    print(token.text, end="", file=out, flush=True)
+                if outputs.progress:
+                    print(report.progress_line(token.metrics), file=err, flush=True)
+                if csv_out:
+                    csv_out.write(token.metrics)
+        finally:
+            if csv_out:
+                csv_out.close()
+        summary = report.summary(result, info)
+        if outputs.as_json:
+            print(report.json_line({"type": "summary", **summary}), file=out, flush=True)
+        else:
+            print(file=out, flush=True)
+            if outputs.summary:
+                print(report.summary_text(summary), file=err, flush=True)
+        return result

@@ -1,0 +1,163 @@
+"""The Python face of the native engine: one model and its context, generation as an iterator."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from bmoe_edge.engine import native
+from bmoe_edge.engine.settings import StreamConfig
+from bmoe_edge.errors import BmoeError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temp: float = 0.0  # 0 = greedy
+    top_k: int = 40
+    top_p: float = 0.95
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TokenMetrics:
+    step: int
+    n_tokens: int
+    wall_ms: float
+    io_ms: float
+    stall_ms: float
+    drain_ms: float
+    compute_ms: float
+    bytes_read: int
+    slice_bytes: int
+    copy_bytes: int
+    cache_lookups: int
+    cache_hits: int
+    evictions: int
+    major_faults: int
+    rss_bytes: int
+    resident_expert_bytes: int
+    cache_budget_bytes: int  # the budget after this step: it follows memory pressure
+    pool_bytes: int          # memory the expert page pool holds
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token as it arrives."""
+
+    id: int
+    text: str
+    metrics: TokenMetrics
+    logits: bytes = b""  # raw float32 logits of this step, when requested
+
+
+@dataclass
+class Generation:
+    """What one generation produced, complete once its iterator is exhausted."""
+
+    prompt_tokens: list[int]
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    metrics: list[TokenMetrics] = field(default_factory=list)
+    logits: list[bytes] = field(default_factory=list)
+    stop_reason: str = ""  # "max_tokens", "end_of_generation", "context_full"
+
+
+def _metrics(m) -> TokenMetrics:
+    return TokenMetrics(**{f.name: getattr(m, f.name) for f in fields(TokenMetrics)})
+
+
+def run_info_fields(info: Any) -> tuple[str, ...]:
+    """The fields of the native RunInfo: whatever the engine reports (a field added in C++ shows up
+    in `--json` and the CSV without a Python edit)."""
+    return tuple(name for name in dir(info) if not name.startswith("_") and not callable(getattr(info, name)))
+
+
+class Engine:
+    """One model, one context. `with Engine(path, config) as e: for tok in e.generate(...)`."""
+
+    def __init__(self, model_path: str | Path, config: StreamConfig | None = None) -> None:
+        self.config = config or StreamConfig()
+        n = native.load()
+        with native.engine_errors():
+            self._native = n.Engine(str(model_path), self.config.to_native())
+        self._step = n.StepResult
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._native = None
+
+    @property
+    def run_info(self) -> dict[str, object]:
+        info = self._live().run_info
+        return {name: getattr(info, name) for name in run_info_fields(info)}
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return list(self._live().tokenize(text, add_special))
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        max_tokens: int,
+        sampling: Sampling | None = None,
+        *,
+        logits: bool = False,
+        result: Generation | None = None,
+    ) -> Iterator[Token]:
+        """Yield tokens as they are generated; `result` (if given) is filled in along the way."""
+        engine = self._live()
+        prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        s = sampling or Sampling()
+        n = native.load()
+        params = n.SamplingParams()
+        params.temp, params.top_k, params.top_p, params.seed = s.temp, s.top_k, s.top_p, s.seed
+        out = result if result is not None else Generation(prompt_ids)
+        out.prompt_tokens = prompt_ids
+        with native.engine_errors():
+            engine.begin(prompt_ids, params, logits)
+        pending = b""
+        step = self._step()
+        while len(out.tokens) < max_tokens:
+            with native.engine_errors():
+                advanced = engine.next(step)
+            if not advanced:
+                out.stop_reason = "context_full"
+                return
+            metrics = _metrics(step.metrics)
+            out.metrics.append(metrics)
+            if logits:
+                out.logits.append(step.logits)
+            if step.end_of_generation:
+                out.stop_reason = "end_of_generation"
+                return
+            # A piece can end inside a multi-byte character: emit text only when it decodes.
+            pending += step.piece
+            try:
+                text = pending.decode("utf-8")
+                pending = b""
+            except UnicodeDecodeError:
+                text = ""
+            out.tokens.append(step.token)
+            out.text += text
+            yield Token(step.token, text, metrics, step.logits if logits else b"")
+        out.stop_reason = "max_tokens"
+
+    def run(self, prompt: str | list[int], max_tokens: int, sampling: Sampling | None = None, *,
+            logits: bool = False) -> Generation:
+        """Generate to the end and return everything."""
+        result = Generation([])
+        for _ in self.generate(prompt, max_tokens, sampling, logits=logits, result=result):
+            pass
+        return result
+
+    def _live(self):
+        if self._native is None:
+            raise BmoeError("the engine is closed")
+        return self._native
+

@@ -1,0 +1,217 @@
+"""`bmoe-edge deploy`: releases on boards over SSH (fabric), safe to interrupt.
+
+The jobs live beside this module: probe (what the board is), upload (and verify), install (and the
+files beside the releases), state (the install dir), table (fleets and their reports); rollback and
+status are in releases, gates and generate on a board in onboard.
+
+On the board (`<install_dir>`: `--install-dir`, else the inventory's, else the profile's `ssh.install_dir`):
+
+    <install_dir>/releases/<bundle_id>/           a complete release: the bundle as built (manifest.json,
+                                                  wheels/, launcher/, fixtures/, profile/<board>.yaml)
+                                                  + site/ (the wheels unpacked)
+                                                  + .bmoe-release.json (the completeness stamp)
+    <install_dir>/releases/.<bundle_id>.partial/  an upload/install in progress: a re-run resumes it
+    <install_dir>/current -> releases/<bundle_id>
+    <install_dir>/state.json                      bundle id, board, deployed_at, previous, gate results
+    <install_dir>/bin/bmoe-edge                   runs the current release (put it on PATH on the board)
+    <install_dir>/systemd/bmoe-edge-generate@.service   the headless-generation unit, for this install dir
+    ~/.config/bmoe-edge/deploy.json               where the last deploy went (status/gates/generate --host
+                                                  find the install dir with it)
+
+A deploy of one host, in order; each step is a one-line BmoeError naming the host when it fails:
+
+1. connect (strict host keys) and **probe** the board: `uname -m`, glibc, and the board's Python run the
+   way the launcher will run it — directly on a real board, through the profile's `exec_wrapper` on
+   an emulated one (qemu-arm64: `qemu-aarch64 -cpu cortex-a76 -L <sysroot> <sysroot>/usr/bin/python3.11`
+   asked for `platform.machine()`, so the emulated board reports aarch64 although its sshd runs on
+   x86_64). Arch, Python and glibc are checked against the manifest **before anything is uploaded**;
+2. check the install dir is writable and has room;
+3. **upload** into `releases/.<id>.partial/`, skipping files already there with the right sha256 and
+   copying (on the board) files that another release there already has: a no-change redeploy uploads
+   nothing, a changed launcher uploads one small file;
+4. **verify** every file's sha256 on the board (`sha256sum`), and that the release holds no symlink and
+   no unlisted file;
+5. **install**: `launcher/bmoe-edge.sh --install-site` (the wheels unpacked into site/, no pip, no
+   network), under `flock` so an install left running by a killed deploy and a re-run never overlap;
+   then the release must run (`bmoe-edge.sh --version` reports the bundle's arch and the hook);
+6. stamp it complete and rename `.partial` to `releases/<id>` (the commit point of an upload);
+7. with `--gates`: `gates --quick --json --fixtures <release>/fixtures` from the new release; any failing
+   cell stops here, `current` unchanged;
+8. verify again (nothing changed since step 4), then **switch** `current` atomically
+   (`ln -sfn releases/<id> current.tmp && mv -T current.tmp current`), write state.json, bin/bmoe-edge,
+   the systemd unit and the pointer file, and delete releases beyond `--keep` (never current or previous).
+
+Killing the command at any point leaves `current` on a complete, verified release (the switch is one
+rename), and running it again finishes the job.
+"""
+
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bmoe_edge.boards import bundle
+from bmoe_edge.errors import BmoeError
+from bmoe_edge.fleet import remote
+from bmoe_edge.fleet.install import gates_record, install, prune, run_gates, write_board_files
+from bmoe_edge.fleet.probe import check_facts, probe
+from bmoe_edge.fleet.remote import Board, SshOptions, Target
+from bmoe_edge.fleet.scripts import DEMOTE, SWITCH
+from bmoe_edge.fleet.state import KEEP, Hooks, Layout, Log, list_releases, now, read_gates, read_state
+from bmoe_edge.fleet.table import HostResult, run_fleet, stderr_log
+from bmoe_edge.fleet.upload import LocalBundle, load_bundle, say, upload, verify_release
+
+
+def deploy_host(b: LocalBundle, target: Target, *, options: SshOptions, install_dir: str | None = None,
+                keep: int = KEEP, gates: bool = False, log: Log, hooks: Hooks | None = None) -> HostResult:
+    m = b.manifest
+    hooks = hooks or {}
+    started = time.monotonic()
+    ssh = b.profile.ssh
+    board = Board(target, options, default_user=ssh.user, default_port=ssh.port)
+    result = HostResult(host=board.label, board=m.board)
+    layout = Layout(install_dir or target.install_dir or ssh.install_dir)
+    result.install_dir = layout.install_dir
+    with board:
+        facts = probe(board, m, b.profile.exec_wrapper or ())
+        say(log, board.label, f"board: {facts.arch} via {facts.via}; Python {facts.python}; glibc {facts.glibc}")
+        check_facts(facts, m, board.label)
+        releases = list_releases(board, layout, create=True)
+        previous = releases.current
+        final = layout.release(m.bundle_id)
+        state = read_state(board, layout)
+        if m.bundle_id in releases.complete:
+            say(log, board.label, f"{m.bundle_id} is already on the board: verifying it")
+            result.files = len(m.files) + 1
+            result.files_present = result.files
+            try:
+                verify_release(board, final, m, b.manifest_sha)
+            except BmoeError as exc:
+                if releases.current == m.bundle_id:
+                    raise BmoeError(f"{exc} (it is the current release: `bmoe-edge rollback` first, then deploy "
+                                    "again to repair it)") from None
+                say(log, board.label, f"{exc}; re-uploading it")
+                board.sh(DEMOTE, final, layout.partial(m.bundle_id), what="reopening the release")
+                releases.complete.pop(m.bundle_id)
+                result.files_present = 0
+        if m.bundle_id not in releases.complete:
+            upload(board, b, layout, releases, result, log, hooks)
+            install(board, b, layout, releases, log)
+        gate_record = None
+        if gates:
+            say(log, board.label, "running the gates on the board (quick matrix) before switching")
+            t0 = time.monotonic()
+            code, out, report = run_gates(board, final)
+            if report is None:
+                raise BmoeError(f"{board.label}: the gates did not run (exit {code}): {remote.tail(out)}")
+            gate_record = gates_record(report, m.bundle_id, quick=True)
+            result.gates = gate_record
+            say(log, board.label, f"gates: {gate_record['passed']} passed, {gate_record['failed']} failed "
+                 f"({time.monotonic() - t0:.0f} s)")
+            if code != 0 or gate_record["failed"]:
+                shown = "; ".join(gate_record["failing"][:3]) or f"exit {code}"
+                more = len(gate_record["failing"]) - 3
+                raise BmoeError(f"{board.label}: gates failed on the board ({gate_record['failed']} of "
+                                f"{gate_record['failed'] + gate_record['passed']} cells): {shown}"
+                                + (f" (and {more} more)" if more > 0 else "")
+                                + f"; `current` left at {previous or 'nothing'}")
+        if "before_switch" in hooks:
+            hooks["before_switch"](final)
+        try:
+            verify_release(board, final, m, b.manifest_sha)
+        except BmoeError:
+            if releases.current != m.bundle_id:
+                board.sh(DEMOTE, final, layout.partial(m.bundle_id), what="reopening the release")
+            raise
+        if releases.current != m.bundle_id:
+            board.sh(SWITCH, layout.install_dir, m.bundle_id, what="switching current")
+            say(log, board.label, f"current -> releases/{m.bundle_id}")
+            result.action = "deployed"
+        else:
+            result.action = "redeployed"
+            previous = state.get("previous") if isinstance(state.get("previous"), str) else None
+            say(log, board.label, f"{m.bundle_id} was already current")
+        write_board_files(board, b, layout, list_releases(board, layout, create=False), previous, gate_record,
+                           state)
+        result.releases = prune(board, layout, keep, m.bundle_id, previous, log)
+    result.ok = True
+    result.bundle_id = m.bundle_id
+    result.previous = previous
+    result.deployed_at = now()
+    result.gates = result.gates or (read_gates(state, m.bundle_id))
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def resolve_targets(hosts: Sequence[str], inventory: Path | None, board: str | None,
+                    profile_host: str | None = None) -> list[Target]:
+    targets = [remote.parse_target(h, board=board) for h in hosts]
+    if inventory is not None:
+        targets += [t if t.board or not board else Target(t.host, t.user, t.port, board, t.install_dir)
+                    for t in remote.load_inventory(inventory)]
+    if not targets and profile_host:
+        targets = [remote.parse_target(profile_host, board=board)]
+    if not targets:
+        raise BmoeError("no host: give --host USER@HOST[:PORT] (repeatable) or --inventory FILE")
+    return targets
+
+
+def deploy(
+    bundle_dir: Path | None,
+    hosts: Sequence[Target | str],
+    *,
+    board: str | None = None,
+    dist: Path = Path("dist"),
+    keep: int = KEEP,
+    gates: bool = False,
+    accept_new_host_key: bool = False,
+    ssh_config: Path | None = None,
+    install_dir: str | None = None,
+    log: Log | None = None,
+    hooks: Hooks | None = None,
+    jobs: int | None = None,
+) -> list[HostResult]:
+    """Deploy a bundle (or each host's board's bundle under `dist/`) to every host, in parallel.
+
+    A host's failure is its HostResult (ok False, error set); it never stops the others.
+    """
+    if keep < 1:
+        raise BmoeError(f"--keep must be at least 1 (got {keep})")
+    log = log or stderr_log()
+    options = SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+    targets = [remote.parse_target(h, board=board) if isinstance(h, str) else h for h in hosts]
+    if not targets:
+        raise BmoeError("no host to deploy to")
+    bundles: dict[Path, LocalBundle | BmoeError] = {}
+    lock = threading.Lock()
+
+    def bundle_for(target: Target) -> LocalBundle:
+        name = target.board or board
+        path = Path(bundle_dir) if bundle_dir is not None else (dist / name if name else None)
+        if path is None:
+            raise BmoeError(f"{target.label}: which board is it? give --board NAME (or `board:` in the inventory)")
+        with lock:
+            if path not in bundles:
+                try:
+                    if not (path / bundle.MANIFEST_NAME).is_file():
+                        raise BmoeError(f"no bundle in {path}: build it with `bmoe-edge build --board "
+                                        f"{name or '<board>'}`")
+                    bundles[path] = load_bundle(path)
+                except BmoeError as exc:
+                    bundles[path] = exc
+            found = bundles[path]
+        if isinstance(found, BmoeError):
+            raise BmoeError(f"{target.label}: {found}")
+        if name and found.manifest.board != name:
+            raise BmoeError(f"{target.label}: the bundle in {path} is for board {found.manifest.board}, "
+                            f"the host is a {name}")
+        return found
+
+    def work(target: Target) -> HostResult:
+        return deploy_host(bundle_for(target), target, options=options, install_dir=install_dir, keep=keep,
+                           gates=gates, log=log, hooks=hooks)
+
+    return run_fleet(targets, work, jobs=jobs, what="deploy")

@@ -1,0 +1,146 @@
+"""Installing a release (its wheels unpacked by its own launcher), its gates, and the files a deploy
+writes beside the releases (state.json, bin/bmoe-edge, the systemd unit); pruning old releases."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import sys
+from typing import Any
+
+from bmoe_edge import __version__
+from bmoe_edge.boards import bundle
+from bmoe_edge.errors import BmoeError
+from bmoe_edge.fleet import remote
+from bmoe_edge.fleet.remote import Board
+from bmoe_edge.fleet.scripts import COMMIT, HANGUP, INSTALL, REMOVE_IN
+from bmoe_edge.fleet.state import (
+    GATES_TIMEOUT,
+    INSTALL_TIMEOUT,
+    STAMP,
+    UNIT_NAME,
+    UNIT_TEMPLATE,
+    Layout,
+    Log,
+    Releases,
+    list_releases,
+    now,
+    release_env,
+    write_pointer,
+    write_state,
+)
+from bmoe_edge.fleet.upload import LocalBundle, say
+
+
+def install(board: Board, b: LocalBundle, layout: Layout, releases: Releases, log: Log) -> None:
+    m = b.manifest
+    partial = layout.partial(m.bundle_id)
+    say(log, board.label, "installing (unpacking the wheels into site/ on the board)")
+    board.sh(INSTALL, layout.lock, partial, what="installing the release (launcher --install-site)",
+             timeout=INSTALL_TIMEOUT)
+    check = board.run(remote.env_command({"BMOE_EDGE_RELEASE": partial}, [f"{partial}/{bundle.LAUNCHER_SCRIPT}",
+                                                                          "--version"]),
+                      what="running the installed release (--version)", check=False, timeout=600)
+    if check.exited != 0 or f"machine: {m.arch}" not in check.stdout:
+        raise BmoeError(f"{board.label}: the installed release does not run on the board (exit {check.exited}): "
+                        f"{remote.tail(check.stderr or check.stdout)}")
+    if m.extra.get("hook") and "hook: yes" not in check.stdout:
+        raise BmoeError(f"{board.label}: the installed release says it has no expert-ready hook")
+    stamp = {"bundle_id": m.bundle_id, "board": m.board, "arch": m.arch, "installed_at": now(),
+             "files": len(m.files), "bmoe_edge_version": m.bmoe_edge_version}
+    board.write_bytes(f"{partial}/{STAMP}", (json.dumps(stamp) + "\n").encode())
+    board.sh(COMMIT, partial, layout.release(m.bundle_id),
+             layout.release(releases.current) if releases.current else "",
+             what="committing the release")
+
+
+def run_gates(board: Board, rel: str, *, full: bool = False, json_out: bool = True,
+           out: Any = None) -> tuple[int, str, dict[str, Any] | None]:
+    """Run the gates of a release on the board: (exit code, stdout, parsed JSON report or None)."""
+    args = [f"{rel}/{bundle.LAUNCHER_SCRIPT}", "gates", *([] if full else ["--quick"]),
+            "--fixtures", f"{rel}/{bundle.FIXTURES_DIR}", *(["--json"] if json_out else [])]
+    env = release_env(rel)
+    result = board.sh(HANGUP, "env", *(f"{k}={v}" for k, v in env.items()), *args, what="running the gates",
+                      check=False, timeout=GATES_TIMEOUT, out=out, err=sys.stderr if out is not None else None)
+    report = None
+    if json_out:
+        with contextlib.suppress(ValueError):
+            report = json.loads(result.stdout)
+    if result.exited != 0 and report is None:
+        return result.exited, result.stdout, None
+    return result.exited, result.stdout, report if isinstance(report, dict) else None
+
+
+def gates_record(report: dict[str, Any], bundle_id: str, quick: bool) -> dict[str, Any]:
+    failing = [f"{c.get('arch')} {c.get('quant')} split={c.get('split')} {c.get('config')}"
+               + (f": {c['error']}" if c.get("error") else
+                  f": first difference at step {c.get('first_difference')}")
+               for c in report.get("cells", []) if not c.get("passed")]
+    return {"bundle_id": bundle_id, "at": now(), "quick": quick, "passed": int(report.get("passed", 0)),
+            "failed": int(report.get("failed", 0)), "failing": failing}
+
+
+def write_board_files(board: Board, b: LocalBundle, layout: Layout, releases: Releases, previous: str | None,
+                       gates: dict[str, Any] | None, state: dict[str, Any]) -> None:
+    m = b.manifest
+    at = now()
+    history = state.get("releases") if isinstance(state.get("releases"), dict) else {}
+    entry = dict(history.get(m.bundle_id) or {})
+    entry["deployed_at"] = at
+    if gates is not None:
+        entry["gates"] = gates
+    history[m.bundle_id] = entry
+    keep_ids = set(releases.complete) | {m.bundle_id}
+    new_state = {
+        "format": 1, "bundle_id": m.bundle_id, "board": m.board, "deployed_at": at,
+        "deployed_by": f"bmoe-edge {__version__}", "previous": previous,
+        "gates": entry.get("gates"), "install_dir": layout.install_dir,
+        "releases": {k: v for k, v in history.items() if k in keep_ids},
+    }
+    write_state(board, layout, new_state)
+    board.sh("mkdir -p -- \"$1/bin\" \"$1/systemd\"", layout.install_dir, what="creating bin/ and systemd/")
+    board.write_bytes(f"{layout.install_dir}/bin/bmoe-edge", wrapper_script(layout.install_dir).encode(), 0o755)
+    template = b.dir / UNIT_TEMPLATE
+    if template.is_file():
+        unit = render_unit(template.read_text(encoding="utf-8"), layout.install_dir, board.conn.user)
+        board.write_bytes(f"{layout.install_dir}/systemd/{UNIT_NAME}", unit.encode())
+    write_pointer(board, {"install_dir": layout.install_dir, "board": m.board, "bundle_id": m.bundle_id})
+
+
+def wrapper_script(install_dir: str) -> str:
+    return (
+        "#!/bin/sh\n"
+        "# bmoe-edge on this board: runs the current release. Written by `bmoe-edge deploy`; put this\n"
+        "# directory on PATH to type `bmoe-edge gates` or `bmoe-edge generate --board ...` here.\n"
+        f"install_dir={shlex.quote(install_dir)}\n"
+        'BMOE_EDGE_PROFILES="$install_dir/current/profile${BMOE_EDGE_PROFILES:+:$BMOE_EDGE_PROFILES}"\n'
+        'BMOE_EDGE_FIXTURES=${BMOE_EDGE_FIXTURES:-$install_dir/current/fixtures}\n'
+        "export BMOE_EDGE_PROFILES BMOE_EDGE_FIXTURES\n"
+        'exec "$install_dir/current/launcher/bmoe-edge.sh" "$@"\n'
+    )
+
+
+def systemd_escape(text: str) -> str:
+    """Text for inside a double-quoted word of a unit file: specifiers, variables, quotes escaped."""
+    if "\n" in text or "\0" in text:
+        raise BmoeError(f"{text!r} cannot be written into a systemd unit")
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+
+
+def render_unit(template: str, install_dir: str, user: str) -> str:
+    return template.replace("@INSTALL_DIR@", systemd_escape(install_dir)).replace("@USER@", systemd_escape(user))
+
+
+def prune(board: Board, layout: Layout, keep: int, current: str, previous: str | None, log: Log) -> list[str]:
+    rel = list_releases(board, layout, create=False)
+    ordered = rel.newest_first()
+    kept = set(ordered[:keep]) | {current} | ({previous} if previous else set())
+    doomed = [r for r in ordered if r not in kept]
+    stale = [o for o in rel.others if o.startswith(".") and o.endswith(".partial")
+             and o != f".{current}.partial" and "/" not in o]
+    if doomed or stale:
+        board.sh(REMOVE_IN, layout.releases, *doomed, *stale, what="deleting old releases")
+        if doomed:
+            say(log, board.label, f"deleted {len(doomed)} old release(s) beyond --keep {keep}: {', '.join(doomed)}")
+    return [r for r in ordered if r in kept]

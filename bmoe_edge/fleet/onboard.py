@@ -1,0 +1,101 @@
+"""Gates and generate on the board through its current release; the output streams back as it comes."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bmoe_edge.boards import bundle
+from bmoe_edge.engine.settings import BY_NAME
+from bmoe_edge.errors import BmoeError
+from bmoe_edge.fleet.install import gates_record, run_gates
+from bmoe_edge.fleet.remote import Board, SshOptions, Target
+from bmoe_edge.fleet.scripts import HANGUP
+from bmoe_edge.fleet.state import connect, current_release, read_state, release_env, write_state
+
+
+def generate_args(*, max_tokens: int, overrides: Mapping[str, object], temp: float, top_k: int, top_p: float,
+                  seed: int, as_json: bool, progress: bool, csv_path: str | None) -> list[str]:
+    """`bmoe-edge generate` options for the board: only what was given (None = the profile's default)."""
+    args = ["-n", str(max_tokens)]
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        setting = BY_NAME.get(key)
+        if setting is None or not setting.flags:
+            raise BmoeError(f"generate option {key} cannot be passed to the board")
+        args += setting.as_flag(value)
+    args += ["--temp", repr(temp), "--top-k", str(top_k), "--top-p", repr(top_p), "--seed", str(seed)]
+    if as_json:
+        args.append("--json")
+    if progress:
+        args.append("--progress")
+    if csv_path:
+        args += ["--csv", csv_path]
+    return args
+
+
+def board_generate(target: Target, model: str, prompt: str, args: Sequence[str], *, options: SshOptions,
+                   board_name: str | None = None, install_dir: str | None = None,
+                   out: Any = None, err: Any = None) -> int:
+    """Run `generate` on the board through its current release, streaming its output back as it comes.
+
+    Returns the board command's exit code (its own `error:` line has already been streamed to `err`).
+    """
+    board, layout = connect(target, options, board_name, install_dir)
+    with board:
+        _rid, rel, manifest = current_release(board, layout)
+        if board_name and board_name != manifest.board:
+            raise BmoeError(f"{board.label}: the deployed release is for board {manifest.board}, not {board_name}")
+        result = run_release(board, rel, ["generate", "--board", manifest.board, "-m", model, "-p", prompt, *args],
+                             what="generate", out=out or sys.stdout, err=err or sys.stderr)
+        return int(result.exited)
+
+
+def run_release(board: Board, rel: str, args: Sequence[str], *, what: str, timeout: float | None = None,
+                out: Any = None, err: Any = None) -> Any:
+    """`bmoe-edge ARGS…` through a release's launcher on the board (its profiles and fixtures), stopped
+    when the connection goes away; returns fabric's Result (output captured, or streamed to `out`/`err`;
+    never raises on the command's own exit code)."""
+    env = [f"{k}={v}" for k, v in release_env(rel).items()]
+    return board.sh(HANGUP, "env", *env, f"{rel}/{bundle.LAUNCHER_SCRIPT}", *args, what=what, check=False,
+                    timeout=timeout, out=out, err=err)
+
+
+def _text_report(text: str) -> dict[str, Any] | None:
+    m = re.search(r"^gates: (\d+) passed, (\d+) failed\s*$", text, re.M)
+    if not m:
+        return None
+    cells = [{"passed": False, "error": line[5:].strip()} for line in text.splitlines() if line.startswith("FAIL ")]
+    return {"passed": int(m[1]), "failed": int(m[2]), "cells": cells}
+
+
+def board_gates(target: Target, *, options: SshOptions, full: bool = False, as_json: bool = False,
+                board_name: str | None = None, install_dir: str | None = None, out: Any = None) -> tuple[int, str]:
+    """Run the current release's gates on the board (quick matrix unless `full`) with its own fixtures.
+
+    Text output streams back as the cells finish; with `as_json` the JSON report is returned whole.
+    The result is recorded in the board's state.json (what `status` shows). Returns (exit code, stdout).
+    """
+    board, layout = connect(target, options, board_name, install_dir)
+    with board:
+        rid, rel, _manifest = current_release(board, layout)
+        code, stdout, report = run_gates(board, rel, full=full, json_out=as_json,
+                                      out=None if as_json else (out or sys.stdout))
+        if not as_json:
+            report = _text_report(stdout)
+        if report is not None:
+            state = read_state(board, layout)
+            if state.get("bundle_id") == rid:
+                record = gates_record(report, rid, quick=not full)
+                if not as_json:
+                    record["failing"] = [c["error"] for c in report.get("cells", [])]
+                history = state.get("releases") if isinstance(state.get("releases"), dict) else {}
+                history.setdefault(rid, {})["gates"] = record
+                state.update(gates=record, releases=history)
+                write_state(board, layout, state)
+        elif code == 0:
+            code = 1
+        return code, stdout

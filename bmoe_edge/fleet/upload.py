@@ -1,0 +1,155 @@
+"""Uploading a release: files already on the board are kept, files another release has are copied
+there, the rest uploaded; then every file verified with sha256sum."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bmoe_edge.boards import bundle
+from bmoe_edge.boards.emulate import bundle_profile
+from bmoe_edge.boards.profiles import BoardProfile
+from bmoe_edge.errors import BmoeError
+from bmoe_edge.fleet import remote
+from bmoe_edge.fleet.remote import Board
+from bmoe_edge.fleet.scripts import COPY, HASH, MKDIRS, REMOVE_IN, SCAN
+from bmoe_edge.fleet.state import SITE_FACTOR, STAMP, Hooks, Layout, Log, Releases, inside, mib
+from bmoe_edge.fleet.table import HostResult
+
+
+def hash_remote(board: Board, base: str, paths: Sequence[str], what: str) -> dict[str, str | None]:
+    """sha256 of each path under base on the board (None: missing or not a regular file)."""
+    out: dict[str, str | None] = dict.fromkeys(paths)
+    if not paths:
+        return out
+    result = board.sh(HASH, base, *(bundle.check_relpath(p) for p in paths), what=what)
+    for line in result.stdout.splitlines():
+        idx, _, digest = line.partition(" ")
+        if idx.isdigit() and int(idx) < len(paths) and re.fullmatch(r"[0-9a-f]{64}", digest):
+            out[paths[int(idx)]] = digest
+    return out
+
+
+def scan_release(board: Board, rel: str) -> tuple[str | None, list[str]]:
+    """(first symlink in the release or None, every file outside site*)."""
+    result = board.sh(SCAN, rel, what=f"scanning {rel}")
+    parts = [p for p in result.stdout.split("\0") if p]
+    if parts[:1] == ["SYMLINK"]:
+        return (parts[1] if len(parts) > 1 else "?"), []
+    return None, [p[2:] if p.startswith("./") else p for p in parts]
+
+
+def expected_files(manifest: bundle.Manifest, manifest_sha: str) -> dict[str, str]:
+    files = {f.path: f.sha256 for f in manifest.files}
+    files[bundle.MANIFEST_NAME] = manifest_sha
+    return files
+
+
+def verify_release(board: Board, rel: str, manifest: bundle.Manifest, manifest_sha: str) -> None:
+    """Every file of the release on the board has the bundle's sha256; no symlink, nothing unlisted."""
+    expected = expected_files(manifest, manifest_sha)
+    link, present = scan_release(board, rel)
+    if link is not None:
+        raise BmoeError(f"{board.label}: {rel} contains a symlink ({link!r}): refusing it")
+    unlisted = sorted(set(present) - set(expected) - {STAMP})
+    if unlisted:
+        raise BmoeError(f"{board.label}: {rel} holds {unlisted[0]!r}, which is not in the bundle: refusing it")
+    hashes = hash_remote(board, rel, list(expected), f"verifying {rel}")
+    for path, want in expected.items():
+        got = hashes[path]
+        if got != want:
+            state = "is missing" if got is None else f"has sha256 {got[:16]}..., the bundle says {want[:16]}..."
+            raise BmoeError(f"{board.label}: {path} on the board {state}: refusing the release")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Deploy one host.
+
+
+@dataclass
+class LocalBundle:
+    """A verified bundle on this machine, about to be deployed."""
+
+    dir: Path
+    manifest: bundle.Manifest
+    manifest_sha: str
+    profile: BoardProfile     # its resolved profile (profile/<board>.yaml): login and emulation facts
+
+
+def say(log: Log, label: str, message: str) -> None:
+    log(f"[{label}] {message}")
+
+
+def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, result: HostResult, log: Log,
+            hooks: Hooks) -> None:
+    m = b.manifest
+    partial = layout.partial(m.bundle_id)
+    expected = expected_files(m, b.manifest_sha)
+    board.sh("mkdir -p -- \"$1\"", partial, what=f"creating {partial}")
+    link, present = scan_release(board, partial)
+    if link is not None:
+        raise BmoeError(f"{board.label}: {partial} contains a symlink ({link!r}): remove it, then deploy again")
+    stray = sorted(set(present) - set(expected))
+    if stray:
+        board.sh(REMOVE_IN, partial, *stray, what="removing stray files")
+    paths = sorted(expected)
+    have = hash_remote(board, partial, paths, "checking what is already on the board")
+    missing = [p for p in paths if have[p] != expected[p]]
+    result.files = len(paths)
+    result.files_present = len(paths) - len(missing)
+    # files another release on the board already has: copy them there instead of uploading
+    sizes = {f.path: f.size for f in m.files}
+    sizes[bundle.MANIFEST_NAME] = (b.dir / bundle.MANIFEST_NAME).stat().st_size
+    copies: dict[str, list[str]] = {}
+    remaining = [p for p in missing if p != bundle.MANIFEST_NAME]
+    newest_first = releases.newest_first()
+    sources = [r for r in ([releases.current] if releases.current in releases.complete else [])
+               + [r for r in newest_first if r != releases.current] if r != m.bundle_id]
+    for rid in sources:
+        if not remaining:
+            break
+        found = hash_remote(board, layout.release(rid), remaining, f"looking for unchanged files in {rid}")
+        hits = [p for p in remaining if found[p] == expected[p]]
+        if hits:
+            copies[rid] = hits
+            remaining = [p for p in remaining if p not in hits]
+    copied = {p for hits in copies.values() for p in hits}
+    upload = [p for p in missing if p not in copied]
+    need = sum(sizes[p] for p in missing) + SITE_FACTOR * sum(sizes[w] for w in m.wheels)
+    if releases.avail_kb is not None and releases.avail_kb * 1024 < need:
+        raise BmoeError(f"{board.label}: not enough space in {layout.install_dir}: the release needs about "
+                        f"{mib(need)}, {mib(releases.avail_kb * 1024)} is free (lower --keep, or free space)")
+    dirs = sorted({posixpath.dirname(p) for p in missing if "/" in p})
+    if dirs:
+        board.sh(MKDIRS, partial, *dirs, what="creating directories")
+    for rid, hits in copies.items():
+        board.sh(COPY, layout.release(rid), partial, *hits, what=f"copying unchanged files from {rid}")
+        result.files_copied += len(hits)
+    if copies:
+        say(log, board.label, f"copied {result.files_copied} unchanged files from "
+             f"{', '.join(copies)} on the board")
+    if upload:
+        total = sum(sizes[p] for p in upload)
+        say(log, board.label, f"uploading {len(upload)} files ({mib(total)})")
+        for p in upload:
+            local = b.dir / p
+            board.put(local, inside(partial, p))
+            result.files_uploaded += 1
+            result.bytes_uploaded += sizes[p]
+    else:
+        say(log, board.label, "nothing to upload: every file is already on the board")
+    if "uploaded" in hooks:
+        hooks["uploaded"](partial)
+    say(log, board.label, f"verifying {len(paths)} files on the board (sha256sum)")
+    verify_release(board, partial, m, b.manifest_sha)
+
+
+def load_bundle(bundle_dir: Path) -> LocalBundle:
+    manifest = bundle.verify_bundle(bundle_dir)
+    remote.check_name(manifest.bundle_id, "bundle id")
+    remote.check_name(manifest.board, "board")
+    return LocalBundle(Path(bundle_dir), manifest, bundle.sha256_file(Path(bundle_dir) / bundle.MANIFEST_NAME),
+                       bundle_profile(bundle_dir, manifest))

@@ -1,0 +1,208 @@
+"""The byte-identity gates: streamed output must equal resident output, token ids AND logits.
+
+A cell is one fixture (architecture x weight type, maybe split) and one streaming configuration.
+It runs the same greedy prompts through a resident engine (a plain llama.cpp run, no eval
+callback) and a streamed one, with every other setting pinned equal, and compares the generated
+ids and every step's raw float32 logits byte for byte. Resident results are computed once per
+fixture and shared by its cells.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from bmoe_edge.engine import Engine, Generation, StreamConfig, info
+from bmoe_edge.errors import BmoeError
+from bmoe_edge.fixtures.specs import (  # noqa: F401 - fixture_resolver and quick_fixture_specs: the CLI's
+    QUICK_FIXTURES,
+    FixtureSpec,
+    fixture_resolver,
+    quick_fixture_specs,
+)
+
+PROMPTS = (
+    "The quick brown fox jumps over the lazy dog. Once upon a time",
+    "In a small village by the sea, an old sailor said",
+)
+STEPS = 24
+QUICK_STEPS = 12
+
+# Pinned on both sides of every comparison: thread count, batch sizes, flash attention, context.
+# Everything a case does not set is pinned too: serial, no cache, the kernel's page unit.
+BASE = StreamConfig(threads=1, ctx=256, batch=64, ubatch=64, flash_attn=False, overlap=False, cache_mb=0, page_kb=0)
+
+
+@dataclass(frozen=True)
+class StreamCase:
+    """A named streaming configuration. Cache budgets are fractions of the model's expert bytes."""
+
+    name: str
+    cache: float | str = 0.0  # fraction of expert bytes, or "auto"
+    overrides: dict = field(default_factory=dict)
+    generations: int = 1  # >1: several generations in one engine, the cache kept between them
+
+
+CASES: dict[str, StreamCase] = {c.name: c for c in (
+    StreamCase("cache-off"),
+    StreamCase("cache-small", cache=0.3),  # evictions in every layer of every token
+    StreamCase("cache-large", cache=2.0),  # everything fits: hits after the first token
+    StreamCase("cache-auto", cache="auto"),
+    StreamCase("pread", overrides={"read_path": "pread"}),
+    StreamCase("odirect-1-lane", cache=0.3, overrides={"io_threads": 1}),
+    StreamCase("dense-anon", cache=0.3, overrides={"dense": "anon"}),
+    StreamCase("two-generations", cache=0.5, generations=2),
+    StreamCase("overlap-cache-off", overrides={"overlap": True}),
+    StreamCase("overlap-cache-small", cache=0.3, overrides={"overlap": True}),
+    StreamCase("overlap-1-lane", cache=0.3, overrides={"overlap": True, "io_threads": 1}),
+    StreamCase("overlap-4-lanes-2-threads", overrides={"overlap": True, "io_threads": 4, "threads": 2}),
+    StreamCase("overlap-two-generations", cache=0.5, generations=2, overrides={"overlap": True}),
+    # Boards run 16 KiB (Raspberry Pi 5) and 64 KiB kernels: the mirror's shared edge units, the
+    # pool's recycling and eviction at those units (valid on any kernel with smaller pages).
+    StreamCase("page-16k", cache=0.3, overrides={"page_kb": 16}),
+    StreamCase("page-64k-overlap", cache=0.3, overrides={"page_kb": 64, "overlap": True}),
+    StreamCase("page-64k-dense-anon", cache=0.3, overrides={"page_kb": 64, "dense": "anon"}),
+)}
+
+
+@dataclass(frozen=True)
+class GateCell:
+    """One fixture under one streaming configuration."""
+
+    fixture: FixtureSpec
+    case: StreamCase
+
+
+@dataclass
+class CellResult:
+    arch: str
+    quant: str
+    split: int
+    config: str
+    passed: bool
+    equal_tokens: bool = False
+    equal_logits: bool = False
+    steps: int = 0
+    first_difference: int | None = None  # first step whose ids or logits differ
+    bytes_read: int = 0
+    hit_pct: float = 0.0
+    read_path: str = ""
+    error: str = ""
+
+
+ARCHS_WITH_FIXTURES = ("qwen3moe", "qwen2moe", "olmoe", "llama", "gpt-oss", "gemma4", "granitemoe", "deepseek2")
+QUANTS = ("F32", "F16", "Q8_0", "Q4_0", "Q4_K_M")
+QUICK_CASES = ("cache-off", "cache-small", "dense-anon", "overlap-cache-small", "page-16k")
+
+
+def full_matrix() -> list[GateCell]:
+    cells = []
+    for arch in ARCHS_WITH_FIXTURES:
+        for quant in QUANTS:
+            spec = FixtureSpec(arch, quant)
+            cells += [GateCell(spec, case) for case in CASES.values()]
+        cells.append(GateCell(FixtureSpec(arch, "Q8_0", split=3), CASES["cache-small"]))
+    return cells
+
+
+def quick_matrix() -> list[GateCell]:
+    """A representative subset for slow (emulated) targets: the quick fixtures, the risky configs
+    (split files: the cache kept across two generations)."""
+    cells = []
+    for spec in QUICK_FIXTURES:
+        names = ("two-generations",) if spec.split > 1 else QUICK_CASES
+        cells += [GateCell(spec, CASES[name]) for name in names]
+    return cells
+
+
+def stream_config(case: StreamCase, expert_bytes: int) -> StreamConfig:
+    if case.cache == "auto":
+        cache_mb: float | str = "auto"
+        extra = {"cache_floor_mb": 0, "cache_ceil_mb": 64}
+    else:
+        cache_mb = float(case.cache) * expert_bytes / 2**20
+        extra = {}
+    return replace(BASE, stream=True, cache_mb=cache_mb, **extra, **case.overrides)
+
+
+def _generate(engine: Engine, generations: int, steps: int) -> list[Generation]:
+    return [engine.run(PROMPTS[i % len(PROMPTS)], steps, logits=True) for i in range(generations)]
+
+
+def _first_difference(a: list[Generation], b: list[Generation]) -> tuple[bool, bool, int | None, int]:
+    equal_tokens = all(x.tokens == y.tokens for x, y in zip(a, b, strict=True))
+    equal_logits = all(x.logits == y.logits for x, y in zip(a, b, strict=True))
+    step = 0
+    first = None
+    for x, y in zip(a, b, strict=True):
+        for i in range(max(len(x.logits), len(y.logits))):
+            same = (i < len(x.logits) and i < len(y.logits) and x.logits[i] == y.logits[i]
+                    and x.tokens[i:i + 1] == y.tokens[i:i + 1])
+            if not same and first is None:
+                first = step + i
+        step += max(len(x.logits), len(y.logits))
+    return equal_tokens, equal_logits, first, step
+
+
+def check_cell(cell: GateCell, model: Path, resident: list[Generation], expert_bytes: int,
+             steps: int) -> CellResult:
+    spec = cell.fixture
+    result = CellResult(spec.arch, spec.quant, spec.split, cell.case.name, passed=False)
+    try:
+        with Engine(model, stream_config(cell.case, expert_bytes)) as engine:
+            streamed = _generate(engine, cell.case.generations, steps)
+            result.read_path = str(engine.run_info["read_path"])
+    except BmoeError as exc:
+        result.error = str(exc)
+        return result
+    eq_tokens, eq_logits, first, total = _first_difference(resident[: len(streamed)], streamed)
+    metrics = [m for g in streamed for m in g.metrics]
+    lookups = sum(m.cache_lookups for m in metrics)
+    result.equal_tokens, result.equal_logits, result.first_difference = eq_tokens, eq_logits, first
+    result.steps = total
+    result.bytes_read = sum(m.bytes_read for m in metrics)
+    result.hit_pct = 100.0 * sum(m.cache_hits for m in metrics) / lookups if lookups else 0.0
+    result.passed = eq_tokens and eq_logits and result.bytes_read > 0
+    if result.bytes_read == 0:
+        result.error = "streamed run read nothing: the seam did not engage"
+    return result
+
+
+def run_gates(cells: Iterable[GateCell], resolve: Callable[[FixtureSpec], Path],
+              steps: int = STEPS) -> Iterator[CellResult]:
+    """Run cells grouped by fixture; yields each result as it completes."""
+    by_fixture: dict[FixtureSpec, list[GateCell]] = {}
+    for cell in cells:
+        by_fixture.setdefault(cell.fixture, []).append(cell)
+    for spec, group in by_fixture.items():
+        model = resolve(spec)
+        expert_bytes = info.model_summary(model).expert_bytes
+        most = max(c.case.generations for c in group)
+        resident: dict[int, list[Generation]] = {}  # by thread count: the one knob cases change
+        for cell in group:
+            threads = stream_config(cell.case, expert_bytes).threads
+            if threads not in resident:
+                with Engine(model, replace(BASE, stream=False, threads=threads)) as engine:
+                    resident[threads] = _generate(engine, most, steps)
+            yield check_cell(cell, model, resident[threads], expert_bytes, steps)
+
+
+def emulated_gate_args(bundle_dir: Path, as_json: bool) -> list[str]:
+    """`bmoe-edge gates` arguments that run a bundle's quick matrix on its own fixtures."""
+    args = ["gates", "--quick", "--fixtures", str((bundle_dir / "fixtures").resolve())]
+    return [*args, "--json"] if as_json else args
+
+
+def format_result(r: CellResult) -> str:
+    line = (f"{'PASS' if r.passed else 'FAIL'} {r.arch:<9} {r.quant:<7} split={r.split} {r.config:<16} "
+            f"steps={r.steps:<3} read={r.bytes_read / 2**20:6.2f}MiB hit={r.hit_pct:5.1f}% {r.read_path}")
+    if r.error:
+        return f"{line}  {r.error}"
+    if not r.passed:
+        return f"{line}  first difference at step {r.first_difference}"
+    return line
+
+
+def as_record(result: CellResult) -> dict:
+    return asdict(result)

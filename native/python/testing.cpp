@@ -1,0 +1,81 @@
+// Bindings of the engine's policy and mechanism rooms for unit tests under pytest: the expert
+// cache, the mirror with its page pool, expert-name parsing. Not part of the engine's API.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include "expert_cache.h"
+#include "mirror.h"
+#include "page_pool.h"
+#include "seam.h"
+
+namespace nb = nanobind;
+using namespace bmoe::detail;
+
+namespace {
+
+// A mirror and the pool behind it, as the engine pairs them.
+struct MirrorWithPool {
+    MirrorWithPool(uint64_t file_size, uint64_t unit) : pool(unit), mirror(file_size, pool) {}
+    PagePool pool;
+    Mirror mirror;
+};
+
+}  // namespace
+
+void bind_testing(nb::module_ & parent) {
+    nb::module_ m = parent.def_submodule("testing", "the engine's rooms, bound for unit tests");
+
+    nb::class_<ExpertCache>(m, "ExpertCache")
+        .def(nb::init<uint64_t, std::vector<uint64_t>, std::vector<int>>(), nb::arg("budget_bytes"),
+             nb::arg("expert_bytes"), nb::arg("n_expert"))
+        .def("touch", [](ExpertCache & c, int layer, int expert) { return c.touch({layer, expert}); })
+        .def("insert", [](ExpertCache & c, int layer, int expert) { c.insert({layer, expert}); })
+        .def("evict_over_budget",
+             [](ExpertCache & c, int pinned) {
+                 std::vector<std::pair<int, int>> out;
+                 for (const ExpertKey & k : c.evict_over_budget(pinned)) {
+                     out.emplace_back(k.layer, k.expert);
+                 }
+                 return out;
+             })
+        .def("evict_layer", &ExpertCache::evict_layer)
+        .def("set_budget", &ExpertCache::set_budget)
+        .def_prop_ro("per_layer", &ExpertCache::per_layer)
+        .def_prop_ro("resident_bytes", &ExpertCache::resident_bytes)
+        .def("__len__", &ExpertCache::size);
+
+    nb::class_<MirrorWithPool>(m, "Mirror")
+        .def(nb::init<uint64_t, uint64_t>(), nb::arg("file_size"), nb::arg("unit"))
+        .def("acquire", [](MirrorWithPool & w, uint64_t off, uint64_t len) { w.mirror.acquire(off, len); })
+        .def("release", [](MirrorWithPool & w, uint64_t off, uint64_t len) { w.mirror.release(off, len); })
+        .def("references", [](MirrorWithPool & w, uint64_t off) { return w.mirror.references(off); })
+        .def_prop_ro("resident_bytes", [](MirrorWithPool & w) { return w.mirror.resident_bytes(); })
+        .def("write",
+             [](MirrorWithPool & w, uint64_t off, nb::bytes data) {
+                 std::memcpy(w.mirror.base() + off, data.c_str(), data.size());
+             })
+        .def("read",
+             [](MirrorWithPool & w, uint64_t off, uint64_t n) {
+                 return nb::bytes(reinterpret_cast<const char *>(w.mirror.base() + off), n);
+             })
+        .def_prop_ro("pool_units_in_use", [](MirrorWithPool & w) { return w.pool.units_in_use(); })
+        .def_prop_ro("pool_size_units", [](MirrorWithPool & w) { return w.pool.size_units(); })
+        .def_prop_ro("pool_held_units", [](MirrorWithPool & w) { return w.pool.held_units(); })
+        .def("trim", [](MirrorWithPool & w) { return w.pool.trim(); });
+
+    m.def("parse_expert_name", [](const std::string & name, std::vector<std::string> suffixes) {
+        bmoe::Recipe recipe;
+        recipe.expert_suffixes = std::move(suffixes);
+        int layer = 0;
+        int projection = 0;
+        return parse_expert_name(name, recipe, layer, projection) ? std::optional<std::pair<int, int>>({layer, projection})
+                                                                  : std::nullopt;
+    });
+}

@@ -1,0 +1,151 @@
+#include "memory_budget.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "bmoe/error.h"
+
+namespace bmoe::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kMiB = 1ULL << 20;
+// Read memory at most this often while running: a reading is a handful of small file reads.
+constexpr auto kCheckEvery = std::chrono::milliseconds(250);
+// After pressure, wait this long before growing again, so the cache does not chase a neighbour.
+constexpr auto kCalmBeforeGrowing = std::chrono::seconds(2);
+// Signs of pressure: the machine stalls on memory (PSI "some", percent over 10 s), or dense
+// weights are being read back from disk (major faults in one step).
+constexpr double kPressureAvg10 = 20.0;
+constexpr uint64_t kPressureMajorFaults = 256;
+
+int64_t to_signed(uint64_t v) { return static_cast<int64_t>(std::min<uint64_t>(v, INT64_MAX)); }
+
+}  // namespace
+
+std::string mib(uint64_t bytes) {
+    char buf[32];
+    const double m = static_cast<double>(bytes) / static_cast<double>(kMiB);
+    if (bytes < kMiB) {
+        std::snprintf(buf, sizeof(buf), "%.0f KiB", static_cast<double>(bytes) / 1024.0);
+    } else {
+        std::snprintf(buf, sizeof(buf), m < 10 ? "%.1f MiB" : "%.0f MiB", m);
+    }
+    return buf;
+}
+
+MemoryBudget::MemoryBudget(const StreamConfig & config, Footprint footprint, uint64_t slot_bytes)
+    : config_(config), footprint_(std::move(footprint)), slot_bytes_(slot_bytes) {}
+
+uint64_t MemoryBudget::pending() const {
+    uint64_t total = 0;
+    for (const Region & r : footprint_.to_touch) {
+        total += r.size - std::min(r.size, resident_bytes_of(r.data, r.size));
+    }
+    return total;
+}
+
+MemoryBudget::Headroom MemoryBudget::headroom(const MemoryReading & m, uint64_t pool_held) const {
+    // The pool's pages are the cache's own (charged as shared memory, never counted as available).
+    // Mapped file pages of ours (dense weights) may sit on the inactive list: never count them as
+    // memory the kernel could take back for the cache.
+    Headroom best;
+    const uint64_t floor = static_cast<uint64_t>(config_.cache_floor_mb) * kMiB;
+    best.bytes = to_signed(m.mem_available + pool_held) - to_signed(m.rss_file) - to_signed(floor);
+    best.source = "machine";
+    best.limit = m.mem_total;
+    for (const CgroupMemory & c : m.cgroups) {
+        const uint64_t reclaimable = c.inactive_file > m.rss_file ? c.inactive_file - m.rss_file : 0;
+        const int64_t free = to_signed(c.limit) - to_signed(c.usage) + to_signed(reclaimable + pool_held);
+        if (free < best.bytes) {
+            best = {free, c.path, c.limit};
+        }
+    }
+    return best;
+}
+
+BudgetReport MemoryBudget::initial(const MemoryReading & m) {
+    BudgetReport report;
+    report.pending = pending();
+    const uint64_t need = report.pending + footprint_.in_flight_bytes;
+    // A hard limit that cannot hold the model with no cache at all: say so before decoding.
+    for (const CgroupMemory & c : m.cgroups) {
+        const uint64_t reclaimable = c.inactive_file > m.rss_file ? c.inactive_file - m.rss_file : 0;
+        const int64_t free = to_signed(c.limit) - to_signed(c.usage) + to_signed(reclaimable);
+        if (free < to_signed(need)) {
+            throw Error("the memory limit of " + c.path + " (" + mib(c.limit) + ") is too small for this model: it needs " +
+                        mib(c.usage - reclaimable + need) + " with no expert cache (" + mib(c.usage - reclaimable) +
+                        " in use, " + mib(report.pending) + " of KV cache, compute buffers and dense weights still to touch, " +
+                        mib(footprint_.in_flight_bytes) + " of experts in flight); raise the limit or lower --ctx/--batch");
+        }
+    }
+    if (m.mem_total > 0 && m.rss_anon + m.rss_file + need > m.mem_total) {
+        throw Error("this machine's memory (" + mib(m.mem_total) + ") is too small for this model: it needs " +
+                    mib(m.rss_anon + m.rss_file + need) + " with no expert cache; lower --ctx/--batch");
+    }
+    const Headroom h = headroom(m, 0);
+    report.limit_source = h.source;
+    report.limit = h.limit;
+    const int64_t margin = config_.cache_margin_mb * static_cast<int64_t>(kMiB);
+    const int64_t left = h.bytes - to_signed(need) - margin;
+    report.headroom = left > 0 ? static_cast<uint64_t>(left) : 0;
+    const uint64_t ceiling = static_cast<uint64_t>(config_.cache_ceil_mb) * kMiB;
+    if (config_.cache_mb == kCacheAuto) {
+        cap_ = ceiling;
+        report.budget = std::min(report.headroom, ceiling);
+    } else {
+        cap_ = static_cast<uint64_t>(config_.cache_mb * static_cast<double>(kMiB));
+        report.budget = std::min(report.headroom, cap_);
+        if (cap_ > report.headroom) {
+            report.note = "cache budget " + mib(cap_) + " is more than the memory left (" + mib(report.headroom) +
+                          " under the " + h.source + " limit): clamped to " + mib(report.budget);
+        }
+    }
+    if (cap_ > footprint_.mappings_cap_bytes) {
+        cap_ = footprint_.mappings_cap_bytes;
+        if (report.budget > cap_) {
+            report.budget = cap_;
+            report.note += std::string(report.note.empty() ? "" : "; ") + "cache budget limited to " + mib(cap_) +
+                           " by vm.max_map_count (each cached slice is a mapping; raise it with sysctl or use a "
+                           "larger --page-kb)";
+        }
+    }
+    adaptive_ = cap_ > 0;
+    if (report.budget > 0 && report.budget < slot_bytes_) {
+        report.note += std::string(report.note.empty() ? "" : "; ") + "cache budget " + mib(report.budget) +
+                       " cannot hold one expert of every layer (" + mib(slot_bytes_) + "), so it could never hit: running "
+                       "with the cache off";
+    }
+    last_check_ = calm_since_ = Clock::now();
+    return report;
+}
+
+uint64_t MemoryBudget::adapt(uint64_t current, uint64_t pool_held, uint64_t step_major_faults) {
+    const auto now = Clock::now();
+    if (!adaptive_ || now - last_check_ < kCheckEvery) {
+        return current;
+    }
+    last_check_ = now;
+    const MemoryReading m = read_memory();
+    const int64_t margin = config_.cache_margin_mb * static_cast<int64_t>(kMiB);
+    const int64_t left = headroom(m, pool_held).bytes - to_signed(pending() + footprint_.in_flight_bytes) - margin;
+    uint64_t target = std::min(left > 0 ? static_cast<uint64_t>(left) : 0, cap_);
+    // Small moves either way are noise (the margin absorbs them); pressure always shrinks.
+    const uint64_t step = std::max(slot_bytes_, current / 16);
+    if (m.pressure_some_avg10 > kPressureAvg10 || step_major_faults > kPressureMajorFaults) {
+        target = std::min(target, current - current / 4);
+    } else if (target < current && target + step / 2 >= current) {
+        return current;
+    }
+    if (target < current) {
+        calm_since_ = now;
+        return target;
+    }
+    if (target > current + step && now - calm_since_ >= kCalmBeforeGrowing) {
+        return target;
+    }
+    return current;
+}
+
+}  // namespace bmoe::detail

@@ -1,0 +1,153 @@
+"""Unit tests of the engine's C++ rooms through their test bindings: the cache policy, the mirror's
+unit reference counting over the recycled page pool, expert-name parsing."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from bmoe_edge.engine import native
+
+T = native.load().testing
+PAGE = os.sysconf("SC_PAGESIZE")
+
+
+# --- the cache policy -------------------------------------------------------------------------
+
+def _cache(budget_experts_per_layer: float, layers: int = 4, n_expert: int = 16, size: int = 100):
+    return T.ExpertCache(int(budget_experts_per_layer * layers * size), [size] * layers, [n_expert] * layers)
+
+
+def test_the_budget_becomes_an_equal_share_of_experts_per_layer() -> None:
+    assert _cache(0).per_layer == 0
+    assert _cache(0.99).per_layer == 0  # below one expert of every layer: it could never hit
+    assert _cache(1).per_layer == 1
+    assert _cache(5.5).per_layer == 5
+    c = T.ExpertCache(1000, [100, 0, 300], [8, 0, 8])  # a layer without experts takes no share
+    assert c.per_layer == 2
+
+
+def test_lru_within_a_layer_and_the_pinned_layer_is_never_a_victim() -> None:
+    c = _cache(2)
+    for e in (1, 2, 3):
+        c.insert(0, e)
+    assert c.evict_over_budget(0) == []  # layer 0 is being computed
+    assert c.evict_over_budget(1) == [(0, 1)]  # then its least recent goes
+    assert c.touch(0, 2) and not c.touch(0, 1)
+    c.insert(0, 4)
+    assert c.evict_over_budget(-1) == [(0, 3)]  # 2 was touched after 3
+    assert len(c) == 2 and c.resident_bytes == 200
+
+
+def test_a_cyclic_token_loop_still_hits_with_a_budget_below_one_token() -> None:
+    """One global LRU hits 0% when the budget is below a token's routed experts (every layer is
+    visited in turn); equal per-layer shares keep hitting at about share / n_expert."""
+    layers, n_expert, routed = 8, 16, 4
+    c = _cache(2, layers=layers, n_expert=n_expert)  # 2 of 16 per layer: far below 4 routed x 8 layers
+    rng = random.Random(1)
+    hits = lookups = 0
+    for token in range(400):
+        for layer in range(layers):
+            for e in rng.sample(range(n_expert), routed):
+                lookups += 1
+                if c.touch(layer, e):
+                    hits += 1 if token >= 20 else 0
+                else:
+                    c.insert(layer, e)
+            c.evict_over_budget(layer)
+    rate = hits / (lookups * 380 / 400)
+    assert 0.08 < rate < 0.2, rate  # ~ 2/16 on uniform routing
+
+
+def test_a_smaller_budget_evicts_down_to_the_new_share() -> None:
+    c = _cache(4)
+    for layer in range(4):
+        for e in range(4):
+            c.insert(layer, e)
+    c.set_budget(1 * 4 * 100)
+    victims = c.evict_over_budget(-1)
+    assert len(victims) == 12 and len(c) == 4
+    c.evict_layer(2, [3, 9])  # a failed read: forgotten, unknown ids ignored
+    assert len(c) == 3
+
+
+# --- the mirror and its page pool ---------------------------------------------------------------
+
+@pytest.mark.parametrize("unit_kb", [PAGE // 1024, 16, 64])
+def test_mirror_units_are_shared_by_neighbours_and_recycled(unit_kb: int) -> None:
+    unit = unit_kb * 1024
+    m = T.Mirror(file_size=40 * unit + 123, unit=unit)
+    a = (unit // 2, 2 * unit)  # units 0..2
+    b = (a[0] + a[1], unit)    # starts inside unit 2: shares it with a
+    m.acquire(*a)
+    m.write(a[0], b"A" * a[1])
+    m.acquire(*b)
+    m.write(b[0], b"B" * b[1])
+    assert m.references(2 * unit) == 2 and m.resident_bytes == 4 * unit
+    m.release(*a)  # the shared unit stays: b still covers it
+    assert m.references(2 * unit) == 1 and m.read(b[0], b[1]) == b"B" * b[1]
+    assert m.resident_bytes == 2 * unit and m.pool_units_in_use == 2
+    # The freed units are reused, not grown: the pool holds its peak, no more.
+    m.acquire(30 * unit, 2 * unit)
+    assert m.pool_size_units == 4 and m.pool_units_in_use == 4
+    m.write(30 * unit, b"C" * (2 * unit))
+    assert m.read(b[0], b[1]) == b"B" * b[1]  # a recycled unit never aliases a resident one
+    m.release(*b)
+    m.release(30 * unit, 2 * unit)
+    assert m.resident_bytes == 0 and m.pool_units_in_use == 0
+    assert m.pool_held_units == 4
+    m.trim()  # memory pressure: the kept pages go back to the kernel
+    assert m.pool_held_units == 0
+    m.acquire(0, 40 * unit + 123)  # the whole file, the last unit partial
+    m.write(40 * unit, b"z" * 123)
+    assert m.read(40 * unit, 123) == b"z" * 123
+    m.release(0, 40 * unit + 123)
+
+
+def test_mirror_refuses_to_release_what_it_never_held() -> None:
+    m = T.Mirror(file_size=8 * PAGE, unit=PAGE)
+    m.acquire(0, PAGE)
+    m.release(0, PAGE)
+    with pytest.raises(Exception, match="released more often than acquired"):
+        m.release(0, PAGE)
+
+
+def test_random_admit_and_evict_keeps_every_resident_byte() -> None:
+    """Slices of odd sizes at odd offsets, admitted before the victims are released (the streamer's
+    order): every resident slice keeps its own bytes through all the recycling."""
+    unit = 16 * 1024
+    size = 3000 * 1000
+    m = T.Mirror(file_size=size, unit=unit)
+    rng = random.Random(7)
+    slices = [(i * 30_000 + 77, 30_000) for i in range(size // 30_000 - 1)]
+    resident: dict[int, bytes] = {}
+    peak = 0
+    for step in range(300):
+        admit = rng.sample(range(len(slices)), 4)
+        for i in admit:
+            if i not in resident:
+                m.acquire(*slices[i])
+                data = bytes([step % 251 + 1]) * slices[i][1]
+                m.write(slices[i][0], data)
+                resident[i] = data
+        assert m.pool_units_in_use * unit == m.resident_bytes
+        peak = max(peak, m.pool_units_in_use)
+        for i in [k for k in resident if k not in admit and rng.random() < 0.5]:
+            m.release(*slices[i])
+            del resident[i]
+        for i, data in resident.items():
+            assert m.read(*slices[i]) == data
+    assert m.pool_size_units == peak  # free units are reused before the pool grows
+
+
+# --- expert names ---------------------------------------------------------------------------------
+
+def test_expert_names_parse_by_the_recipe() -> None:
+    suffixes = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+    assert T.parse_expert_name("blk.12.ffn_up_exps.weight", suffixes) == (12, 1)
+    assert T.parse_expert_name("blk.0.ffn_down_exps.weight", suffixes) == (0, 2)
+    for name in ("blk.1.ffn_up_exps.bias", "blk.x.ffn_up_exps.weight", "blk..ffn_up_exps.weight",
+                 "blk.1.ffn_up_shexp.weight", "output.weight", "blk.1.weight"):
+        assert T.parse_expert_name(name, suffixes) is None, name
