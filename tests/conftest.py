@@ -2,12 +2,23 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 LLAMA_SRC = REPO / "third_party" / "llama.cpp" / "src"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_user_profiles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test sees a real user's tuned profiles (`bmoe-edge tune` writes them into
+    ${XDG_CONFIG_HOME:-~/.config}/bmoe-edge/profiles, searched by every profile lookup): the session,
+    and every CLI it starts, gets an empty $XDG_CONFIG_HOME of its own."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
+        yield
 
 
 def run_cli(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess[str]:

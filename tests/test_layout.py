@@ -16,7 +16,7 @@ FOUNDATION = {"errors", "llama_source", "doctor", "__init__", "__main__", "_nati
 ALLOWED = {
     "engine": set(),
     "fixtures": {"engine"},
-    "boards": {"engine", "fixtures"},
+    "boards": {"engine", "fixtures", "bench"},
     "fleet": {"engine", "boards"},
     "proof": {"engine", "fixtures"},
     "bench": {"engine"},
@@ -25,7 +25,8 @@ ALLOWED = {
 # What a board's Python has: the standard library and the runtime dependencies (pyproject.toml).
 BOARD_SIDE = ["engine/*.py", "boards/bundle.py", "boards/profiles.py", "boards/profile_schema.py",
               "proof/gates.py", "fixtures/specs.py", "bench/machine.py", "bench/layout.py", "bench/io.py",
-              "bench/ramcap.py", "bench/cells.py", "bench/routing.py", "cli/*.py"]
+              "bench/ramcap.py", "bench/cells.py", "bench/routing.py", "bench/tune.py", "boards/tune.py",
+              "cli/*.py"]
 HOST_ONLY = {"numpy", "gguf", "matplotlib", "fabric", "paramiko"}
 
 

@@ -242,14 +242,14 @@ def test_unknown_nested_field(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("key", "bad", "needle"), [
     ("threads", "threads: four", "expected an integer, got a string ('four')"),
-    ("overlap", "overlap: 1", "expected true or false, got a number (1)"),
+    ("overlap", "overlap: 1", "expected true, false or 'auto', got a number (1)"),
     ("python", "python: 3.10", 'got a number (3.1) (write it quoted: "3.10")'),
     ("libs", "libs: libc.so.6", "expected a list of strings, got a string"),
     ("storage", "storage: nvme", "expected a mapping, got a string ('nvme')"),
     ("cache_mb", "cache_mb: lots", "expected an integer or 'auto', got a string ('lots')"),
     ("page_size", "page_size: 8192", "8192 is not one of 4096, 16384, 65536"),
     ("read_path", "read_path: auto", "'auto' is not one of pread, odirect"),
-    ("threads", "threads: 0", "0 is less than 1"),
+    ("threads", "threads: -1", "-1 is less than 0"),
     ("march", "march: armv8.2-a dotprod", "is not an Arm -march like armv8.2-a+dotprod+fp16"),
     ("glibc", "glibc: '236'", "is not a glibc version"),
 ])

@@ -4,9 +4,13 @@ Where the files live: the shipped profiles are the checkout's top-level `board_p
 unchanged into the wheel as `bmoe_edge/board_profiles/` (pyproject.toml, `wheel.packages`), so a board
 can read them after `pip install`. A bundle carries its board's resolved profile as a file,
 `profile/<board>.yaml` (`profile_file_text`), which the board reads as it is. A user adds or
-overrides profiles in directories given with `--profiles-dir` or `$BMOE_EDGE_PROFILES`
-(os.pathsep-separated): those are searched first, so theirs win by name. Files whose name starts with
-`_` are fragments (shared CPU/OS facts), pulled in with `extends`, never boards themselves.
+overrides profiles in directories given with `--profiles-dir`, in the user profile directory
+`${XDG_CONFIG_HOME:-~/.config}/bmoe-edge/profiles` (where `bmoe-edge tune` writes the profile it
+measured), or in `$BMOE_EDGE_PROFILES` (os.pathsep-separated), searched in that order before the
+shipped ones, so theirs win by name. The user directory comes before `$BMOE_EDGE_PROFILES` because a
+deployed release's launcher puts the release's resolved profile there (`<release>/profile`): a tuned
+`rpi5.yaml` that `extends: rpi5` then layers on top of it. Files whose name starts with `_` are
+fragments (shared CPU/OS facts), pulled in with `extends`, never boards themselves.
 
 Merge order: each `extends` entry in order (each resolved the same way, recursively), then the file's
 own fields; later wins. Mappings (`storage`, `ssh`, `engine`) merge key by key; every other value is
@@ -124,10 +128,22 @@ class BoardProfile:
 # Finding files, merging `extends`.
 
 
+def user_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The user profile directory, ${XDG_CONFIG_HOME:-$HOME/.config}/bmoe-edge/profiles (None without
+    either variable); it need not exist."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CONFIG_HOME") or (f"{env['HOME']}/.config" if env.get("HOME") else "")
+    return Path(base) / "bmoe-edge" / "profiles" if base else None
+
+
 def profile_dirs(extra: Sequence[Path | str] = (), environ: Mapping[str, str] | None = None) -> list[Path]:
-    """Search order: `extra` (--profiles-dir), then $BMOE_EDGE_PROFILES, then the shipped profiles."""
+    """Search order: `extra` (--profiles-dir), the user profile directory (when it exists), then
+    $BMOE_EDGE_PROFILES, then the shipped profiles."""
     env = os.environ if environ is None else environ
     given = [(Path(d), "--profiles-dir") for d in extra]
+    user = user_dir(env)
+    if user is not None and user.is_dir():
+        given.append((user, "the user profile directory"))
     given += [(Path(d), f"${PROFILES_ENV}") for d in env.get(PROFILES_ENV, "").split(os.pathsep) if d]
     dirs: list[Path] = []
     for d, origin in given:

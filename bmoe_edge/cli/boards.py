@@ -1,4 +1,4 @@
-"""Commands of the board stage: llama fetch, profiles list/show, build, run (a bundle under qemu)."""
+"""Commands of the board stage: llama fetch, profiles list/show, tune, build, run (a bundle under qemu)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import typer
 
 from bmoe_edge import llama_source
 from bmoe_edge.boards import profiles
-from bmoe_edge.cli.common import app, fail, llama_app, profiles_app
+from bmoe_edge.cli.common import AcceptNewOpt, HostOpt, InstallDirOpt, SshConfigOpt, app, fail, llama_app, profiles_app
 
 
 @llama_app.command("fetch")
@@ -28,8 +28,8 @@ def llama_fetch_cmd(
 
 ProfilesDir = Annotated[
     list[Path] | None,
-    typer.Option("--profiles-dir", help=f"Extra profiles directory, searched before ${profiles.PROFILES_ENV} "
-                 "and the shipped ones (repeatable)."),
+    typer.Option("--profiles-dir", help="Extra profiles directory, searched before the user profile directory, "
+                 f"${profiles.PROFILES_ENV} and the shipped ones (repeatable)."),
 ]
 
 
@@ -83,3 +83,43 @@ def run_cmd(
 
     result = emulate.run_bundle(bundle_dir or Path("dist") / board, args or [], cpu=cpu)
     raise typer.Exit(emulate.exit_code(result.returncode))
+
+
+@app.command("tune")
+def tune_cmd(
+    board: Annotated[str | None, typer.Option("--board", help="The board profile to extend (default: this "
+                                              "machine's: the deployed board's, else host).")] = None,
+    model: Annotated[Path | None, typer.Option("-m", "--model", help="Read this gguf at its expert slice sizes "
+                                               "(default: a scratch file, representative sizes).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the profile here (default: the user profile "
+                                             "directory, <board>.yaml).")] = None,
+    scratch_dir: Annotated[Path | None, typer.Option("--dir", help="Where the scratch file goes: the disk the "
+                                                     "models are on (default: ~/.cache/bmoe-edge).")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="A few seconds: one size, short cells.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="The measurements and choices as JSON.")] = False,
+    no_write: Annotated[bool, typer.Option("--no-write", hidden=True, help="Measure only.")] = False,
+    host: HostOpt = None,
+    install_dir: InstallDirOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
+) -> None:
+    """Measure this machine (reads, compute, memory) and write a user profile that extends its board's with
+    the lanes, read path, threads, read speed and cache margin it chose.
+
+    With --host, the board's current release measures the board (-m and --dir are paths there) and the
+    profile is written both here and in the board's user profile directory."""
+    from bmoe_edge.boards import tune
+
+    if host:
+        from bmoe_edge.fleet import remote
+        from bmoe_edge.fleet.tune import tune_remote
+
+        options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+        result = tune_remote(remote.parse_target(host), options=options, board=board, install_dir=install_dir,
+                             model=None if model is None else str(model), out=out, quick=quick,
+                             scratch_dir=None if scratch_dir is None else str(scratch_dir),
+                             progress=tune.stderr_progress)
+    else:
+        result = tune.tune_local(board, model=model, out=out, quick=quick, scratch_dir=scratch_dir,
+                                 write=not no_write, progress=tune.stderr_progress)
+    typer.echo(result.to_json() if as_json else tune.format_table(result))

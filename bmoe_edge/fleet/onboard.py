@@ -11,7 +11,7 @@ from bmoe_edge.boards import bundle
 from bmoe_edge.engine.settings import BY_NAME
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet.install import gates_record, run_gates
-from bmoe_edge.fleet.remote import SshOptions, Target
+from bmoe_edge.fleet.remote import Board, SshOptions, Target
 from bmoe_edge.fleet.scripts import HANGUP
 from bmoe_edge.fleet.state import connect, current_release, read_state, release_env, write_state
 
@@ -49,12 +49,19 @@ def board_generate(target: Target, model: str, prompt: str, args: Sequence[str],
         _rid, rel, manifest = current_release(board, layout)
         if board_name and board_name != manifest.board:
             raise BmoeError(f"{board.label}: the deployed release is for board {manifest.board}, not {board_name}")
-        argv = [f"{rel}/{bundle.LAUNCHER_SCRIPT}", "generate", "--board", manifest.board, "-m", model, "-p", prompt,
-                *args]
-        env = [f"{k}={v}" for k, v in release_env(rel).items()]
-        result = board.sh(HANGUP, "env", *env, *argv, what="generate", check=False,
-                          out=out or sys.stdout, err=err or sys.stderr)
+        result = run_release(board, rel, ["generate", "--board", manifest.board, "-m", model, "-p", prompt, *args],
+                             what="generate", out=out or sys.stdout, err=err or sys.stderr)
         return int(result.exited)
+
+
+def run_release(board: Board, rel: str, args: Sequence[str], *, what: str, timeout: float | None = None,
+                out: Any = None, err: Any = None) -> Any:
+    """`bmoe-edge ARGS…` through a release's launcher on the board (its profiles and fixtures), stopped
+    when the connection goes away; returns fabric's Result (output captured, or streamed to `out`/`err`;
+    never raises on the command's own exit code)."""
+    env = [f"{k}={v}" for k, v in release_env(rel).items()]
+    return board.sh(HANGUP, "env", *env, f"{rel}/{bundle.LAUNCHER_SCRIPT}", *args, what=what, check=False,
+                    timeout=timeout, out=out, err=err)
 
 
 def _text_report(text: str) -> dict[str, Any] | None:

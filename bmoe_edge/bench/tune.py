@@ -1,0 +1,264 @@
+"""The board side of `bmoe-edge tune`: what it measures on the machine it runs on (standard library and
+the engine only: it runs on a board). The choice rules and the profile it writes are `boards/tune.py`.
+
+- **memory**: RAM and MemAvailable, the page size, and every memory limit that applies to this process
+  (`machine.memory_limits`: the memory cgroup it is in and its ancestors, v2 `memory.max`/`memory.high`
+  and v1 `memory.limit_in_bytes`); the smallest of them and the RAM is the effective limit;
+- **reads**: random reads of each slice size with 1..N lanes (N = 2x the cores, at most 8), O_DIRECT
+  and pread, cold (O_DIRECT never uses the page cache; pread cells start from a file whose pages were
+  dropped with posix_fadvise DONTNEED, and no slot is read twice in a cell) — `io.io_sweep`, three
+  interleaved sweeps, the median of each cell (one with `--quick`). The sizes are the model's expert
+  slice sizes (`-m`), else a representative set; the file read is the model, else a scratch file of
+  random bytes written (and removed) in `--dir`;
+- **compute**: resident decode tok/s with 1..cores threads, best of the rounds, of the model when it
+  takes at most 40% of the free memory, else of a tiny fixture (the caller finds it). The fixture's
+  layers are 64 wide: it measures the engine and thread overhead more than matrix throughput, so it
+  tends to favour few threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import statistics
+import struct
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bmoe_edge.bench.io import io_sweep
+from bmoe_edge.bench.layout import gguf_layout
+from bmoe_edge.bench.machine import PROMPT, MemoryLimit, mem_info, memory_limits, memory_pressure
+from bmoe_edge.engine import Engine, StreamConfig
+from bmoe_edge.errors import BmoeError
+
+KiB = 1 << 10
+MiB = 1 << 20
+DEFAULT_SIZES = (256 * KiB, 648 * KiB, 1740 * KiB)   # small, a 30B-A3B Q4_0 gate/up slice, a large one
+QUICK_SIZES = (648 * KiB,)
+MAX_SIZES = 3               # of a model's distinct slice sizes: the smallest, the median, the largest
+MAX_LANES = 8
+FIT_FRACTION = 0.4         # -m is the compute probe too when its file takes at most 40% of free memory
+
+Progress = Callable[[str], None]
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def size_label(n: int) -> str:
+    if n >= MiB:
+        return f"{n / MiB:.1f} MiB"
+    return f"{n / KiB:.0f} KiB" if n >= KiB else f"{n} B"
+
+
+# ---------------------------------------------------------------------------------------------------
+# What a run measures and how much of it.
+
+
+@dataclass(frozen=True)
+class Plan:
+    sizes: tuple[int, ...]
+    lanes: tuple[int, ...]
+    threads: tuple[int, ...]
+    seconds: float           # per read cell (at most)
+    scratch_bytes: int       # scratch file (no -m)
+    tokens: int              # decode tokens per compute cell
+    rounds: int              # compute rounds (best of)
+    repeats: int = 1         # read sweeps, interleaved (the median of each cell)
+
+
+def make_plan(quick: bool, cores: int, model_sizes: Sequence[int] = ()) -> Plan:
+    sizes = tuple(model_sizes) or (QUICK_SIZES if quick else DEFAULT_SIZES)
+    if quick:
+        sizes = sizes[-1:]
+    lanes = tuple(range(1, min(2 * cores, MAX_LANES) + 1))
+    threads = tuple(range(1, max(cores, 1) + 1))
+    if quick:
+        return Plan(sizes, lanes, threads, seconds=0.15, scratch_bytes=16 * MiB, tokens=4, rounds=1)
+    return Plan(sizes, lanes, threads, seconds=1.0, scratch_bytes=256 * MiB, tokens=16, rounds=2, repeats=3)
+
+
+def model_slice_sizes(model: Path) -> tuple[int, ...]:
+    """Up to three of the model's distinct expert slice sizes (smallest, median, largest)."""
+    try:
+        layout = gguf_layout(model)
+    except (OSError, ValueError, struct.error) as exc:   # a truncated or garbled header
+        raise BmoeError(f"{model}: not a readable gguf ({exc})") from None
+    distinct = sorted({t.expert_bytes for t in layout.experts})
+    if not distinct:
+        raise BmoeError(f"{model}: no expert tensors (a dense model has nothing to stream)")
+    if len(distinct) > MAX_SIZES:
+        distinct = [distinct[0], distinct[len(distinct) // 2], distinct[-1]]
+    return tuple(distinct)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Memory.
+
+
+@dataclass(frozen=True)
+class Machine:
+    hostname: str
+    arch: str
+    cores: int
+    ram_mb: int
+    available_mb: int
+    page_size: int
+    limits: tuple[MemoryLimit, ...]
+    pressure_avg10: float | None     # PSI "some" avg10 of memory, when the kernel has it
+
+    @property
+    def effective_mb(self) -> int:
+        return min([self.ram_mb, *(lim.mb for lim in self.limits)])
+
+
+def machine_facts() -> Machine:
+    info = mem_info()
+    return Machine(
+        hostname=platform.node(), arch=platform.machine(), cores=os.cpu_count() or 1,
+        ram_mb=info.get("MemTotal", 0) // MiB, available_mb=info.get("MemAvailable", 0) // MiB,
+        page_size=os.sysconf("SC_PAGE_SIZE"), limits=memory_limits(), pressure_avg10=memory_pressure(),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reads.
+
+
+@dataclass(frozen=True)
+class IoCell:
+    mode: str       # odirect | pread
+    size: int
+    lanes: int
+    mib_s: float
+    reads: int
+
+
+def check_readable(path: Path, need: int) -> int:
+    """The file's size; a one-line BmoeError when it cannot be read or is too small to measure."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise BmoeError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        size = os.fstat(fd).st_size
+        os.pread(fd, 4096, 0)
+    except OSError as exc:
+        raise BmoeError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if size < need:
+        raise BmoeError(f"{path} has {size} bytes: too small to measure reads of {need} bytes")
+    return size
+
+
+def odirect_unavailable(path: Path) -> str:
+    """Why O_DIRECT cannot read `path` ('' when it can): one aligned read, as the engine's probe does."""
+    import mmap
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError as exc:
+        return f"O_DIRECT open failed: {exc.strerror}"
+    buf = mmap.mmap(-1, 64 * KiB)
+    try:
+        os.preadv(fd, [memoryview(buf)[:4096]], 0)
+    except OSError as exc:
+        return f"O_DIRECT read failed: {exc.strerror}"
+    finally:
+        os.close(fd)
+        buf.close()
+    return ""
+
+
+@contextlib.contextmanager
+def scratch_file(directory: Path, size: int) -> Iterator[Path]:
+    """A file of `size` random bytes in `directory` (written through, synced), removed afterwards."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=".bmoe-tune-", suffix=".scratch", dir=directory)
+    except OSError as exc:
+        raise BmoeError(f"cannot write a scratch file in {directory}: {exc.strerror}; pass --dir on the disk the "
+                        "models are on, or -m MODEL") from None
+    path = Path(name)
+    try:
+        try:
+            with os.fdopen(fd, "wb") as f:
+                chunk = 4 * MiB
+                for done in range(0, size, chunk):
+                    f.write(os.urandom(min(chunk, size - done)))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise BmoeError(f"cannot write a scratch file in {directory}: {exc.strerror}") from None
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def measure_io(path: Path, plan: Plan, progress: Progress = quiet) -> tuple[list[IoCell], str]:
+    """Cold random reads of each size with each lane count, O_DIRECT (when available) and pread."""
+    why_not = odirect_unavailable(path)
+    modes = ["pread"] if why_not else ["odirect", "pread"]
+    if why_not:
+        progress(f"  {why_not}: measuring pread only")
+
+    def show(row: dict[str, Any]) -> None:
+        size = size_label(int(row["size"]))
+        progress(f"  {row['mode']:<7} {size:>8} x {row['lanes']} lane(s): {row['mib_s']:8.1f} MiB/s")
+
+    try:
+        rows = io_sweep(path, sizes=plan.sizes, lanes=plan.lanes, modes=modes, seconds=plan.seconds,
+                              repeats=plan.repeats, progress=show)
+    except OSError as exc:
+        raise BmoeError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except BmoeError as exc:     # a read that failed mid-sweep (an I/O error)
+        raise BmoeError(f"cannot read {path}: {exc}") from None
+    by: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault((r["mode"], int(r["size"]), int(r["lanes"])), []).append(r)
+    cells = [IoCell(mode, size, lanes, round(statistics.median(float(r["mib_s"]) for r in rs), 2),
+                    sum(int(r["reads"]) for r in rs)) for (mode, size, lanes), rs in by.items()]
+    cells.sort(key=lambda c: (c.mode != "odirect", c.size, c.lanes))
+    return cells, why_not
+
+
+# ---------------------------------------------------------------------------------------------------
+# Compute.
+
+
+@dataclass(frozen=True)
+class ComputeCell:
+    threads: int
+    tok_s: float
+
+
+def fits_in_memory(model: Path, machine: Machine) -> bool:
+    """A model small enough to measure resident (at most FIT_FRACTION of the memory free for it) is a
+    better compute probe than the tiny fixture, whose 64-wide layers measure thread overhead."""
+    free_mb = min(machine.available_mb, machine.effective_mb)
+    return model.stat().st_size <= FIT_FRACTION * free_mb * MiB
+
+
+def measure_compute(fixture: Path, plan: Plan, progress: Progress = quiet) -> list[ComputeCell]:
+    """Resident decode tok/s of the fixture with each thread count, the best of `plan.rounds` rounds."""
+    best: dict[int, float] = {}
+    for _round in range(plan.rounds):
+        for threads in plan.threads:
+            config = StreamConfig(stream=False, threads=threads, ctx=256, batch=64, ubatch=64)
+            with Engine(fixture, config) as engine:
+                gen = engine.run(PROMPT, plan.tokens + 1)
+            decode = gen.metrics[1:]    # the first step evaluates the prompt
+            ms = sum(m.wall_ms for m in decode)
+            if not decode or ms <= 0:
+                raise BmoeError(f"{fixture}: the compute fixture generated no decode steps")
+            tok_s = 1000.0 * len(decode) / ms
+            best[threads] = max(best.get(threads, 0.0), tok_s)
+            progress(f"  compute {threads} thread(s): {tok_s:8.1f} tok/s")
+    return [ComputeCell(t, round(best[t], 2)) for t in plan.threads]
