@@ -54,7 +54,23 @@ def test_board_profile_supplies_the_defaults(model: Path) -> None:
     result = run_cli("generate", "-m", str(model), "-p", "Hi", "-n", "2", "--board", "rpi5", "--json")
     assert result.returncode == 0, result.stderr
     run = json_lines(result.stdout)[0]
-    assert run["threads"] == 4 and run["cache_mode"] == "auto"
+    # rpi5: threads auto (one core left to the read lanes while streaming), 2 lanes, cache auto
+    assert run["threads"] == max(1, (os.cpu_count() or 1) - 1) and run["io_threads"] == 2
+    assert run["cache_mode"] == "auto"
+
+
+def test_no_knobs_take_this_machines_profile(model: Path) -> None:
+    """`generate -m M -p P` is the fast path: the machine's profile (host here; a deployed release's
+    launcher names its board) gives auto cache, overlap where the hook is, its lanes."""
+    result = run_cli("generate", "-m", str(model), "-p", "Hi", "-n", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    run = json_lines(result.stdout)[0]
+    assert run["cache_mode"] == "auto" and run["cache_adaptive"] and run["memory_limit_source"]
+    assert run["overlap"] == run["hook_compiled_in"] and run["io_threads"] == 2  # host.yaml
+    on_board = run_cli("generate", "-m", str(model), "-p", "Hi", "-n", "2", "--json",
+                       env={**os.environ, "BMOE_EDGE_BOARD": "qemu-arm64"})
+    assert on_board.returncode == 0, on_board.stderr
+    assert json_lines(on_board.stdout)[0]["io_threads"] == 1  # qemu-arm64.yaml
 
 
 def test_a_failed_read_stops_generation_with_one_line(model: Path) -> None:

@@ -87,6 +87,23 @@ def test_a_limit_too_small_for_the_model_is_one_error_before_decoding(cgroup: Pa
     assert _oom_kills(cgroup) == 0
 
 
+def test_auto_sizes_the_cache_from_the_cgroup_limit_not_the_machine(cgroup: Path) -> None:
+    """A RAM-capped cgroup (a container, systemd MemoryMax=, a benchmark's cap) is the limit: the
+    first benchmark campaign had `auto` OOM-killed when it looked at MemAvailable alone."""
+    model = tinymoe.fixture("qwen3moe", "Q8_0")
+    body = """
+        c = n.StreamConfig(); c.cache_mb = -1; c.cache_floor_mb = 50; c.threads = 1
+        ri = n.Engine(sys.argv[2], c).run_info
+        print(json.dumps({k: getattr(ri, k) for k in ("cache_mode", "cache_budget_mb", "memory_limit_source",
+              "memory_headroom_mb")}))
+    """
+    out = _run_in(cgroup, 400 * MiB, body, str(model))
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["cache_mode"] == "auto" and info["memory_limit_source"].startswith("cgroup v1 ")
+    assert 0 < info["cache_budget_mb"] == info["memory_headroom_mb"] < 400 - 64  # the default margin
+
+
 def test_a_fixed_budget_above_the_headroom_is_clamped_with_one_warning(cgroup: Path) -> None:
     model = tinymoe.fixture("qwen3moe", "Q8_0")
     body = """

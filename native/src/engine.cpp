@@ -240,7 +240,12 @@ void Engine::Impl::create_context() {
     params.n_batch = static_cast<uint32_t>(config.batch);
     params.n_ubatch = static_cast<uint32_t>(config.ubatch);
     params.n_seq_max = 1;
-    const int threads = config.threads > 0 ? config.threads : static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+    // 0 = auto: every core for a resident run; one core left to the read lanes while streaming.
+    // llama.cpp's compute threads spin at their barriers, so a thread per core starves the lanes
+    // (and itself, waiting for a descheduled peer): on 2 cores, streaming with 2 compute threads
+    // decoded 0.4 tok/s against 1.0-1.7 with 1 (docs/bench-data/2026-11-30).
+    const int cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+    const int threads = config.threads > 0 ? config.threads : config.stream ? std::max(1, cores - 1) : cores;
     info.threads = threads;
     params.n_threads = threads;
     params.n_threads_batch = threads;

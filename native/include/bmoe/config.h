@@ -30,7 +30,7 @@ struct StreamConfig {
     ReadPath read_path = ReadPath::ODirect;
     DenseMode dense = DenseMode::Mmap;
     bool overlap = false;             // I/O-compute overlap through the expert-ready hook
-    int threads = 0;                  // compute threads; 0 = all cores
+    int threads = 0;                  // compute threads; 0 = all cores resident, all but one while streaming
     int ctx = 2048;
     int batch = 512;
     int ubatch = 512;
