@@ -298,12 +298,13 @@ void Engine::Impl::size_cache() {
     for (int l = 0; l < streamer.n_layers(); ++l) {
         widest_layer = std::max(widest_layer, streamer.bytes_per_expert(l));
     }
+    const auto projections = static_cast<uint64_t>(info.streamed_tensors / std::max(1, streamer.n_layers()));
     // The layer being computed and the one being read (overlap), each slice rounded out to units.
-    const uint64_t slices = static_cast<uint64_t>(info.n_expert_used) * 3;
+    const uint64_t slices = static_cast<uint64_t>(info.n_expert_used) * projections;
     footprint.in_flight_bytes = 2 * (static_cast<uint64_t>(info.n_expert_used) * widest_layer + slices * 2 * info.page_size);
     // Each cached slice is one pool mapping plus the split of the reservation around it.
     const uint64_t maps_free = detail::mappings_left();
-    const uint64_t per_expert_maps = 2 * static_cast<uint64_t>(info.streamed_tensors / std::max(1, streamer.n_layers()));
+    const uint64_t per_expert_maps = 2 * projections;
     if (maps_free != UINT64_MAX && per_expert_maps > 0) {
         const uint64_t cap = maps_free / per_expert_maps / std::max(1, streamer.n_layers()) *
                              streamer.cache().bytes_per_token_slot();

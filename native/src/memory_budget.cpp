@@ -46,6 +46,13 @@ uint64_t MemoryBudget::pending() const {
     return total;
 }
 
+// What a cgroup could still give: its limit less its usage, plus the page cache the kernel takes
+// back first — never counting our own mapped file pages (dense weights) as reclaimable.
+int64_t MemoryBudget::cgroup_free(const CgroupMemory & c, const MemoryReading & m) {
+    const uint64_t reclaimable = c.inactive_file > m.rss_file ? c.inactive_file - m.rss_file : 0;
+    return to_signed(c.limit) - to_signed(c.usage) + to_signed(reclaimable);
+}
+
 MemoryBudget::Headroom MemoryBudget::headroom(const MemoryReading & m, uint64_t pool_held) const {
     // The pool's pages are the cache's own (charged as shared memory, never counted as available).
     // Mapped file pages of ours (dense weights) may sit on the inactive list: never count them as
@@ -56,8 +63,7 @@ MemoryBudget::Headroom MemoryBudget::headroom(const MemoryReading & m, uint64_t 
     best.source = "machine";
     best.limit = m.mem_total;
     for (const CgroupMemory & c : m.cgroups) {
-        const uint64_t reclaimable = c.inactive_file > m.rss_file ? c.inactive_file - m.rss_file : 0;
-        const int64_t free = to_signed(c.limit) - to_signed(c.usage) + to_signed(reclaimable + pool_held);
+        const int64_t free = cgroup_free(c, m) + to_signed(pool_held);
         if (free < best.bytes) {
             best = {free, c.path, c.limit};
         }
@@ -72,8 +78,7 @@ BudgetReport MemoryBudget::initial(const MemoryReading & m) {
     // A hard limit that cannot hold the model with no cache at all: say so before decoding.
     for (const CgroupMemory & c : m.cgroups) {
         const uint64_t reclaimable = c.inactive_file > m.rss_file ? c.inactive_file - m.rss_file : 0;
-        const int64_t free = to_signed(c.limit) - to_signed(c.usage) + to_signed(reclaimable);
-        if (free < to_signed(need)) {
+        if (cgroup_free(c, m) < to_signed(need)) {
             throw Error("the memory limit of " + c.path + " (" + mib(c.limit) + ") is too small for this model: it needs " +
                         mib(c.usage - reclaimable + need) + " with no expert cache (" + mib(c.usage - reclaimable) +
                         " in use, " + mib(report.pending) + " of KV cache, compute buffers and dense weights still to touch, " +

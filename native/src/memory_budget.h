@@ -60,8 +60,8 @@ private:
         uint64_t limit = 0;
     };
     Headroom headroom(const MemoryReading & reading, uint64_t pool_held) const;
+    static int64_t cgroup_free(const CgroupMemory & c, const MemoryReading & reading);
     uint64_t pending() const;
-    uint64_t cap() const { return cap_; }
 
     StreamConfig config_;
     Footprint footprint_;
