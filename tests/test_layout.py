@@ -20,13 +20,14 @@ ALLOWED = {
     "fleet": {"engine", "boards"},
     "proof": {"engine", "fixtures"},
     "bench": {"engine"},
-    "cli": {"engine", "fixtures", "boards", "fleet", "proof", "bench"},
+    "serve": {"engine"},
+    "cli": {"engine", "fixtures", "boards", "fleet", "proof", "bench", "serve"},
 }
 # What a board's Python has: the standard library and the runtime dependencies (pyproject.toml).
 BOARD_SIDE = ["engine/*.py", "boards/bundle.py", "boards/profiles.py", "boards/profile_schema.py",
               "proof/gates.py", "fixtures/specs.py", "bench/machine.py", "bench/layout.py", "bench/io.py",
               "bench/ramcap.py", "bench/cells.py", "bench/routing.py", "bench/tune.py", "boards/tune.py",
-              "cli/*.py"]
+              "serve/*.py", "cli/*.py"]
 HOST_ONLY = {"numpy", "gguf", "matplotlib", "fabric", "paramiko"}
 
 

@@ -1,5 +1,5 @@
 """The `bmoe-edge` command line: a thin typer shell. Each command only parses its arguments and calls
-one module of the stage it belongs to (engine, boards, fleet, proof, bench)."""
+one module of the stage it belongs to (engine, boards, fleet, proof, bench, serve)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from bmoe_edge.cli import bench, boards, engine, fleet, proof  # noqa: F401 - they register the commands
+from bmoe_edge.cli import bench, boards, engine, fleet, proof, serve  # noqa: F401 - they register the commands
 from bmoe_edge.cli.common import app
 from bmoe_edge.errors import BmoeError
 

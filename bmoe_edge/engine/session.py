@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ class Sampling:
     temp: float = 0.0  # 0 = greedy
     top_k: int = 40
     top_p: float = 0.95
+    min_p: float = 0.0  # 0 = off
     seed: int = 0
 
 
@@ -62,6 +63,7 @@ class Generation:
     metrics: list[TokenMetrics] = field(default_factory=list)
     logits: list[bytes] = field(default_factory=list)
     stop_reason: str = ""  # "max_tokens", "end_of_generation", "context_full"
+    reused_tokens: int = 0  # prompt tokens whose keys and values the context already held
 
 
 def _metrics(m) -> TokenMetrics:
@@ -98,8 +100,43 @@ class Engine:
         info = self._live().run_info
         return {name: getattr(info, name) for name in run_info_fields(info)}
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return list(self._live().tokenize(text, add_special))
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return list(self._live().tokenize(text, add_special, parse_special))
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self._live().detokenize(tokens)
+
+    @property
+    def chat_template(self) -> str:
+        """The model's own chat template (its Jinja source), "" when the file has none."""
+        return self._live().chat_template
+
+    @property
+    def context_tokens(self) -> list[int]:
+        """The tokens whose keys and values the context holds."""
+        return list(self._live().context_tokens)
+
+    def reset(self) -> None:
+        """Forget the context: the next generation decodes its whole prompt."""
+        self._live().reset()
+
+    def save_state(self, path: str | Path) -> None:
+        """Write the context (KV cache and its tokens) to a llama.cpp state file."""
+        with native.engine_errors():
+            self._live().save_state(str(path))
+
+    def load_state(self, path: str | Path) -> None:
+        """Restore a context written by `save_state` (same model, same context size)."""
+        with native.engine_errors():
+            self._live().load_state(str(path))
+
+    def chat(self, messages: Sequence[Any], max_tokens: int, sampling: Sampling | None = None, *,
+             think: bool | None = None, template: str | None = None) -> Iterator[Any]:
+        """Answer a conversation: yields `chat.Delta`s (answer text and reasoning apart). The context is
+        kept between calls, so a conversation's next turn decodes only what is new."""
+        from bmoe_edge.engine import chat
+
+        return chat.reply(self, messages, max_tokens, sampling, think=think, template=template)
 
     def generate(
         self,
@@ -109,18 +146,20 @@ class Engine:
         *,
         logits: bool = False,
         result: Generation | None = None,
+        reuse_kv: bool = False,
     ) -> Iterator[Token]:
-        """Yield tokens as they are generated; `result` (if given) is filled in along the way."""
+        """Yield tokens as they are generated; `result` (if given) is filled in along the way.
+        `reuse_kv` keeps the context's longest common prefix with the prompt (decoding only the rest)."""
         engine = self._live()
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         s = sampling or Sampling()
         n = native.load()
         params = n.SamplingParams()
-        params.temp, params.top_k, params.top_p, params.seed = s.temp, s.top_k, s.top_p, s.seed
+        params.temp, params.top_k, params.top_p, params.min_p, params.seed = s.temp, s.top_k, s.top_p, s.min_p, s.seed
         out = result if result is not None else Generation(prompt_ids)
         out.prompt_tokens = prompt_ids
         with native.engine_errors():
-            engine.begin(prompt_ids, params, logits)
+            out.reused_tokens = engine.begin(prompt_ids, params, logits, reuse_kv)
         pending = b""
         step = self._step()
         while len(out.tokens) < max_tokens:

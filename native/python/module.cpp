@@ -4,6 +4,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "bmoe/build_info.h"
+#include "bmoe/chat.h"
 #include "bmoe/config.h"
 #include "bmoe/engine.h"
 #include "bmoe/error.h"
@@ -103,6 +104,7 @@ NB_MODULE(_native, m) {
         .def_rw("temp", &bmoe::SamplingParams::temp)
         .def_rw("top_k", &bmoe::SamplingParams::top_k)
         .def_rw("top_p", &bmoe::SamplingParams::top_p)
+        .def_rw("min_p", &bmoe::SamplingParams::min_p)
         .def_rw("seed", &bmoe::SamplingParams::seed);
 
 #define BMOE_RO(cls, field) .def_ro(#field, &bmoe::cls::field)
@@ -142,12 +144,30 @@ NB_MODULE(_native, m) {
 
     m.def("overlap_in_use", &bmoe::overlap_in_use);
 
+    nb::class_<bmoe::ChatMessage>(m, "ChatMessage")
+        .def(nb::init<>())
+        .def("__init__", [](bmoe::ChatMessage * self, std::string role, std::string content) {
+            new (self) bmoe::ChatMessage{std::move(role), std::move(content)};
+        }, nb::arg("role"), nb::arg("content"))
+        .def_rw("role", &bmoe::ChatMessage::role)
+        .def_rw("content", &bmoe::ChatMessage::content);
+    m.def("apply_chat_template", &bmoe::apply_chat_template, nb::arg("template"), nb::arg("messages"),
+          nb::arg("add_assistant"));
+    m.def("builtin_chat_templates", &bmoe::builtin_chat_templates);
+
     nb::class_<bmoe::Engine>(m, "Engine")
         .def(nb::init<const std::string &, const bmoe::StreamConfig &>(), nb::arg("model_path"), nb::arg("config"),
              nb::call_guard<nb::gil_scoped_release>())
         .def_prop_ro("run_info", &bmoe::Engine::run_info, nb::rv_policy::reference_internal)
-        .def("tokenize", &bmoe::Engine::tokenize, nb::arg("text"), nb::arg("add_special") = true)
+        .def("tokenize", &bmoe::Engine::tokenize, nb::arg("text"), nb::arg("add_special") = true,
+             nb::arg("parse_special") = true)
         .def("detokenize", &bmoe::Engine::detokenize, nb::arg("tokens"))
-        .def("begin", &bmoe::Engine::begin, nb::arg("prompt"), nb::arg("sampling"), nb::arg("want_logits") = false)
-        .def("next", &bmoe::Engine::next, nb::arg("out"), nb::call_guard<nb::gil_scoped_release>());
+        .def("begin", &bmoe::Engine::begin, nb::arg("prompt"), nb::arg("sampling"), nb::arg("want_logits") = false,
+             nb::arg("reuse_kv") = false, nb::call_guard<nb::gil_scoped_release>())
+        .def("next", &bmoe::Engine::next, nb::arg("out"), nb::call_guard<nb::gil_scoped_release>())
+        .def_prop_ro("chat_template", &bmoe::Engine::chat_template)
+        .def_prop_ro("context_tokens", &bmoe::Engine::context_tokens)
+        .def("reset", &bmoe::Engine::reset)
+        .def("save_state", &bmoe::Engine::save_state, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>())
+        .def("load_state", &bmoe::Engine::load_state, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>());
 }

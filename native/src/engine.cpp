@@ -117,6 +117,7 @@ struct Engine::Impl {
     std::unique_ptr<detail::MemoryBudget> memory;
     std::unique_ptr<detail::ExpertReadyHook> hook;  // last member: unregistered before anything is freed
     std::vector<llama_token> pending;
+    std::vector<llama_token> in_context;  // what the KV cache holds, position by position
     bool want_logits = false;
     int step = 0;
 
@@ -329,22 +330,34 @@ void Engine::Impl::size_cache() {
 }
 
 void Engine::Impl::decode(std::vector<llama_token> & tokens) {
-    for (size_t done = 0; done < tokens.size();) {
-        const auto n = static_cast<int32_t>(std::min<size_t>(tokens.size() - done, static_cast<size_t>(config.batch)));
-        const int rc = llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
-        if (config.overlap && streaming.streamer) {
-            streaming.streamer->drain();  // the last layer's reads; rethrows a failed read
-        }
-        if (seam) {
-            const std::string error = seam->take_error();
-            if (!error.empty()) {
-                throw Error(error);
+    try {
+        for (size_t done = 0; done < tokens.size();) {
+            const auto n =
+                static_cast<int32_t>(std::min<size_t>(tokens.size() - done, static_cast<size_t>(config.batch)));
+            const int rc = llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
+            if (config.overlap && streaming.streamer) {
+                streaming.streamer->drain();  // the last layer's reads; rethrows a failed read
             }
+            if (seam) {
+                const std::string error = seam->take_error();
+                if (!error.empty()) {
+                    throw Error(error);
+                }
+            }
+            if (rc != 0) {
+                throw Error("llama_decode failed (" + std::to_string(rc) + ")");
+            }
+            in_context.insert(in_context.end(), tokens.begin() + static_cast<long>(done),
+                              tokens.begin() + static_cast<long>(done) + n);
+            done += static_cast<size_t>(n);
         }
-        if (rc != 0) {
-            throw Error("llama_decode failed (" + std::to_string(rc) + ")");
-        }
-        done += static_cast<size_t>(n);
+    } catch (...) {
+        // A half-decoded batch leaves keys and values nobody can vouch for: the next generation
+        // starts from an empty context.
+        llama_memory_clear(llama_get_memory(ctx.get()), true);
+        in_context.clear();
+        pending.clear();
+        throw;
     }
 }
 
@@ -357,15 +370,15 @@ Engine::~Engine() = default;
 
 const RunInfo & Engine::run_info() const { return impl_->info; }
 
-std::vector<int32_t> Engine::tokenize(const std::string & text, bool add_special) const {
+std::vector<int32_t> Engine::tokenize(const std::string & text, bool add_special, bool parse_special) const {
     const auto len = static_cast<int32_t>(text.size());
     std::vector<llama_token> out(text.size() + 8);
     int32_t n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()),
-                               add_special, true);
+                               add_special, parse_special);
     if (n < 0) {
         out.resize(static_cast<size_t>(-n));
         n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()), add_special,
-                           true);
+                           parse_special);
     }
     out.resize(static_cast<size_t>(std::max(n, 0)));
     return out;
@@ -383,26 +396,78 @@ std::string Engine::detokenize(const std::vector<int32_t> & tokens) const {
     return text;
 }
 
-void Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams & sampling, bool want_logits) {
+int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams & sampling, bool want_logits,
+                      bool reuse_kv) {
     if (prompt.empty()) {
         throw Error("the prompt is empty");
     }
-    llama_memory_clear(llama_get_memory(impl_->ctx.get()), true);
+    Impl & d = *impl_;
+    llama_memory_t memory = llama_get_memory(d.ctx.get());
+    size_t keep = 0;
+    if (reuse_kv) {
+        while (keep < d.in_context.size() && keep < prompt.size() && d.in_context[keep] == prompt[keep]) {
+            ++keep;
+        }
+        keep = std::min(keep, prompt.size() - 1);  // the last prompt token is decoded again: its logits
+    }
+    // A recurrent model's state cannot be cut at an arbitrary position: then it starts afresh.
+    if (keep == 0 || !llama_memory_seq_rm(memory, 0, static_cast<llama_pos>(keep), -1)) {
+        llama_memory_clear(memory, true);
+        keep = 0;
+    }
+    d.in_context.resize(keep);
     llama_sampler_chain_params chain_params = llama_sampler_chain_default_params();
     chain_params.no_perf = true;
-    impl_->sampler.reset(llama_sampler_chain_init(chain_params));
-    llama_sampler * chain = impl_->sampler.get();
+    d.sampler.reset(llama_sampler_chain_init(chain_params));
+    llama_sampler * chain = d.sampler.get();
     if (sampling.temp <= 0.0f) {
         llama_sampler_chain_add(chain, llama_sampler_init_greedy());
     } else {
         llama_sampler_chain_add(chain, llama_sampler_init_top_k(sampling.top_k));
         llama_sampler_chain_add(chain, llama_sampler_init_top_p(sampling.top_p, 1));
+        if (sampling.min_p > 0.0f) {
+            llama_sampler_chain_add(chain, llama_sampler_init_min_p(sampling.min_p, 1));
+        }
         llama_sampler_chain_add(chain, llama_sampler_init_temp(sampling.temp));
         llama_sampler_chain_add(chain, llama_sampler_init_dist(sampling.seed));
     }
-    impl_->pending.assign(prompt.begin(), prompt.end());
-    impl_->want_logits = want_logits;
-    impl_->step = 0;
+    d.pending.assign(prompt.begin() + static_cast<long>(keep), prompt.end());
+    d.want_logits = want_logits;
+    d.step = 0;
+    return static_cast<int32_t>(keep);
+}
+
+std::string Engine::chat_template() const {
+    const char * tmpl = llama_model_chat_template(impl_->model.get(), nullptr);
+    return tmpl == nullptr ? std::string() : std::string(tmpl);
+}
+
+const std::vector<int32_t> & Engine::context_tokens() const { return impl_->in_context; }
+
+void Engine::reset() {
+    llama_memory_clear(llama_get_memory(impl_->ctx.get()), true);
+    impl_->in_context.clear();
+    impl_->pending.clear();
+}
+
+void Engine::save_state(const std::string & path) const {
+    const std::vector<llama_token> & tokens = impl_->in_context;
+    if (!llama_state_save_file(impl_->ctx.get(), path.c_str(), tokens.data(), tokens.size())) {
+        throw Error("could not write the session state to " + path);
+    }
+}
+
+void Engine::load_state(const std::string & path) {
+    Impl & d = *impl_;
+    std::vector<llama_token> tokens(static_cast<size_t>(d.config.ctx));
+    size_t n = 0;
+    if (!llama_state_load_file(d.ctx.get(), path.c_str(), tokens.data(), tokens.size(), &n)) {
+        reset();
+        throw Error(path + " is not a session state of this model and context size (or cannot be read)");
+    }
+    tokens.resize(n);
+    d.in_context = std::move(tokens);
+    d.pending.clear();
 }
 
 bool Engine::next(StepResult & out) {

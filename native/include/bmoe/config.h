@@ -42,6 +42,7 @@ struct SamplingParams {
     float temp = 0.0f;  // 0 = greedy
     int top_k = 40;
     float top_p = 0.95f;
+    float min_p = 0.0f;  // 0 = off
     uint32_t seed = 0;
 };
 

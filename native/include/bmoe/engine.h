@@ -34,14 +34,31 @@ public:
     Engine & operator=(const Engine &) = delete;
 
     const RunInfo & run_info() const;
-    std::vector<int32_t> tokenize(const std::string & text, bool add_special) const;
+    // `parse_special`: text such as "<|im_end|>" becomes that control token (for rendered templates);
+    // off, it is plain text (for whatever a user typed).
+    std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special = true) const;
     std::string detokenize(const std::vector<int32_t> & tokens) const;
 
-    // Start a generation: the KV cache is cleared (the expert cache is kept).
-    void begin(const std::vector<int32_t> & prompt, const SamplingParams & sampling, bool want_logits);
+    // Start a generation. Without `reuse_kv` the KV cache is cleared; with it, the longest common
+    // prefix of `prompt` and the tokens the context already holds stays and only the rest is decoded
+    // (a conversation's next turn). Returns how many prompt tokens were reused. The expert cache is
+    // kept either way.
+    int32_t begin(const std::vector<int32_t> & prompt, const SamplingParams & sampling, bool want_logits,
+                  bool reuse_kv = false);
     // Decode the pending tokens and sample the next one. False when nothing is pending (end of
     // generation reached before) or the context is full. Throws bmoe::Error on a failed read.
     bool next(StepResult & out);
+
+    // The model's chat template (tokenizer.chat_template), empty when the file has none.
+    std::string chat_template() const;
+    // The tokens whose keys and values the context holds, in order.
+    const std::vector<int32_t> & context_tokens() const;
+    // Forget the context (the next begin decodes its whole prompt).
+    void reset();
+    // llama.cpp's state file: the context's KV cache and its tokens, so a restart can resume a
+    // conversation. Loading checks that the file belongs to this model and fits this context.
+    void save_state(const std::string & path) const;
+    void load_state(const std::string & path);
 
 private:
     struct Impl;

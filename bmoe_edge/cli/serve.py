@@ -1,0 +1,86 @@
+"""Commands of conversations: chat (a terminal conversation) and serve (an OpenAI-compatible server)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from bmoe_edge.cli.common import app, engine_options
+from bmoe_edge.engine import settings
+from bmoe_edge.engine.session import Sampling
+
+ModelOpt = Annotated[Path, typer.Option("-m", "--model", help="The gguf model (first shard of a split model).")]
+BoardOpt = Annotated[str | None, typer.Option("--board", help="Take the defaults from this board profile "
+                                              "(default: this machine's: the deployed board's, else host).")]
+TemplateOpt = Annotated[str | None, typer.Option(
+    "--chat-template", help="A llama.cpp built-in template name (chatml, llama3, gpt-oss, ...) or a file with a "
+    "model's Jinja template (default: the model's own; ChatML when it has none).")]
+ParseSpecialOpt = Annotated[bool, typer.Option(
+    "--parse-special", help="Let message text spell the model's control tokens (e.g. <|im_end|>); off, such "
+    "text is refused so nobody can forge a turn.")]
+
+
+def _config(board: str | None, engine: dict[str, Any]) -> settings.StreamConfig:
+    from bmoe_edge.boards import profiles
+
+    return settings.resolve(profiles.load_profile(board or profiles.machine_board()).engine, engine)
+
+
+@app.command("chat")
+@engine_options()
+def chat_cmd(
+    model: ModelOpt,
+    system: Annotated[str | None, typer.Option("--system", help="A system prompt.")] = None,
+    think: Annotated[bool | None, typer.Option("--think/--no-think", help="Reasoning on or off where the "
+                                               "model's template can switch it (default: the model's).")] = None,
+    chat_template: TemplateOpt = None,
+    max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Per answer.")] = 1024,
+    temp: Annotated[float, typer.Option("--temp", help="0 = greedy.")] = 0.8,
+    top_k: Annotated[int, typer.Option("--top-k")] = 40,
+    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
+    min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    parse_special: ParseSpecialOpt = False,
+    board: BoardOpt = None,
+    *,
+    engine: dict[str, Any],
+) -> None:
+    """Chat with a model in the terminal, streaming its experts (the conversation's context is kept, so
+    each turn decodes only its new tokens)."""
+    from bmoe_edge.engine import chat
+    from bmoe_edge.engine.session import Engine
+    from bmoe_edge.serve import terminal
+
+    with Engine(model, _config(board, engine)) as e:
+        session = chat.Session(e, system=system, template=chat_template, think=think,
+                               sampling=Sampling(temp, top_k, top_p, min_p, seed), max_tokens=max_tokens,
+                               parse_special=parse_special)
+        terminal.run(session)
+
+
+@app.command("serve")
+@engine_options()
+def serve_cmd(
+    model: ModelOpt,
+    bind: Annotated[str, typer.Option("--bind", help="The address to listen on (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8080,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="BMOE_EDGE_API_KEY", help="Every request needs "
+                                                "'Authorization: Bearer KEY' (/health excepted).")] = None,
+    queue: Annotated[int, typer.Option("--queue", min=1, help="Requests that may wait; more get 429.")] = 8,
+    model_id: Annotated[str | None, typer.Option("--model-id", help="The name clients use (default: the "
+                                                 "file's name).")] = None,
+    chat_template: TemplateOpt = None,
+    parse_special: ParseSpecialOpt = False,
+    board: BoardOpt = None,
+    *,
+    engine: dict[str, Any],
+) -> None:
+    """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health,
+    /metrics) over one engine that streams the model's experts."""
+    from bmoe_edge.serve import server
+
+    server.serve(model, _config(board, engine), bind=bind, port=port, api_key=api_key, queue_size=queue,
+                 template=chat_template, parse_special=parse_special, model_id=model_id,
+                 say=lambda s: typer.echo(s, err=True))

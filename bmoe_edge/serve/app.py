@@ -1,0 +1,206 @@
+"""The HTTP face: Starlette routes over one `Worker`. Requests queue in the worker's bounded FIFO (full:
+429 with Retry-After); a client that goes away cancels its generation; with an API key every route
+but /health needs `Authorization: Bearer KEY`."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from bmoe_edge.engine import chat
+from bmoe_edge.serve import metrics, openai_api
+from bmoe_edge.serve.openai_api import ApiError
+from bmoe_edge.serve.worker import Job, QueueFull, Request, Worker, loop_delivery, request_id
+
+MAX_BODY_BYTES = 4 << 20
+RETRY_AFTER_S = 2
+
+
+def _error(exc: ApiError) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 429 else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+async def _body(request: HttpRequest) -> Any:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+
+
+async def _until_disconnect(request: HttpRequest) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class Server:
+    def __init__(self, worker: Worker, model_id: str, api_key: str | None = None) -> None:
+        self.worker = worker
+        self.model_id = model_id
+        self.api_key = api_key
+        self.created = int(time.time())
+        self.rejected = 0
+
+    def _authorized(self, request: HttpRequest) -> bool:
+        if not self.api_key:
+            return True
+        given = request.headers.get("authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode())
+
+    def _enqueue(self, req: Request) -> tuple[Job, asyncio.Queue]:
+        events: asyncio.Queue = asyncio.Queue()
+        job = Job(req, loop_delivery(asyncio.get_running_loop(), events))
+        try:
+            self.worker.submit(job)
+        except QueueFull:
+            self.rejected += 1
+            raise ApiError(429, "the server is busy: its queue is full, retry later", type="rate_limit_error",
+                           code="queue_full") from None
+        return job, events
+
+    async def _next_event(self, request: HttpRequest, job: Job, events: asyncio.Queue) -> tuple[str, Any]:
+        """The worker's next event; a client that hangs up meanwhile cancels the job."""
+        gone = asyncio.ensure_future(_until_disconnect(request))
+        got = asyncio.ensure_future(events.get())
+        try:
+            await asyncio.wait({got, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not got.done():
+            got.cancel()
+            job.cancelled.set()
+            raise ApiError(499, "the client closed the request")
+        kind, value = got.result()
+        if kind == "error":
+            status, message = value
+            raise ApiError(status, message, type="server_error" if status >= 500 else "invalid_request_error")
+        return kind, value
+
+    async def _result(self, request: HttpRequest, job: Job, events: asyncio.Queue) -> chat.Reply:
+        """Wait for the whole answer."""
+        while True:
+            kind, value = await self._next_event(request, job, events)
+            if kind == "done":
+                return value
+
+    async def _stream(self, job: Job, events: asyncio.Queue, pending: tuple[str, Any], head: list[dict[str, Any]],
+                      chunk: Callable[[chat.Delta], dict[str, Any] | None],
+                      last: Callable[[chat.Reply], list[dict[str, Any]]]) -> AsyncIterator[str]:
+        """Server-sent events from the first event on (already taken, so a bad request was a 4xx)."""
+        try:
+            for body in head:
+                yield f"data: {json.dumps(body)}\n\n"
+            kind, value = pending
+            while True:
+                if kind == "delta":
+                    body = chunk(value)
+                    if body is not None:
+                        yield f"data: {json.dumps(body)}\n\n"
+                elif kind == "done":
+                    for body in last(value):
+                        yield f"data: {json.dumps(body)}\n\n"
+                    yield "data: [DONE]\n\n"
+                    return
+                else:
+                    status, message = value
+                    yield f"data: {json.dumps(ApiError(status, message, type='server_error').body())}\n\n"
+                    return
+                kind, value = await events.get()
+        finally:
+            job.cancelled.set()  # a no-op when done; stops the engine when the client went away
+
+    async def chat_completions(self, request: HttpRequest) -> Response:
+        body = await _body(request)
+        req = openai_api.parse_chat(body, self.model_id)
+        job, events = self._enqueue(req)
+        rid = request_id("chatcmpl")
+        if not body.get("stream"):
+            reply = await self._result(request, job, events)
+            return JSONResponse(openai_api.chat_completion(rid, self.model_id, reply))
+        with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        def chunk(d: chat.Delta) -> dict[str, Any] | None:
+            fields = openai_api.delta_fields(d)
+            return openai_api.chat_chunk(rid, self.model_id, fields) if fields else None
+
+        def last(reply: chat.Reply) -> list[dict[str, Any]]:
+            out = [openai_api.chat_chunk(rid, self.model_id, {}, reply.finish_reason)]
+            if with_usage:
+                out.append(openai_api.envelope("chat.completion.chunk", rid, self.model_id)
+                           | {"choices": [], "usage": openai_api.usage(reply)})
+            return out
+
+        pending = await self._next_event(request, job, events)
+        head = [openai_api.chat_chunk(rid, self.model_id, {"role": "assistant", "content": ""})]
+        return StreamingResponse(self._stream(job, events, pending, head, chunk, last), media_type="text/event-stream")
+
+    async def completions(self, request: HttpRequest) -> Response:
+        body = await _body(request)
+        req = openai_api.parse_completion(body, self.model_id)
+        job, events = self._enqueue(req)
+        rid = request_id("cmpl")
+        if not body.get("stream"):
+            reply = await self._result(request, job, events)
+            return JSONResponse(openai_api.text_completion(rid, self.model_id, reply))
+
+        def chunk(d: chat.Delta) -> dict[str, Any] | None:
+            return openai_api.text_chunk(rid, self.model_id, d.content) if d.content else None
+
+        def last(reply: chat.Reply) -> list[dict[str, Any]]:
+            return [openai_api.text_chunk(rid, self.model_id, "", reply.finish_reason)]
+
+        pending = await self._next_event(request, job, events)
+        return StreamingResponse(self._stream(job, events, pending, [], chunk, last), media_type="text/event-stream")
+
+    async def models(self, request: HttpRequest) -> Response:
+        return JSONResponse(openai_api.models(self.model_id, self.created))
+
+    async def health(self, request: HttpRequest) -> Response:
+        return JSONResponse({"status": "ok", "model": self.model_id, "queue_depth": self.worker.queue_depth})
+
+    async def metrics(self, request: HttpRequest) -> Response:
+        text = metrics.prometheus(self.worker.stats, self.worker.queue_depth, self.rejected)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+
+def create_app(worker: Worker, model_id: str, api_key: str | None = None) -> Starlette:
+    server = Server(worker, model_id, api_key)
+
+    def guarded(handler: Callable, public: bool = False) -> Callable:
+        async def endpoint(request: HttpRequest) -> Response:
+            if not public and not server._authorized(request):
+                return _error(ApiError(401, "a valid API key is needed: 'Authorization: Bearer KEY'",
+                                       type="authentication_error", code="invalid_api_key"))
+            try:
+                return await handler(request)
+            except ApiError as exc:
+                return _error(exc)
+        return endpoint
+
+    routes = [
+        Route("/health", guarded(server.health, public=True), methods=["GET"]),
+        Route("/metrics", guarded(server.metrics), methods=["GET"]),
+        Route("/v1/models", guarded(server.models), methods=["GET"]),
+        Route("/v1/chat/completions", guarded(server.chat_completions), methods=["POST"]),
+        Route("/v1/completions", guarded(server.completions), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes)
+    app.state.server = server
+    return app

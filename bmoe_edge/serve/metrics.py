@@ -1,0 +1,31 @@
+"""/metrics in Prometheus' text format (version 0.0.4): counters and gauges of the one engine."""
+
+from __future__ import annotations
+
+from bmoe_edge.serve.worker import Stats
+
+
+def prometheus(stats: Stats, queue_depth: int, rejected: int) -> str:
+    hit = stats.cache_hits / stats.cache_lookups if stats.cache_lookups else 0.0
+    rows = [
+        ("bmoe_requests_total", "counter", "Requests answered to the end.", stats.requests),
+        ("bmoe_request_failures_total", "counter", "Requests the engine failed.", stats.failures),
+        ("bmoe_requests_cancelled_total", "counter", "Requests whose client went away.", stats.cancelled),
+        ("bmoe_requests_rejected_total", "counter", "Requests refused with 429: the queue was full.", rejected),
+        ("bmoe_prompt_tokens_total", "counter", "Prompt tokens of all requests.", stats.prompt_tokens),
+        ("bmoe_prompt_tokens_reused_total", "counter", "Prompt tokens the context already held.",
+         stats.reused_tokens),
+        ("bmoe_completion_tokens_total", "counter", "Generated tokens.", stats.completion_tokens),
+        ("bmoe_decode_seconds_total", "counter", "Time spent generating after the prompt.", stats.decode_seconds),
+        ("bmoe_tokens_per_second", "gauge", "Decode speed of the last request.", stats.last_tok_s),
+        ("bmoe_expert_cache_hit_ratio", "gauge", "Expert cache hits / lookups since start.", hit),
+        ("bmoe_expert_bytes_read_total", "counter", "Bytes read from storage for experts.", stats.bytes_read),
+        ("bmoe_read_stall_seconds_total", "counter", "Compute time spent waiting for reads.", stats.stall_ms / 1000),
+        ("bmoe_resident_memory_bytes", "gauge", "Resident set size after the last token.", stats.rss_bytes),
+        ("bmoe_queue_depth", "gauge", "Requests waiting for the engine.", queue_depth),
+        ("bmoe_busy", "gauge", "1 while the engine generates.", int(stats.busy)),
+    ]
+    lines = []
+    for name, kind, help_text, value in rows:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value:g}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,178 @@
+"""OpenAI's request and response shapes: a request body checked into a worker `Request` (or an
+`ApiError` with OpenAI's error object), and the engine's answer written back as OpenAI writes it."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from bmoe_edge.engine import chat
+from bmoe_edge.engine.session import Sampling
+from bmoe_edge.errors import BmoeError
+from bmoe_edge.serve.worker import Request
+
+# llama-server's sampling defaults where a request says nothing (OpenAI's temperature 1.0 is for far
+# larger models; small local ones ramble at it).
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_MAX_TOKENS = 512
+MAX_STOPS = 4
+
+
+class ApiError(Exception):
+    """A request the server answers with OpenAI's error object and this HTTP status."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _number(body: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise ApiError(400, f"'{key}' must be a number from {lo:g} to {hi:g}, got {value!r}", param=key)
+    return float(value)
+
+
+def _integer(body: Mapping[str, Any], key: str, default: int | None, lo: int, hi: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ApiError(400, f"'{key}' must be an integer from {lo} to {hi}, got {value!r}", param=key)
+    return value
+
+
+def _stops(body: Mapping[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) for s in stops):
+        raise ApiError(400, f"'stop' must be a string or a list of up to {MAX_STOPS} strings", param="stop")
+    return tuple(stops)
+
+
+def _think(body: Mapping[str, Any]) -> bool | None:
+    """llama-server's `chat_template_kwargs.enable_thinking`, or a plain `think`."""
+    kwargs = body.get("chat_template_kwargs") or {}
+    value = body.get("think", kwargs.get("enable_thinking") if isinstance(kwargs, Mapping) else None)
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, "'think' (chat_template_kwargs.enable_thinking) must be true or false", param="think")
+    return value
+
+
+def check_model(body: Mapping[str, Any], model_id: str) -> None:
+    model = body.get("model")
+    if model is not None and model != model_id:
+        raise ApiError(404, f"the model '{model}' does not exist; this server serves '{model_id}'",
+                       param="model", code="model_not_found")
+
+
+def _common(body: Any, model_id: str) -> dict[str, Any]:
+    if not isinstance(body, Mapping):
+        raise ApiError(400, "the request body must be a JSON object")
+    check_model(body, model_id)
+    if _integer(body, "n", 1, 1, 1) != 1:
+        raise ApiError(400, "'n' must be 1", param="n")
+    max_tokens = _integer(body, "max_completion_tokens", None, 1, 1 << 20)
+    max_tokens = _integer(body, "max_tokens", max_tokens or DEFAULT_MAX_TOKENS, 1, 1 << 20)
+    seed = _integer(body, "seed", None, -(1 << 63), (1 << 64) - 1)
+    sampling = Sampling(
+        temp=_number(body, "temperature", DEFAULT_TEMPERATURE, 0.0, 2.0),
+        top_k=int(_integer(body, "top_k", 40, 0, 1 << 20) or 0),
+        top_p=_number(body, "top_p", 0.95, 0.0, 1.0),
+        min_p=_number(body, "min_p", 0.05, 0.0, 1.0),
+        seed=random.getrandbits(32) if seed is None else seed % (1 << 32),
+    )
+    return {"max_tokens": max_tokens, "sampling": sampling, "stop": _stops(body)}
+
+
+def parse_chat(body: Any, model_id: str) -> Request:
+    common = _common(body, model_id)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty list", param="messages")
+    if not all(isinstance(m, Mapping) for m in messages):
+        raise ApiError(400, "each message must be an object with 'role' and 'content'", param="messages")
+    try:
+        parsed = tuple(chat.as_message(m) for m in messages)
+    except BmoeError as exc:
+        raise ApiError(400, str(exc), param="messages") from None
+    fmt = body.get("response_format")
+    if isinstance(fmt, Mapping) and fmt.get("type") not in (None, "text"):
+        raise ApiError(400, f"response_format {fmt.get('type')!r} is not supported by this server (only 'text')",
+                       param="response_format")
+    if body.get("tools"):
+        raise ApiError(400, "tools are not supported by this server yet", param="tools")
+    return Request(messages=parsed, think=_think(body), **common)
+
+
+def parse_completion(body: Any, model_id: str) -> Request:
+    common = _common(body, model_id)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise ApiError(400, "'prompt' must be a non-empty string", param="prompt")
+    return Request(prompt=prompt, **common)
+
+
+def usage(reply: chat.Reply) -> dict[str, int]:
+    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+            "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": reply.reused_tokens}}
+
+
+def chat_message(reply: chat.Reply) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.reasoning:
+        message["reasoning_content"] = reply.reasoning
+    return message
+
+
+def envelope(kind: str, rid: str, model_id: str) -> dict[str, Any]:
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": model_id}
+
+
+def chat_completion(rid: str, model_id: str, reply: chat.Reply) -> dict[str, Any]:
+    return envelope("chat.completion", rid, model_id) | {
+        "choices": [{"index": 0, "message": chat_message(reply), "finish_reason": reply.finish_reason}],
+        "usage": usage(reply)}
+
+
+def chat_chunk(rid: str, model_id: str, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    return envelope("chat.completion.chunk", rid, model_id) | {
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+
+
+def delta_fields(d: chat.Delta) -> dict[str, str]:
+    out = {}
+    if d.reasoning:
+        out["reasoning_content"] = d.reasoning
+    if d.content:
+        out["content"] = d.content
+    return out
+
+
+def text_completion(rid: str, model_id: str, reply: chat.Reply) -> dict[str, Any]:
+    return envelope("text_completion", rid, model_id) | {
+        "choices": [{"index": 0, "text": reply.content, "logprobs": None, "finish_reason": reply.finish_reason}],
+        "usage": usage(reply)}
+
+
+def text_chunk(rid: str, model_id: str, text: str, finish_reason: str | None = None) -> dict[str, Any]:
+    return envelope("text_completion", rid, model_id) | {
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+
+
+def models(model_id: str, created: int) -> dict[str, Any]:
+    model = {"id": model_id, "object": "model", "created": created, "owned_by": "bmoe-edge"}
+    return {"object": "list", "data": [model]}

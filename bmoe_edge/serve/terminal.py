@@ -1,0 +1,146 @@
+"""`bmoe-edge chat`: a conversation in the terminal. Readline history, slash commands, Ctrl-C stops the
+answer (not the program), Ctrl-D leaves."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from bmoe_edge.engine import chat
+from bmoe_edge.errors import BmoeError
+
+HELP = """commands:
+  /reset        start a new conversation (the system prompt stays)
+  /save FILE    save the conversation (FILE: the context, FILE.json: the messages)
+  /load FILE    resume a saved conversation
+  /stats        the last answer's tokens, speed and streaming telemetry
+  /help         this text
+  /quit         leave (or Ctrl-D)"""
+
+
+def history_file() -> Path:
+    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return state / "bmoe-edge" / "chat-history"
+
+
+def _readline() -> Callable[[], None]:
+    """Line editing and a history kept across runs, where the platform has readline."""
+    try:
+        import readline
+    except ImportError:
+        return lambda: None
+    path = history_file()
+    with contextlib.suppress(OSError):
+        readline.read_history_file(path)
+    readline.set_history_length(1000)
+
+    def save() -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(path)
+        except OSError:
+            pass
+    return save
+
+
+def stats(reply: chat.Reply) -> str:
+    m = reply.metrics
+    if not m:
+        return "no answer yet"
+    decode = m[1:]
+    ms = sum(x.wall_ms for x in decode)
+    lookups, hits = sum(x.cache_lookups for x in m), sum(x.cache_hits for x in m)
+    mib = sum(x.bytes_read for x in decode) / 2**20 / max(1, len(decode))
+    lines = [
+        f"prompt {reply.prompt_tokens} tokens ({reply.reused_tokens} reused from the context, "
+        f"{reply.prompt_tokens - reply.reused_tokens} decoded in {m[0].wall_ms:.0f} ms)",
+        f"answer {reply.completion_tokens} tokens, {1000 * len(decode) / ms if ms else 0:.2f} tok/s, "
+        f"finish: {reply.finish_reason or 'stopped'}",
+        f"experts: cache hits {100 * hits / lookups if lookups else 0:.1f}%, {mib:.1f} MiB read/token, "
+        f"stall {sum(x.stall_ms for x in decode) / max(1, len(decode)):.1f} ms/token, "
+        f"RSS {m[-1].rss_bytes / 2**20:.0f} MiB",
+    ]
+    return "\n".join(lines)
+
+
+def _command(session: chat.Session, line: str, say: Callable[[str], None]) -> bool:
+    """Run a slash command; False to leave."""
+    words = shlex.split(line)
+    name, args = words[0], words[1:]
+    if name in ("/quit", "/exit"):
+        return False
+    if name == "/reset":
+        session.reset()
+        say("(new conversation)")
+    elif name in ("/save", "/load") and len(args) == 1:
+        if name == "/save":
+            written = session.save(args[0])
+            say(f"(saved to {', '.join(map(str, written))})")
+        else:
+            session.load(args[0])
+            say(f"(loaded {len(session.messages)} messages, {len(session.engine.context_tokens)} tokens of context)")
+    elif name == "/stats":
+        say(stats(session.last))
+    else:
+        say(HELP)
+    return True
+
+
+def _answer(session: chat.Session, text: str, out=sys.stdout) -> None:
+    dim = out.isatty()
+    in_reasoning = False
+    answer = session.send(text)
+    try:
+        for delta in answer:
+            if delta.reasoning:
+                if not in_reasoning:
+                    out.write("\x1b[2m" if dim else "[thinking] ")
+                    in_reasoning = True
+                out.write(delta.reasoning)
+            if delta.content:
+                if in_reasoning:
+                    out.write("\x1b[0m\n" if dim else "\n[answer] ")
+                    in_reasoning = False
+                out.write(delta.content)
+            out.flush()
+    except KeyboardInterrupt:
+        answer.close()  # now, so what arrived joins the conversation before the next message
+        out.write(" [stopped]")
+    finally:
+        if in_reasoning and dim:
+            out.write("\x1b[0m")
+        out.write("\n")
+        out.flush()
+
+
+def run(session: chat.Session, *, say: Callable[[str], None] = print) -> None:
+    save_history = _readline()
+    if session.template.note:
+        say(f"note: {session.template.note}")
+    say("chat: type a message; /help for commands, Ctrl-C stops an answer, Ctrl-D leaves")
+    try:
+        while True:
+            try:
+                line = input("> ").strip()
+            except KeyboardInterrupt:
+                say("")
+                continue
+            except EOFError:
+                say("")
+                return
+            if not line:
+                continue
+            try:
+                if line.startswith("/"):
+                    if not _command(session, line, say):
+                        return
+                else:
+                    _answer(session, line)
+            except BmoeError as exc:
+                say(f"error: {exc}")
+    finally:
+        save_history()

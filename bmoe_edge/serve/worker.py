@@ -1,0 +1,190 @@
+"""One engine, one request at a time: a bounded FIFO of jobs drained by a single thread, each job's
+answer handed back to the event loop piece by piece; a cancelled job stops between two tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bmoe_edge.engine import chat
+from bmoe_edge.engine.session import Engine, Generation, Sampling, TokenMetrics
+from bmoe_edge.errors import BmoeError
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to generate: a conversation (`messages`) or raw text (`prompt`)."""
+
+    max_tokens: int
+    sampling: Sampling
+    stop: tuple[str, ...] = ()
+    messages: tuple[chat.Message, ...] = ()
+    prompt: str | None = None
+    think: bool | None = None
+
+
+@dataclass
+class Job:
+    request: Request
+    # ("delta", Delta) ... then ("done", Reply) or ("error", (http_status, message))
+    deliver: Callable[[tuple[str, Any]], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class Stats:
+    """What /metrics reports; written by the worker thread only."""
+
+    requests: int = 0
+    failures: int = 0
+    cancelled: int = 0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    completion_tokens: int = 0
+    decode_seconds: float = 0.0
+    last_tok_s: float = 0.0
+    bytes_read: int = 0
+    stall_ms: float = 0.0
+    cache_lookups: int = 0
+    cache_hits: int = 0
+    rss_bytes: int = 0
+    busy: bool = False
+
+    def add(self, reply: chat.Reply) -> None:
+        self.prompt_tokens += reply.prompt_tokens
+        self.reused_tokens += reply.reused_tokens
+        self.completion_tokens += reply.completion_tokens
+        decode = reply.metrics[1:]  # the first step decodes the prompt
+        if decode:
+            ms = sum(m.wall_ms for m in decode)
+            self.decode_seconds += ms / 1000
+            self.last_tok_s = 1000 * len(decode) / ms if ms > 0 else 0.0
+        for m in reply.metrics:
+            self._count(m)
+
+    def _count(self, m: TokenMetrics) -> None:
+        self.bytes_read += m.bytes_read
+        self.stall_ms += m.stall_ms
+        self.cache_lookups += m.cache_lookups
+        self.cache_hits += m.cache_hits
+        self.rss_bytes = m.rss_bytes
+
+
+class QueueFull(Exception):
+    pass
+
+
+class Worker:
+    """Owns the engine; `submit` from any thread, answers through each job's `deliver`."""
+
+    def __init__(self, engine: Engine, *, queue_size: int = 8, template: str | None = None,
+                 parse_special: bool = False) -> None:
+        self.engine = engine
+        self.template = chat.template_for(engine, template)
+        self.parse_special = parse_special
+        self.ctx = int(engine.run_info["ctx"])
+        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
+        self.stats = Stats()
+        self._thread = threading.Thread(target=self._run, name="bmoe-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def queue_depth(self) -> int:
+        return self.jobs.qsize()
+
+    def submit(self, job: Job) -> None:
+        try:
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            raise QueueFull from None
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            if job.cancelled.is_set():
+                self.stats.cancelled += 1
+                continue
+            self.stats.busy = True
+            try:
+                self._serve(job)
+            finally:
+                self.stats.busy = False
+
+    def _serve(self, job: Job) -> None:
+        reply = chat.Reply()
+        try:
+            answer = self._answer(job.request, reply)
+        except BmoeError as exc:  # the request itself is wrong: the client's error
+            job.deliver(("error", (400, str(exc))))
+            return
+        try:
+            for delta in answer:
+                if job.cancelled.is_set():
+                    self.stats.cancelled += 1
+                    break
+                job.deliver(("delta", delta))
+            else:
+                job.deliver(("done", reply))
+            self.stats.requests += 1
+        except BmoeError as exc:  # the engine failed (a read, the model file): the server's error
+            self.stats.failures += 1
+            job.deliver(("error", (500, str(exc))))
+        finally:
+            self.stats.add(reply)
+
+    def _answer(self, r: Request, reply: chat.Reply):
+        if r.prompt is None:
+            ids = chat.prompt_tokens(self.engine, self.template, r.messages, think=r.think,
+                                     parse_special=self.parse_special)
+            self._fits(len(ids), r.max_tokens)
+            return chat.reply(self.engine, r.messages, r.max_tokens, r.sampling, think=r.think,
+                              template=self.template, stop=r.stop, parse_special=self.parse_special, result=reply)
+        ids = self.engine.tokenize(r.prompt, True, self.parse_special)
+        self._fits(len(ids), r.max_tokens)
+        return _complete(self.engine, ids, r, reply)
+
+    def _fits(self, n_prompt: int, max_tokens: int) -> None:
+        if n_prompt >= self.ctx:
+            raise BmoeError(f"the prompt is {n_prompt} tokens; this server's context holds {self.ctx}")
+
+
+def _complete(engine: Engine, ids: Sequence[int], r: Request, out: chat.Reply):
+    """Raw text completion: no template, no reasoning split; stop strings as in chat."""
+    out.prompt_tokens = len(ids)
+    gen = Generation(list(ids))
+    stops = chat.StopStrings(r.stop)
+    for token in engine.generate(list(ids), r.max_tokens, r.sampling, result=gen, reuse_kv=True):
+        out.completion_tokens += 1
+        out.metrics.append(token.metrics)
+        text = stops.feed(token.text)
+        out.content += text
+        yield chat.Delta(text, "", token)
+        if stops.stopped:
+            break
+    out.reused_tokens = gen.reused_tokens
+    if not stops.stopped:
+        tail = stops.flush()
+        out.content += tail
+        yield chat.Delta(tail, "", None)
+    out.finish_reason = "stop" if stops.stopped or gen.stop_reason == "end_of_generation" else "length"
+
+
+def loop_delivery(loop: asyncio.AbstractEventLoop, events: asyncio.Queue) -> Callable[[tuple[str, Any]], None]:
+    """A `deliver` that hands each event to an asyncio queue on `loop` (thread-safe)."""
+    return lambda event: loop.call_soon_threadsafe(events.put_nowait, event)
+
+
+_ids = itertools.count(1)
+
+
+def request_id(prefix: str) -> str:
+    return f"{prefix}-{time.time_ns():x}{next(_ids):04x}"

@@ -1,0 +1,226 @@
+"""Conversations: templates rendered by llama.cpp, reasoning apart from the answer, stop strings, a
+context kept between turns (and saved to disk), forged control tokens refused, and `bmoe-edge chat`
+driven in tmux as a user would type."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bmoe_edge.engine import chat
+from bmoe_edge.engine.session import Engine, Sampling
+from bmoe_edge.engine.settings import StreamConfig
+from bmoe_edge.errors import BmoeError
+from bmoe_edge.fixtures import tinymoe
+
+GREEDY = Sampling(temp=0.0)
+QWEN3_LIKE = (
+    "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- if enable_thinking is defined and enable_thinking"
+    " is false %}<think>\n\n</think>\n\n{%- endif %}{%- endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    return tinymoe.fixture("qwen3moe", "Q8_0")
+
+
+@pytest.fixture(scope="module")
+def engine(model: Path):
+    with Engine(model, StreamConfig(threads=1, ctx=1024)) as e:
+        yield e
+
+
+def test_llama_cpp_renders_the_builtin_chatml() -> None:
+    t = chat.Template("chatml", "given", None)
+    text = chat.render(t, [chat.Message("system", "Be brief."), chat.Message("user", "Hi")])
+    assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert "chatml" in chat.builtin_templates() and "gpt-oss" in chat.builtin_templates()
+
+
+def test_a_qwen3_template_switches_reasoning_off(tmp_path: Path, engine: Engine) -> None:
+    path = tmp_path / "qwen3.jinja"
+    path.write_text(QWEN3_LIKE)
+    t = chat.template_for(engine, str(path))
+    assert t.origin == "given" and t.thinking is not None and t.thinking.name == "qwen3"
+    off = chat.render(t, [chat.Message("user", "Hi")], think=False)
+    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert chat.render(t, [chat.Message("user", "Hi")], think=True).endswith("<|im_start|>assistant\n")
+    with pytest.raises(BmoeError, match="no switch for reasoning"):
+        chat.render(chat.Template("chatml", "given", None), [chat.Message("user", "Hi")], think=False)
+
+
+def test_an_unknown_template_is_refused_with_the_choices(engine: Engine) -> None:
+    with pytest.raises(BmoeError, match=r"does not recognise the chat template.*chatml"):
+        chat.template_for(engine, "{{ no template llama.cpp knows }}")
+
+
+def test_a_model_without_a_template_falls_back_to_chatml_and_says_so(engine: Engine) -> None:
+    assert engine.chat_template == ""
+    t = chat.template_for(engine)
+    assert t.source == "chatml" and t.origin == "fallback" and "no chat template" in t.note
+
+
+@pytest.mark.parametrize("pieces", [["<think>", "plan", "</think>", "\n\n", "Answer"],
+                                    ["<th", "ink>\npl", "an</th", "ink>\n\nAns", "wer"],
+                                    ["<think>plan</think>Answer"]])
+def test_reasoning_is_split_from_the_answer_however_the_text_arrives(pieces: list[str]) -> None:
+    split = chat.ReasoningSplit(chat.THINKING_STYLES[0])
+    reasoning = answer = ""
+    for piece in pieces:
+        r, a = split.feed(piece)
+        reasoning, answer = reasoning + r, answer + a
+    r, a = split.flush()
+    assert (reasoning + r).strip() == "plan" and answer + a == "Answer"
+
+
+def test_text_without_reasoning_is_all_answer() -> None:
+    split = chat.ReasoningSplit(chat.THINKING_STYLES[0])
+    assert split.feed("<b>old") == ("", "<b>old")
+    assert chat.ReasoningSplit(None).feed("<think>x") == ("", "<think>x")
+
+
+def test_stop_strings_hold_back_a_possible_start_and_cut_at_the_match() -> None:
+    stops = chat.StopStrings(["END", "\n\n"])
+    assert stops.feed("one E") == "one "
+    assert stops.feed("N") == ""
+    assert stops.feed("D more") == "" and stops.stopped
+    stops = chat.StopStrings(["END"])
+    assert stops.feed("one E") == "one " and stops.feed("x") == "Ex" and not stops.stopped
+
+
+def _turn(session: chat.Session, text: str) -> chat.Reply:
+    for _ in session.send(text):
+        pass
+    return session.last
+
+
+def test_the_next_turn_decodes_only_its_new_tokens_and_answers_as_a_fresh_context(model: Path,
+                                                                                engine: Engine) -> None:
+    engine.reset()
+    session = chat.Session(engine, system="You are terse.", sampling=GREEDY, max_tokens=12)
+    first = _turn(session, "Tell me about the sea")
+    assert first.reused_tokens == 0 and first.completion_tokens == 12 and first.finish_reason == "length"
+    second = _turn(session, "And the mountains")
+    assert second.reused_tokens > first.prompt_tokens  # the whole first turn, and part of its answer
+    assert second.metrics[0].n_tokens == second.prompt_tokens - second.reused_tokens
+    # The same conversation in a fresh context gives the same answer.
+    with Engine(model, StreamConfig(threads=1, ctx=1024)) as fresh:
+        again = chat.Reply()
+        for _ in chat.reply(fresh, session.messages[:-1], 12, GREEDY, result=again):
+            pass
+    assert again.reused_tokens == 0 and again.content == second.content
+
+
+def test_a_greedy_answer_is_generate_on_the_rendered_prompt(engine: Engine) -> None:
+    engine.reset()
+    messages = [chat.Message("user", "Write a line about rivers")]
+    streamed = "".join(d.content for d in engine.chat(messages, 10, GREEDY))
+    text = chat.render(chat.template_for(engine), messages)
+    engine.reset()
+    assert engine.run(engine.tokenize(text), 10, GREEDY).text == streamed != ""
+
+
+def test_a_saved_conversation_resumes_in_another_engine(model: Path, engine: Engine, tmp_path: Path) -> None:
+    engine.reset()
+    session = chat.Session(engine, sampling=GREEDY, max_tokens=8)
+    _turn(session, "First question")
+    written = session.save(tmp_path / "conv")
+    assert [p.name for p in written] == ["conv", "conv.json"]
+    expected = _turn(session, "Second question")
+    with Engine(model, StreamConfig(threads=1, ctx=1024)) as other:
+        resumed = chat.Session(other, sampling=GREEDY, max_tokens=8)
+        resumed.load(tmp_path / "conv")
+        assert len(resumed.messages) == 2
+        got = _turn(resumed, "Second question")
+    assert got.reused_tokens == expected.reused_tokens > 0
+    assert got.content == expected.content
+
+
+def test_a_state_file_of_another_context_size_is_refused(model: Path, engine: Engine, tmp_path: Path) -> None:
+    (tmp_path / "junk").write_bytes(b"not a state file")
+    with pytest.raises(BmoeError, match="is not a session state"):
+        engine.load_state(tmp_path / "junk")
+    assert engine.context_tokens == []
+    with pytest.raises(BmoeError, match="is not a saved conversation"):
+        chat.Session(engine).load(tmp_path / "missing")
+
+
+def test_message_text_cannot_forge_a_control_token(engine: Engine) -> None:
+    engine.reset()
+    with pytest.raises(BmoeError, match="control tokens"):
+        for _ in engine.chat([{"role": "user", "content": "hi</s>"}], 4, GREEDY):
+            pass
+    with pytest.raises(BmoeError, match="role must be one of"):
+        for _ in engine.chat([{"role": "wizard", "content": "hi"}], 4, GREEDY):
+            pass
+
+
+def test_an_interrupted_answer_joins_the_conversation(engine: Engine) -> None:
+    engine.reset()
+    session = chat.Session(engine, sampling=GREEDY, max_tokens=50)
+    answer = session.send("Count slowly")
+    for n, _ in enumerate(answer):
+        if n == 3:
+            break
+    answer.close()
+    assert [m.role for m in session.messages] == ["user", "assistant"]
+    assert session.last.completion_tokens == 4 and session.messages[-1].content == session.last.content
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (scripts/setup.sh installs it)")
+def test_chat_in_a_terminal(model: Path, tmp_path: Path) -> None:
+    name = f"bmoe-chat-{os.getpid()}"
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
+    cmd = (f"{sys.executable} -m bmoe_edge chat -m {model} --temp 0 -n 6 -t 1 --ctx 1024 "
+           f"2> {tmp_path / 'stderr'}")
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "200", "-y", "50", cmd], check=True, env=env)
+
+    def screen() -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", name, "-S", "-200"], capture_output=True,
+                              text=True).stdout
+
+    def wait_for(text: str, count: int = 1) -> str:
+        """`text` on the screen `count` times ("> ": the prompt, which tmux shows without its space)."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            out = screen()
+            seen = len(re.findall(r"^>( |$)", out, re.M)) if text == "> " else out.count(text)
+            if seen >= count:
+                return out
+            time.sleep(0.2)
+        raise AssertionError(f"{text!r} x{count} not on the screen:\n{screen()}")
+
+    def send(keys: str) -> None:
+        subprocess.run(["tmux", "send-keys", "-t", name, keys, "Enter"], check=True)
+
+    try:
+        wait_for("> ")
+        send("hello there")
+        wait_for("> ", 2)
+        send("/stats")
+        out = wait_for("tok/s")
+        assert "prompt" in out and "cache hits" in out
+        send(f"/save {tmp_path / 'conv'}")
+        wait_for("saved to")
+        send("/reset")
+        wait_for("(new conversation)")
+        send(f"/load {tmp_path / 'conv'}")
+        wait_for("loaded 2 messages")
+        send("/quit")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and subprocess.run(["tmux", "has-session", "-t", name],
+                                                             capture_output=True).returncode == 0:
+            time.sleep(0.2)
+        assert (tmp_path / "conv.json").is_file()
+        assert (tmp_path / "state" / "bmoe-edge" / "chat-history").read_text().count("hello there") == 1
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)

@@ -1,0 +1,300 @@
+"""`bmoe-edge serve` as its users meet it: OpenAI's own client against a real server process on
+loopback (chat, streaming, completions, usage), bad requests answered with OpenAI's error object while
+the server keeps serving, the API key, a full queue (429), a client that hangs up, and a bounded load."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http import client as http_client
+from pathlib import Path
+
+import openai
+import pytest
+
+from bmoe_edge.engine import chat
+from bmoe_edge.engine.session import Engine, Sampling
+from bmoe_edge.engine.settings import StreamConfig
+from bmoe_edge.fixtures import tinymoe
+
+from conftest import assert_clean_error, run_cli
+
+KEY = "test-key-7d1f"
+
+
+@dataclass
+class Response:
+    status_code: int
+    headers: dict[str, str]
+    text: str
+
+    def json(self) -> dict:
+        return json.loads(self.text)
+
+
+def http(url: str, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+         timeout: float = 120) -> Response:
+    """One plain HTTP request (the standard library: the raw bytes the server sees)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    conn = http_client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        return Response(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read().decode())
+    finally:
+        conn.close()
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen
+    model_id: str
+
+    def client(self, key: str | None = None) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key or "none", max_retries=0, timeout=60)
+
+    def metrics(self) -> dict[str, float]:
+        text = http(self.url, "GET", "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+        return {name: float(value) for name, value in re.findall(r"^(\w+) (\S+)$", text, re.M)}
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    return tinymoe.fixture("qwen3moe", "Q8_0")
+
+
+def start(model: Path, *args: str) -> Server:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bmoe_edge", "serve", "-m", str(model), "--port", "0", "-t", "1", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    assert process.stderr is not None
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line and process.poll() is not None:
+            raise AssertionError(f"the server exited: {process.returncode}")
+        found = re.search(r"serving (\S+) on (http://[\d.]+:\d+)/v1", line)
+        if found:
+            threading.Thread(target=process.stderr.read, daemon=True).start()  # keep the pipe drained
+            return Server(found[2], process, found[1])
+    process.kill()
+    raise AssertionError("the server did not start")
+
+
+def stop(server: Server) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+
+
+@pytest.fixture(scope="module")
+def server(model: Path) -> Iterator[Server]:
+    s = start(model, "--ctx", "512", "--api-key", KEY, "--queue", "2")
+    yield s
+    stop(s)
+
+
+def post(server: Server, path: str, body: str | dict, key: str | None = KEY) -> Response:
+    data = json.dumps(body) if isinstance(body, dict) else body
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+    return http(server.url, "POST", path, data.encode(), headers)
+
+
+def test_models_and_health(server: Server) -> None:
+    assert [m.id for m in server.client(KEY).models.list()] == [server.model_id]
+    health = http(server.url, "GET", "/health").json()
+    assert health["status"] == "ok"
+
+
+def test_chat_streamed_equals_chat_whole_and_greedy_equals_generate(server: Server, model: Path) -> None:
+    client = server.client(KEY)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour"}]
+    whole = client.chat.completions.create(model=server.model_id, messages=messages, max_tokens=12, temperature=0)
+    text = whole.choices[0].message.content
+    assert text and whole.choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == 12 and whole.usage.total_tokens == whole.usage.prompt_tokens + 12
+    stream = client.chat.completions.create(model=server.model_id, messages=messages, max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage.completion_tokens == 12
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    # Greedy: the answer is `generate` on the prompt the template renders.
+    with Engine(model, StreamConfig(threads=1)) as e:
+        prompt = chat.render(chat.template_for(e), [chat.as_message(m) for m in messages])
+        assert e.run(e.tokenize(prompt), 12, Sampling(temp=0.0)).text == text
+
+
+def test_a_second_request_with_the_same_start_reuses_the_context(server: Server) -> None:
+    client = server.client(KEY)
+    messages = [{"role": "user", "content": "A long shared beginning about the weather in the hills"}]
+    client.chat.completions.create(model=server.model_id, messages=messages, max_tokens=4, temperature=0)
+    again = client.chat.completions.create(model=server.model_id, messages=messages, max_tokens=4, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+
+
+def test_completions_whole_and_streamed(server: Server) -> None:
+    client = server.client(KEY)
+    whole = client.completions.create(model=server.model_id, prompt="Once upon a time", max_tokens=10, temperature=0)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=server.model_id, prompt="Once upon a time", max_tokens=10, temperature=0, stream=True))
+    assert whole.choices[0].text == streamed != ""
+    assert whole.usage.completion_tokens == 10
+
+
+def test_sampling_is_seeded_and_stop_strings_stop(server: Server) -> None:
+    client = server.client(KEY)
+    kw = {"model": server.model_id, "prompt": "The", "max_tokens": 16, "temperature": 1.0,
+          "extra_body": {"min_p": 0.0, "top_k": 0}}
+    a = client.completions.create(seed=7, **kw).choices[0].text
+    assert client.completions.create(seed=7, **kw).choices[0].text == a
+    assert {client.completions.create(seed=s, **kw).choices[0].text for s in range(8, 12)} != {a}
+    greedy = client.completions.create(model=server.model_id, prompt="The", max_tokens=16, temperature=0)
+    text = greedy.choices[0].text
+    stop = text[4:7]
+    cut = client.completions.create(model=server.model_id, prompt="The", max_tokens=16, temperature=0, stop=[stop])
+    assert cut.choices[0].text == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(("body", "status", "needle"), [
+    ("{not json", 400, "not valid JSON"),
+    ({"model": "x"}, 404, "does not exist"),
+    ({"messages": []}, 400, "'messages' must be a non-empty list"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -3}, 400, "'max_tokens'"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "'temperature'"),
+    ({"messages": [{"role": "user", "content": "word " * 700}]}, 400, "context holds 512"),
+    ({"messages": [{"role": "user", "content": "hi</s>"}]}, 400, "control tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools"),
+])
+def test_bad_requests_get_openai_errors_and_the_server_goes_on(server: Server, body, status: int,
+                                                               needle: str) -> None:
+    r = post(server, "/v1/chat/completions", body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert needle in error["message"] and error["type"]
+    ok = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_an_oversized_body_is_413(server: Server) -> None:
+    r = post(server, "/v1/completions", {"prompt": "x" * (5 << 20)})
+    assert r.status_code == 413 and "MiB" in r.json()["error"]["message"]
+
+
+def test_the_api_key_is_required_but_not_for_health(server: Server) -> None:
+    assert post(server, "/v1/completions", {"prompt": "Hi"}, key=None).status_code == 401
+    assert post(server, "/v1/completions", {"prompt": "Hi"}, key="wrong").status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        server.client("wrong").models.list()
+    assert http(server.url, "GET", "/health").status_code == 200
+
+
+def test_a_full_queue_answers_429_and_a_client_that_hangs_up_is_cancelled(server: Server) -> None:
+    before = server.metrics()
+    statuses: list[int] = []
+
+    def slow() -> None:
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        conn = http_client.HTTPConnection(host, int(port), timeout=120)
+        body = json.dumps({"prompt": "Go", "max_tokens": 400, "temperature": 0, "stream": True})
+        conn.request("POST", "/v1/completions", body=body,
+                     headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        r = conn.getresponse()
+        statuses.append(r.status)
+        if r.status == 200:
+            r.readline()  # the first event, then hang up
+        conn.close()
+
+    threads = [threading.Thread(target=slow) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 429 in statuses and 200 in statuses, statuses
+    limited = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    assert limited.status_code == 200
+    deadline = time.monotonic() + 30
+    while server.metrics()["bmoe_requests_cancelled_total"] <= before.get("bmoe_requests_cancelled_total", 0):
+        assert time.monotonic() < deadline, "no generation was cancelled"
+        time.sleep(0.2)
+    after = server.metrics()
+    assert after["bmoe_requests_rejected_total"] > before["bmoe_requests_rejected_total"]
+    # Hung-up requests stop early: far fewer than 400 tokens each were generated.
+    generated = after["bmoe_completion_tokens_total"] - before["bmoe_completion_tokens_total"]
+    assert generated < 400 * statuses.count(200)
+
+
+def test_a_retry_after_header_comes_with_429(model: Path) -> None:
+    s = start(model, "--queue", "1")
+    try:
+        responses: list[Response] = []
+
+        def one() -> None:
+            responses.append(post(s, "/v1/completions", {"prompt": "Go", "max_tokens": 200, "temperature": 0},
+                                  key=None))
+        threads = [threading.Thread(target=one) for _ in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        busy = [r for r in responses if r.status_code == 429]
+        assert busy and all(r.headers["retry-after"].isdigit() for r in busy)
+        assert busy[0].json()["error"]["code"] == "queue_full"
+    finally:
+        stop(s)
+
+
+def test_a_bounded_load_keeps_memory_flat(server: Server) -> None:
+    client = server.client(KEY)
+    for i in range(200):
+        r = client.completions.create(model=server.model_id, prompt=f"Request {i % 7}", max_tokens=3, temperature=0)
+        assert r.choices[0].text is not None and r.usage.completion_tokens <= 3
+        if i == 20:
+            warm = server.metrics()["bmoe_resident_memory_bytes"]
+    errors: list[BaseException] = []
+
+    def client_loop(n: int) -> None:
+        try:
+            c = server.client(KEY)
+            for _ in range(10):
+                try:
+                    r = c.chat.completions.create(model=server.model_id, max_tokens=3,
+                                                  messages=[{"role": "user", "content": f"client {n}"}])
+                    assert r.choices[0].message.role == "assistant"
+                except openai.RateLimitError:
+                    time.sleep(0.1)  # the queue holds 2; a 429 is a well-formed answer too
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client_loop, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    rss = server.metrics()["bmoe_resident_memory_bytes"]
+    assert rss <= warm * 1.05 + (8 << 20), (warm, rss)
+
+
+def test_a_port_in_use_is_one_line(model: Path, server: Server) -> None:
+    port = server.url.rsplit(":", 1)[1]
+    result = run_cli("serve", "-m", str(model), "--port", port, timeout=60)
+    assert_clean_error(result, "cannot listen on 127.0.0.1:" + port)
+
+
+def test_the_server_stops_cleanly_on_sigterm(model: Path) -> None:
+    s = start(model)
+    assert post(s, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, key=None).status_code == 200
+    s.process.terminate()
+    # uvicorn shuts down gracefully, then re-raises the signal: systemd counts SIGTERM as a clean stop.
+    assert s.process.wait(timeout=30) in (0, -signal.SIGTERM)
