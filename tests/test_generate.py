@@ -66,7 +66,7 @@ def test_no_knobs_take_this_machines_profile(model: Path) -> None:
     assert result.returncode == 0, result.stderr
     run = json_lines(result.stdout)[0]
     assert run["cache_mode"] == "auto" and run["cache_adaptive"] and run["memory_limit_source"]
-    assert run["overlap"] == run["hook_compiled_in"] and run["io_threads"] == 2  # host.yaml
+    assert run["overlap"] == run["hook_compiled_in"] and run["io_threads"] == 4  # host.yaml
     on_board = run_cli("generate", "-m", str(model), "-p", "Hi", "-n", "2", "--json",
                        env={**os.environ, "BMOE_EDGE_BOARD": "qemu-arm64"})
     assert on_board.returncode == 0, on_board.stderr
