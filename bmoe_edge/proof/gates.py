@@ -93,6 +93,8 @@ class CellResult:
     bytes_read: int = 0
     hit_pct: float = 0.0
     read_path: str = ""
+    drafted: int = 0   # speculative cells: draft tokens verified, and those the model agreed with
+    accepted: int = 0
     error: str = ""
 
 
@@ -181,6 +183,8 @@ def check_cell(cell: GateCell, model: Path, resident: list[Generation], expert_b
     result.steps = total
     result.bytes_read = sum(m.bytes_read for m in metrics)
     result.hit_pct = 100.0 * sum(m.cache_hits for m in metrics) / lookups if lookups else 0.0
+    result.drafted = sum(m.drafted for m in metrics)
+    result.accepted = sum(m.accepted for m in metrics)
     result.passed = eq_tokens and eq_logits and result.bytes_read > 0
     if result.bytes_read == 0:
         result.error = "streamed run read nothing: the seam did not engage"

@@ -13,6 +13,7 @@
 #include "gguf_map.h"
 #include "llama.h"
 #include "memory_budget.h"
+#include "ngram_draft.h"
 #include "route_trace.h"
 #include "seam.h"
 #include "stream_setup.h"
@@ -59,7 +60,9 @@ struct Engine::Impl {
     bool greedy = true;                     // speculation only where it cannot change the tokens
     int step = 0;
 
-    static constexpr int kNgramMax = 3;      // prompt lookup: the longest n-gram matched
+    detail::DraftPolicy draft_policy;
+    static constexpr int kNgramMin = 2;      // prompt lookup: the shortest and longest n-gram matched
+    static constexpr int kNgramMax = 4;
 
     void open(const std::string & path);
     void load_model(const std::string & path, const Recipe * recipe);
@@ -67,7 +70,7 @@ struct Engine::Impl {
     void warm_up_and_capture();
     void size_cache();
     void decode(std::vector<llama_token> & tokens, bool all_logits = false);
-    std::vector<llama_token> draft_for(llama_pos used) const;
+    std::vector<llama_token> draft_for(llama_pos used);
     llama_token verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out);
     void emit(StepResult & out, llama_token token);
 };

@@ -144,6 +144,7 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     }
     d.pending.assign(prompt.begin() + static_cast<long>(keep), prompt.end());
     d.greedy = sampling.temp <= 0.0f;
+    d.draft_policy = detail::DraftPolicy(d.config.draft_max);
     d.accepted.clear();
     d.accepted_logits.clear();
     d.want_logits = want_logits;
@@ -202,20 +203,20 @@ void Engine::Impl::emit(StepResult & out, llama_token token) {
     ++step;
 }
 
-std::vector<llama_token> Engine::Impl::draft_for(llama_pos used) const {
+std::vector<llama_token> Engine::Impl::draft_for(llama_pos used) {
     // Greedy only (a draft cannot change what the model picks), and not on a prompt (its logits for
     // every position would cost n_vocab floats each).
     if (!config.speculative_ngram || !greedy || pending.size() != 1) {
         return {};
     }
     const auto room = static_cast<int64_t>(config.ctx) - used - static_cast<int64_t>(pending.size());
-    const int max = static_cast<int>(std::min<int64_t>({config.draft_max, room, config.batch - 1}));
+    const int max = static_cast<int>(std::min<int64_t>({draft_policy.length(), room, config.batch - 1}));
     if (max <= 0) {
         return {};
     }
     std::vector<llama_token> history(in_context);
     history.insert(history.end(), pending.begin(), pending.end());
-    return detail::ngram_draft(history, kNgramMax, max);
+    return detail::ngram_draft(history, kNgramMin, kNgramMax, max);
 }
 
 llama_token Engine::Impl::verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out) {
@@ -242,6 +243,7 @@ llama_token Engine::Impl::verify(std::vector<llama_token> & batch, size_t n_draf
     in_context.resize(static_cast<size_t>(cut));
     out.metrics.drafted = static_cast<int>(n_draft);
     out.metrics.accepted = static_cast<int>(kept);
+    draft_policy.update(out.metrics.drafted, out.metrics.accepted);
     accepted.assign(chosen.begin() + 1, chosen.end());
     pending.assign(1, chosen.back());
     return chosen.front();

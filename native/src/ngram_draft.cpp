@@ -4,9 +4,9 @@
 
 namespace bmoe::detail {
 
-std::vector<int32_t> ngram_draft(const std::vector<int32_t> & history, int max_ngram, int draft_max) {
+std::vector<int32_t> ngram_draft(const std::vector<int32_t> & history, int min_ngram, int max_ngram, int draft_max) {
     const auto n_hist = static_cast<int64_t>(history.size());
-    for (int n = std::min<int64_t>(max_ngram, n_hist - 1); n >= 1; --n) {
+    for (int n = static_cast<int>(std::min<int64_t>(max_ngram, n_hist - 1)); n >= std::max(1, min_ngram); --n) {
         const auto tail = history.end() - n;
         // The latest earlier match: its continuation is the likeliest to repeat now.
         for (int64_t start = n_hist - n - 1; start >= 0; --start) {
@@ -21,6 +21,34 @@ std::vector<int32_t> ngram_draft(const std::vector<int32_t> & history, int max_n
         }
     }
     return {};
+}
+
+DraftPolicy::DraftPolicy(int draft_max) : max_(draft_max), length_(std::min(2, draft_max)) {}
+
+int DraftPolicy::length() {
+    if (pause_ > 0) {
+        --pause_;
+        return 0;
+    }
+    return length_;
+}
+
+void DraftPolicy::update(int drafted, int accepted) {
+    if (drafted <= 0) {
+        return;
+    }
+    if (accepted >= drafted) {
+        misses_ = 0;
+        length_ = std::min(max_, length_ * 2);
+    } else if (accepted == 0) {
+        length_ = 1;
+        if (++misses_ >= 2) {
+            pause_ = 4 << std::min(misses_ - 2, 4);
+        }
+    } else {
+        misses_ = 0;
+        length_ = std::max(1, accepted);
+    }
 }
 
 }  // namespace bmoe::detail
