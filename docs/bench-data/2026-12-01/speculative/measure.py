@@ -43,4 +43,5 @@ for repeat in range(REPEATS):
             print(f"[{repeat}] {name:<10} {spec:<5} {r['decode_tok_s']:6.2f} tok/s decodes {r['decodes']:>3} "
                   f"accepted {r['accepted']:>3}/{r['drafted']:<3} MiB/token {r['bytes_read_per_token'] / 2**20:6.1f}",
                   flush=True)
-json.dump(records, open(out, "w"), indent=1)
+with open(out, "w") as f:
+    json.dump(records, f, indent=1)
