@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -153,7 +152,6 @@ def test_bench_stream_writes_csvs_summary_and_plots(small_models: dict[str, Path
     assert "Issue 4 overlap" not in summary or "io-only" in summary
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
 @needs_native
 def test_routing_trace_shows_the_shaped_router(small_models: dict[str, Path], tmp_path: Path) -> None:
     uniform = routing.routing_report(small_models["uniform"], 60, tmp_path / "u")

@@ -64,3 +64,13 @@ def test_bundle_fixture_names_cover_every_shard() -> None:
     spec = gates.FixtureSpec("olmoe", "Q8_0", split=3)
     assert spec.filenames == [f"tiny-olmoe-Q8_0-split3-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
     assert all(s.filenames for s in gates.quick_fixture_specs())
+
+
+def test_the_speculative_cell_accepts_and_rejects_drafts_and_a_corrupted_read_still_fails_it() -> None:
+    spec = gates.FixtureSpec("qwen3moe", "Q4_0")
+    good = gates.CASES["speculative-ngram"]
+    bad = replace(good, name="speculative-corrupt", overrides={**good.overrides, "fault": "corrupt:30"})
+    ok, corrupt = gates.run_gates([gates.GateCell(spec, good), gates.GateCell(spec, bad)],
+                                  gates.fixture_resolver(None))
+    assert ok.passed and 0 < ok.accepted < ok.drafted, ok  # drafts kept and drafts rolled back
+    assert not corrupt.passed and not corrupt.equal_logits, corrupt

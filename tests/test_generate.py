@@ -132,3 +132,77 @@ def test_bad_arguments_get_one_line(model: Path, args: list[str], needle: str) -
     if "-m" not in args:
         base += ["-m", str(model)]
     assert_clean_error(run_cli(*base, *args), needle)
+
+
+def _route_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_the_route_trace_has_every_token_and_layer_and_does_not_depend_on_how_experts_are_read(
+        model: Path, tmp_path: Path) -> None:
+    traces = {}
+    for name, flags in {"serial": ["--no-overlap", "--cache-mb", "0"],
+                        "overlap-cache": ["--overlap", "--cache-mb", "64"]}.items():
+        path = tmp_path / f"{name}.csv"
+        result = run_cli("generate", "-m", str(model), "-p", "Once upon a time", "-n", "6", "-t", "1",
+                         "--route-trace", str(path), *flags)
+        assert result.returncode == 0, result.stderr
+        traces[name] = _route_rows(path)
+    rows = traces["serial"]
+    assert rows == traces["overlap-cache"]
+    layers = sorted({int(r["layer"]) for r in rows})
+    assert layers == list(range(len(layers))) and len(layers) >= 2
+    prompt = [r for r in rows if r["step"] == "0"]
+    n_prompt = len({r["pos"] for r in prompt})
+    # Every prompt token in every layer but the last, which computes only the token whose logits count.
+    assert n_prompt >= 2 and len(prompt) == n_prompt * (len(layers) - 1) + 1
+    assert [r["pos"] for r in prompt if r["layer"] == str(layers[-1])] == [str(n_prompt - 1)]
+    steps = sorted({int(r["step"]) for r in rows})
+    assert steps == list(range(6))  # the prompt, then one decode per further token
+    for r in rows:
+        ids = [int(e) for e in r["experts"].split()]
+        assert len(ids) == 2 and len(set(ids)) == 2 and all(0 <= e < 8 for e in ids)  # top-2 of 8 experts
+    assert {r["pos"] for r in rows if r["step"] == "1"} == {str(n_prompt)}
+
+
+def test_a_route_trace_that_cannot_be_written_fails_before_loading(model: Path, tmp_path: Path) -> None:
+    result = run_cli("generate", "-m", str(model), "-p", "Hi", "-n", "2", "--route-trace",
+                     str(tmp_path / "missing" / "trace.csv"))
+    assert_clean_error(result, "cannot write the route trace")
+    result = run_cli("generate", "-m", str(model), "-p", "Hi", "-n", "2", "--no-stream", "--route-trace",
+                     str(tmp_path / "trace.csv"))
+    assert_clean_error(result, "needs streaming")
+
+
+def _ids(result) -> list[int]:
+    return [r["id"] for r in json_lines(result.stdout) if r["type"] == "token"]
+
+
+def test_speculative_decoding_gives_the_same_tokens_in_fewer_decodes(model: Path) -> None:
+    # A prompt that repeats itself: after its second "Once upon a time" the model's continuation is
+    # already in the text, so prompt-lookup drafts are accepted.
+    first = run_cli("generate", "-m", str(model), "-p", "Once upon a time", "-n", "24", "-t", "1", "--json")
+    assert first.returncode == 0, first.stderr
+    text = "".join(r["text"] for r in json_lines(first.stdout) if r["type"] == "token")
+    prompt = f"Once upon a time{text} Once upon a time"
+    runs = {}
+    for name, flags in {"plain-resident": ["--no-stream"],
+                        "speculative": ["--speculative", "ngram", "--draft-max", "6", "--overlap", "--cache-mb", "8"],
+                        "speculative-serial": ["--speculative", "ngram", "--no-overlap", "--cache-mb", "0"]}.items():
+        result = run_cli("generate", "-m", str(model), "-p", prompt, "-n", "24", "-t", "1", "--json", *flags)
+        assert result.returncode == 0, result.stderr
+        runs[name] = result
+    plain = _ids(runs["plain-resident"])
+    assert _ids(runs["speculative"]) == plain == _ids(runs["speculative-serial"])
+    summary = json_lines(runs["speculative"].stdout)[-1]
+    assert summary["run"]["speculative"] == "ngram"
+    assert summary["accepted"] >= 8 and summary["decodes"] < 23 - 4, summary
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--draft-max", "0"], "draft_max"),
+    (["--speculative", "medusa"], "speculative"),
+])
+def test_bad_speculative_settings_are_one_line(model: Path, flags: list[str], needle: str) -> None:
+    assert_clean_error(run_cli("generate", "-m", str(model), "-p", "Hi", "-n", "2", *flags), needle)

@@ -140,7 +140,7 @@ def stream_campaign(c: Campaign) -> dict[str, Any]:
     }
     (c.out / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     if c.routing_tokens:
-        say(f"routing trace ({c.routing_tokens} tokens, strace)")
+        say(f"routing trace ({c.routing_tokens} tokens)")
         stats = routing_report(c.model, c.routing_tokens, c.out)
         say(f"  reuse {stats['prev_token_reuse']:.3f} (chance {stats['chance_reuse']}), zipf median "
             f"{stats['zipf_per_layer_median']}")

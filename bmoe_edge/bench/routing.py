@@ -1,5 +1,6 @@
-"""`bench routing`: which experts the engine reads, per token and layer (strace of a serial, one-lane,
-cache-off run), their popularity and reuse, and the hit rate of an LRU cache over that trace."""
+"""`bench routing`: which experts the router chooses, per token and layer (the engine's route trace of a
+serial, one-lane, cache-off run), their popularity and reuse, and the hit rate of the engine's cache over
+that trace."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import csv
 import itertools
 import json
 import math
-import re
 import statistics
 import subprocess
 import sys
@@ -22,41 +22,38 @@ from bmoe_edge.errors import BmoeError
 
 
 def trace_routing(model: Path, tokens: int, workdir: Path, prompt: str = PROMPT) -> list[list[list[int]]]:
-    """Per decoded token, per layer, the experts the engine read: strace of its pread64 calls in a
-    serial, one-lane, cache-off run (every routed expert is read, in layer order). Needs strace."""
-    layout = gguf_layout(model)
+    """Per decoded token, per layer, the experts the router chose: the engine's own route trace of a
+    serial, one-lane, cache-off run (`--route-trace`)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    log = workdir / "strace.log"
+    trace = workdir / "route-trace.csv"
     spec = BenchCell("routing-trace", "stream", {"cache_mb": 0, "io_threads": 1, "overlap": False, "threads": 1,
-                                            "ctx": ctx_for(tokens)}, tokens=tokens).spec(model, None)
-    cmd = ["strace", "-f", "-qq", "-s", "0", "-e", "trace=pread64", "-o", str(log), sys.executable, "-m", "bmoe_edge",
-           "bench", "cell", json.dumps(spec)]
+                                            "ctx": ctx_for(tokens), "route_trace": str(trace)},
+                     tokens=tokens).spec(model, None)
+    spec["prompt"] = prompt
+    cmd = [sys.executable, "-m", "bmoe_edge", "bench", "cell", json.dumps(spec)]
     try:
         subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=3600)
-    except FileNotFoundError:
-        raise BmoeError("bench routing needs strace (apt-get install strace)") from None
     except subprocess.CalledProcessError as exc:
         raise BmoeError(f"the traced run failed: {exc.stderr.strip()[-400:]}") from None
-    pat = re.compile(r"pread64\(\d+, [^,]*, (\d+), (\d+)\) = (\d+)")
+    steps = read_route_trace(trace)
+    trace.unlink()
+    return steps[1:]  # step 0 decodes the prompt
+
+
+def read_route_trace(path: Path) -> list[list[list[int]]]:
+    """A route trace (CSV: step,pos,layer,experts) as steps -> layers -> the distinct experts routed
+    (ascending). A generation's steps restart at 0: later generations follow the first."""
     steps: list[dict[int, set[int]]] = []
-    last_layer = None
-    with open(log) as f:
-        for line in f:
-            m = pat.search(line)
-            if not m:
-                continue
-            length, offset = int(m.group(1)), int(m.group(2))
-            hit = layout.locate(offset + length // 2)
-            if hit is None or length < hit[0].expert_bytes // 2:
-                continue
-            tensor, expert = hit
-            if last_layer is None or tensor.layer < last_layer:
+    last_step = None
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            step, layer = int(row["step"]), int(row["layer"])
+            if step != last_step:
                 steps.append({})
-            last_layer = tensor.layer
-            steps[-1].setdefault(tensor.layer, set()).add(expert)
-    log.unlink()
-    n_layer = len(layout.layers())
-    return [[sorted(s.get(il, ())) for il in range(n_layer)] for s in steps[1:]]  # drop the prompt step
+                last_step = step
+            steps[-1].setdefault(layer, set()).update(int(e) for e in row["experts"].split())
+    n_layer = 1 + max((il for s in steps for il in s), default=-1)
+    return [[sorted(s.get(il, ())) for il in range(n_layer)] for s in steps]
 
 
 def cache_hit_rate(trace: list[list[list[int]]], bytes_per_expert: Sequence[int], n_expert: int,

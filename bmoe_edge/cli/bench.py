@@ -53,7 +53,8 @@ def bench_stream_cmd(
     budgets: Annotated[str | None, typer.Option("--budgets", help="Cache budgets, MiB (default: by cap).")] = None,
     cap_method: Annotated[str, typer.Option("--cap-method", help="auto, cgroup-v1, cgroup-v2, balloon.")] = "auto",
     io_seconds: Annotated[float, typer.Option("--io-seconds", help="bench io per cell per repeat (0 = none).")] = 2.0,
-    routing_tokens: Annotated[int, typer.Option("--routing-tokens", help="Trace the routing first (strace).")] = 0,
+    routing_tokens: Annotated[int, typer.Option("--routing-tokens",
+                                                help="Trace the routing first (the engine's route trace).")] = 0,
     host: Annotated[str | None, typer.Option("--host", help="Run on a board (not implemented here).")] = None,
 ) -> None:
     """Streamed vs llama.cpp mmap under a RAM cap, interleaved and repeated: CSVs, summary.md, plots."""
@@ -92,7 +93,7 @@ def bench_routing_cmd(
     tokens: Annotated[int, typer.Option("--tokens", min=2)] = 64,
     out: Annotated[Path, typer.Option("--out")] = Path("bench-out"),
 ) -> None:
-    """Which experts the engine reads, per token and layer (strace of a cache-off run): popularity, reuse."""
+    """Which experts the router chooses, per token and layer (the engine's route trace): popularity, reuse."""
     from bmoe_edge.bench import routing
 
     stats = routing.routing_report(model, tokens, out)

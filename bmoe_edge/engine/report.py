@@ -58,6 +58,10 @@ def summary(gen: Generation, run_info: dict[str, object]) -> dict[str, object]:
         "io_ms": sum(m.io_ms for m in gen.metrics),
         "major_faults": sum(m.major_faults for m in gen.metrics),
         "peak_rss_bytes": max((m.rss_bytes for m in gen.metrics), default=0),
+        # Speculative decoding: draft tokens decoded, those the model agreed with, decodes run.
+        "drafted": sum(m.drafted for m in gen.metrics),
+        "accepted": sum(m.accepted for m in gen.metrics),
+        "decodes": sum(1 for m in decode if m.n_tokens > 0),
         "run": run_info,
     }
 
@@ -98,6 +102,10 @@ def summary_text(s: dict[str, object]) -> str:
         f"hit {float(s['cache_hit_pct']):.1f}%; stall {float(s['stall_ms']):.0f} ms; "
         f"peak RSS {int(s['peak_rss_bytes']) / 2**20:.0f} MiB; stop: {s['stop_reason']}",
     ]
+    if int(s.get("drafted", 0)):
+        per_decode = int(s["generated_tokens"]) / max(1, int(s["decodes"]) + 1)
+        lines.append(f"speculative: {s['accepted']} of {s['drafted']} drafted tokens accepted, "
+                     f"{per_decode:.2f} tokens per decode")
     if run.get("warning"):
         lines.append(f"warning: {run['warning']}")
     return "\n".join(lines)

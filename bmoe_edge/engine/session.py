@@ -41,6 +41,8 @@ class TokenMetrics:
     resident_expert_bytes: int
     cache_budget_bytes: int  # the budget after this step: it follows memory pressure
     pool_bytes: int          # memory the expert page pool holds
+    drafted: int = 0         # speculative decoding: draft tokens decoded with this one
+    accepted: int = 0        # ... that the model agreed with (the next tokens, without a decode)
 
 
 @dataclass(frozen=True)

@@ -179,6 +179,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("batch", int, 512, "Logical batch size.", minimum=1),
     Setting("ubatch", int, 512, "Physical batch size.", minimum=1),
     Setting("flash_attn", bool, False, "Flash attention."),
+    Setting("speculative", str, "off", "Speculative decoding: ngram verifies prompt-lookup drafts in one batch "
+            "(greedy decoding only; identical tokens). A model's own MTP heads are not used: the pinned "
+            "llama.cpp has no API to run them.", flags=("--speculative",), choices=("off", "ngram"),
+            profile="optional", native=lambda v, n: {"speculative_ngram": v == "ngram"}),
+    Setting("draft_max", int, 8, "Speculative decoding: draft at most this many tokens.", flags=("--draft-max",),
+            minimum=1, maximum=64, profile="optional"),
+    Setting("route_trace", str, "", "Write every token's routed experts, per layer, to this CSV (streaming only).",
+            flags=("--route-trace",)),
     Setting("fault", str, "", "Test only: corrupt:N or fail:N garbles or fails the Nth slice read.",
             native=lambda v, n: {"fault_kind": getattr(n.FaultKind, _fault(v)[0]), "fault_nth": _fault(v)[1]}),
 )

@@ -9,7 +9,7 @@ fixture and shared by its cells.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -28,10 +28,12 @@ PROMPTS = (
 )
 STEPS = 24
 QUICK_STEPS = 12
+DRAFT_MAX = 6
 
 # Pinned on both sides of every comparison: thread count, batch sizes, flash attention, context.
 # Everything a case does not set is pinned too: serial, no cache, the kernel's page unit.
-BASE = StreamConfig(threads=1, ctx=256, batch=64, ubatch=64, flash_attn=False, overlap=False, cache_mb=0, page_kb=0)
+BASE = StreamConfig(threads=1, ctx=256, batch=64, ubatch=64, flash_attn=False, overlap=False, cache_mb=0, page_kb=0,
+                    draft_max=DRAFT_MAX)
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class StreamCase:
     cache: float | str = 0.0  # fraction of expert bytes, or "auto"
     overrides: dict = field(default_factory=dict)
     generations: int = 1  # >1: several generations in one engine, the cache kept between them
+    echo: bool = False  # the prompts repeat the model's own continuation (speculative drafts get accepted)
 
 
 CASES: dict[str, StreamCase] = {c.name: c for c in (
@@ -63,6 +66,8 @@ CASES: dict[str, StreamCase] = {c.name: c for c in (
     StreamCase("page-16k", cache=0.3, overrides={"page_kb": 16}),
     StreamCase("page-64k-overlap", cache=0.3, overrides={"page_kb": 64, "overlap": True}),
     StreamCase("page-64k-dense-anon", cache=0.3, overrides={"page_kb": 64, "dense": "anon"}),
+    # Speculative decoding verifies drafts in batched decodes: greedy output must not change.
+    StreamCase("speculative-ngram", cache=0.3, echo=True, overrides={"overlap": True, "speculative": "ngram"}),
 )}
 
 
@@ -88,6 +93,8 @@ class CellResult:
     bytes_read: int = 0
     hit_pct: float = 0.0
     read_path: str = ""
+    drafted: int = 0   # speculative cells: draft tokens verified, and those the model agreed with
+    accepted: int = 0
     error: str = ""
 
 
@@ -126,8 +133,17 @@ def stream_config(case: StreamCase, expert_bytes: int) -> StreamConfig:
     return replace(BASE, stream=True, cache_mb=cache_mb, **extra, **case.overrides)
 
 
-def _generate(engine: Engine, generations: int, steps: int) -> list[Generation]:
-    return [engine.run(PROMPTS[i % len(PROMPTS)], steps, logits=True) for i in range(generations)]
+Prompt = str | list[int]
+
+
+def _generate(engine: Engine, generations: int, steps: int, prompts: Sequence[Prompt] = PROMPTS) -> list[Generation]:
+    return [engine.run(prompts[i % len(prompts)], steps, logits=True) for i in range(generations)]
+
+
+def echo_prompts(resident: Sequence[Generation]) -> list[Prompt]:
+    """Each prompt, the first half of the model's greedy continuation, the prompt again: a prompt-lookup
+    draft then meets both what the model will say (accepted) and what it will not (rolled back)."""
+    return [g.prompt_tokens + g.tokens[: len(g.tokens) // 2] + g.prompt_tokens for g in resident]
 
 
 def _first_difference(a: list[Generation], b: list[Generation]) -> tuple[bool, bool, int | None, int]:
@@ -146,23 +162,29 @@ def _first_difference(a: list[Generation], b: list[Generation]) -> tuple[bool, b
 
 
 def check_cell(cell: GateCell, model: Path, resident: list[Generation], expert_bytes: int,
-             steps: int) -> CellResult:
+             steps: int, plain: list[Generation] | None = None) -> CellResult:
     spec = cell.fixture
     result = CellResult(spec.arch, spec.quant, spec.split, cell.case.name, passed=False)
+    prompts = [g.prompt_tokens for g in resident] if cell.case.echo else PROMPTS
     try:
         with Engine(model, stream_config(cell.case, expert_bytes)) as engine:
-            streamed = _generate(engine, cell.case.generations, steps)
+            streamed = _generate(engine, cell.case.generations, steps, prompts)
             result.read_path = str(engine.run_info["read_path"])
     except BmoeError as exc:
         result.error = str(exc)
         return result
     eq_tokens, eq_logits, first, total = _first_difference(resident[: len(streamed)], streamed)
+    if plain is not None and not all(x.tokens == y.tokens for x, y in zip(plain, streamed, strict=False)):
+        eq_tokens = False
+        first = 0 if first is None else first
     metrics = [m for g in streamed for m in g.metrics]
     lookups = sum(m.cache_lookups for m in metrics)
     result.equal_tokens, result.equal_logits, result.first_difference = eq_tokens, eq_logits, first
     result.steps = total
     result.bytes_read = sum(m.bytes_read for m in metrics)
     result.hit_pct = 100.0 * sum(m.cache_hits for m in metrics) / lookups if lookups else 0.0
+    result.drafted = sum(m.drafted for m in metrics)
+    result.accepted = sum(m.accepted for m in metrics)
     result.passed = eq_tokens and eq_logits and result.bytes_read > 0
     if result.bytes_read == 0:
         result.error = "streamed run read nothing: the seam did not engage"
@@ -179,13 +201,27 @@ def run_gates(cells: Iterable[GateCell], resolve: Callable[[FixtureSpec], Path],
         model = resolve(spec)
         expert_bytes = info.model_summary(model).expert_bytes
         most = max(c.case.generations for c in group)
-        resident: dict[int, list[Generation]] = {}  # by thread count: the one knob cases change
+        resident: dict[tuple[int, bool, str], list[Generation]] = {}
+
+        def baseline(threads: int, echo: bool, speculative: str, model: Path = model, most: int = most,
+                     resident: dict = resident) -> list[Generation]:
+            """Resident runs by the knobs cases change: threads, echoed prompts, speculation."""
+            key = (threads, echo, speculative)
+            if key not in resident:
+                prompts = echo_prompts(baseline(threads, False, "off")) if echo else PROMPTS
+                config = replace(BASE, stream=False, threads=threads, speculative=speculative)
+                with Engine(model, config) as engine:
+                    resident[key] = _generate(engine, most, steps, prompts)
+            return resident[key]
+
         for cell in group:
-            threads = stream_config(cell.case, expert_bytes).threads
-            if threads not in resident:
-                with Engine(model, replace(BASE, stream=False, threads=threads)) as engine:
-                    resident[threads] = _generate(engine, most, steps)
-            yield check_cell(cell, model, resident[threads], expert_bytes, steps)
+            config = stream_config(cell.case, expert_bytes)
+            same = baseline(config.threads, cell.case.echo, config.speculative)
+            # Speculation verifies drafts in batched decodes, whose float rounding may differ from one
+            # token at a time: its logits are compared with a resident run that speculates too, its
+            # tokens also with plain decoding.
+            plain = baseline(config.threads, cell.case.echo, "off")
+            yield check_cell(cell, model, same, expert_bytes, steps, plain)
 
 
 def emulated_gate_args(bundle_dir: Path, as_json: bool) -> list[str]:

@@ -92,6 +92,9 @@ NB_MODULE(_native, m) {
         .def_rw("batch", &bmoe::StreamConfig::batch)
         .def_rw("ubatch", &bmoe::StreamConfig::ubatch)
         .def_rw("flash_attn", &bmoe::StreamConfig::flash_attn)
+        .def_rw("route_trace", &bmoe::StreamConfig::route_trace)
+        .def_rw("speculative_ngram", &bmoe::StreamConfig::speculative_ngram)
+        .def_rw("draft_max", &bmoe::StreamConfig::draft_max)
         .def_prop_rw(
             "fault_kind", [](const bmoe::StreamConfig & c) { return c.fault.kind; },
             [](bmoe::StreamConfig & c, bmoe::FaultKind k) { c.fault.kind = k; })
@@ -115,7 +118,7 @@ NB_MODULE(_native, m) {
         BMOE_RO(TokenMetrics, cache_lookups) BMOE_RO(TokenMetrics, cache_hits) BMOE_RO(TokenMetrics, evictions)
         BMOE_RO(TokenMetrics, major_faults) BMOE_RO(TokenMetrics, rss_bytes)
         BMOE_RO(TokenMetrics, resident_expert_bytes) BMOE_RO(TokenMetrics, cache_budget_bytes)
-        BMOE_RO(TokenMetrics, pool_bytes);
+        BMOE_RO(TokenMetrics, pool_bytes) BMOE_RO(TokenMetrics, drafted) BMOE_RO(TokenMetrics, accepted);
 
     nb::class_<bmoe::RunInfo>(m, "RunInfo")
         BMOE_RO(RunInfo, model) BMOE_RO(RunInfo, architecture) BMOE_RO(RunInfo, n_layer) BMOE_RO(RunInfo, n_expert)
@@ -131,7 +134,7 @@ NB_MODULE(_native, m) {
         BMOE_RO(RunInfo, lazy_load) BMOE_RO(RunInfo, ctx) BMOE_RO(RunInfo, batch) BMOE_RO(RunInfo, ubatch)
         BMOE_RO(RunInfo, flash_attn) BMOE_RO(RunInfo, fault) BMOE_RO(RunInfo, warning) BMOE_RO(RunInfo, load_ms)
         BMOE_RO(RunInfo, load_bytes_read) BMOE_RO(RunInfo, load_major_faults) BMOE_RO(RunInfo, rss_after_load)
-        BMOE_RO(RunInfo, routed_bytes_per_token);
+        BMOE_RO(RunInfo, routed_bytes_per_token) BMOE_RO(RunInfo, speculative);
 #undef BMOE_RO
 
     nb::class_<bmoe::StepResult>(m, "StepResult")

@@ -11,32 +11,15 @@
 #include "bmoe/build_info.h"
 #include "bmoe/error.h"
 #include "bmoe/recipes.h"
-#include "gguf_map.h"
-#include "llama.h"
+#include "engine_impl.h"
 #include "llama_runtime.h"
-#include "memory_budget.h"
-#include "seam.h"
-#include "stream_setup.h"
 #include "telemetry.h"
 
 namespace bmoe {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) {
-    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-struct ModelDeleter {
-    void operator()(llama_model * m) const { llama_model_free(m); }
-};
-struct ContextDeleter {
-    void operator()(llama_context * c) const { llama_free(c); }
-};
-struct SamplerDeleter {
-    void operator()(llama_sampler * s) const { llama_sampler_free(s); }
-};
+using detail::Clock;
+using detail::ms_since;
 
 void validate(const StreamConfig & c) {
     if (c.cache_mb < 0 && c.cache_mb != kCacheAuto) {
@@ -50,6 +33,9 @@ void validate(const StreamConfig & c) {
     }
     if (c.threads < 0 || c.ctx < 16 || c.batch < 1 || c.ubatch < 1) {
         throw Error("threads must be >= 0, ctx >= 16, batch and ubatch >= 1");
+    }
+    if (c.draft_max < 1 || c.draft_max > 64) {
+        throw Error("draft_max must be between 1 and 64, got " + std::to_string(c.draft_max));
     }
     if (c.cache_floor_mb < 0 || c.cache_ceil_mb < 0 || c.cache_margin_mb < 0) {
         throw Error("cache_floor_mb, cache_ceil_mb and cache_margin_mb must be >= 0");
@@ -104,30 +90,6 @@ std::vector<std::string> lazy_suffixes(const Recipe & recipe) {
 
 }  // namespace
 
-struct Engine::Impl {
-    StreamConfig config;
-    RunInfo info;
-    std::unique_ptr<detail::GgufMap> gguf;
-    std::unique_ptr<detail::Seam> seam;
-    detail::StreamingParts streaming;  // after the seam, before the model: outlives both uses
-    std::unique_ptr<llama_model, ModelDeleter> model;
-    std::unique_ptr<llama_context, ContextDeleter> ctx;
-    std::unique_ptr<llama_sampler, SamplerDeleter> sampler;
-    const llama_vocab * vocab = nullptr;
-    std::unique_ptr<detail::MemoryBudget> memory;
-    std::unique_ptr<detail::ExpertReadyHook> hook;  // last member: unregistered before anything is freed
-    std::vector<llama_token> pending;
-    std::vector<llama_token> in_context;  // what the KV cache holds, position by position
-    bool want_logits = false;
-    int step = 0;
-
-    void open(const std::string & path);
-    void load_model(const std::string & path, const Recipe * recipe);
-    void create_context();
-    void warm_up_and_capture();
-    void size_cache();
-    void decode(std::vector<llama_token> & tokens);
-};
 
 void Engine::Impl::open(const std::string & path) {
     validate(config);
@@ -149,6 +111,13 @@ void Engine::Impl::open(const std::string & path) {
     info.ubatch = config.ubatch;
     info.flash_attn = config.flash_attn;
     info.fault = describe(config.fault);
+    info.speculative = config.speculative_ngram ? "ngram" : "off";
+    if (!config.route_trace.empty()) {
+        if (!config.stream) {
+            throw Error("the route trace needs streaming: the routed experts are read where the engine streams them");
+        }
+        route_trace = std::make_unique<detail::RouteTrace>(config.route_trace);  // a bad path fails now
+    }
 
     gguf = std::make_unique<detail::GgufMap>(path);  // header, shards, bounds: before any load
     info.architecture = gguf->architecture();
@@ -192,10 +161,19 @@ void Engine::Impl::open(const std::string & path) {
         hook = std::make_unique<detail::ExpertReadyHook>(streamer);
         llama_set_abort_callback(
             ctx.get(), [](void * s) { return static_cast<detail::Streamer *>(s)->failed(); }, &streamer);
-        seam->set_router([&streamer](int layer, const std::vector<int> & e) { streamer.publish(layer, e); });
-    } else {
-        seam->set_router([&streamer](int layer, const std::vector<int> & e) { streamer.make_resident(layer, e); });
     }
+    detail::RouteTrace * trace = route_trace.get();
+    const bool overlapped = config.overlap;
+    seam->set_router([&streamer, trace, overlapped](int layer, const std::vector<int> & e, int per_token) {
+        if (trace != nullptr) {
+            trace->record(layer, e, per_token);
+        }
+        if (overlapped) {
+            streamer.publish(layer, e);
+        } else {
+            streamer.make_resident(layer, e);
+        }
+    });
     seam->set_mode(detail::Seam::Mode::Stream);
     info.rss_after_load = detail::rss_bytes();
 }
@@ -329,38 +307,6 @@ void Engine::Impl::size_cache() {
     streamer.set_budget(report.budget);
 }
 
-void Engine::Impl::decode(std::vector<llama_token> & tokens) {
-    try {
-        for (size_t done = 0; done < tokens.size();) {
-            const auto n =
-                static_cast<int32_t>(std::min<size_t>(tokens.size() - done, static_cast<size_t>(config.batch)));
-            const int rc = llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
-            if (config.overlap && streaming.streamer) {
-                streaming.streamer->drain();  // the last layer's reads; rethrows a failed read
-            }
-            if (seam) {
-                const std::string error = seam->take_error();
-                if (!error.empty()) {
-                    throw Error(error);
-                }
-            }
-            if (rc != 0) {
-                throw Error("llama_decode failed (" + std::to_string(rc) + ")");
-            }
-            in_context.insert(in_context.end(), tokens.begin() + static_cast<long>(done),
-                              tokens.begin() + static_cast<long>(done) + n);
-            done += static_cast<size_t>(n);
-        }
-    } catch (...) {
-        // A half-decoded batch leaves keys and values nobody can vouch for: the next generation
-        // starts from an empty context.
-        llama_memory_clear(llama_get_memory(ctx.get()), true);
-        in_context.clear();
-        pending.clear();
-        throw;
-    }
-}
-
 Engine::Engine(const std::string & model_path, const StreamConfig & config) : impl_(std::make_unique<Impl>()) {
     impl_->config = config;
     impl_->open(model_path);
@@ -369,170 +315,5 @@ Engine::Engine(const std::string & model_path, const StreamConfig & config) : im
 Engine::~Engine() = default;
 
 const RunInfo & Engine::run_info() const { return impl_->info; }
-
-std::vector<int32_t> Engine::tokenize(const std::string & text, bool add_special, bool parse_special) const {
-    const auto len = static_cast<int32_t>(text.size());
-    std::vector<llama_token> out(text.size() + 8);
-    int32_t n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()),
-                               add_special, parse_special);
-    if (n < 0) {
-        out.resize(static_cast<size_t>(-n));
-        n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()), add_special,
-                           parse_special);
-    }
-    out.resize(static_cast<size_t>(std::max(n, 0)));
-    return out;
-}
-
-std::string Engine::detokenize(const std::vector<int32_t> & tokens) const {
-    std::string text;
-    char buf[256];
-    for (int32_t t : tokens) {
-        const int32_t n = llama_token_to_piece(impl_->vocab, t, buf, sizeof(buf), 0, false);
-        if (n > 0) {
-            text.append(buf, static_cast<size_t>(n));
-        }
-    }
-    return text;
-}
-
-int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams & sampling, bool want_logits,
-                      bool reuse_kv) {
-    if (prompt.empty()) {
-        throw Error("the prompt is empty");
-    }
-    Impl & d = *impl_;
-    llama_memory_t memory = llama_get_memory(d.ctx.get());
-    size_t keep = 0;
-    if (reuse_kv) {
-        while (keep < d.in_context.size() && keep < prompt.size() && d.in_context[keep] == prompt[keep]) {
-            ++keep;
-        }
-        keep = std::min(keep, prompt.size() - 1);  // the last prompt token is decoded again: its logits
-    }
-    // A recurrent model's state cannot be cut at an arbitrary position: then it starts afresh.
-    if (keep == 0 || !llama_memory_seq_rm(memory, 0, static_cast<llama_pos>(keep), -1)) {
-        llama_memory_clear(memory, true);
-        keep = 0;
-    }
-    d.in_context.resize(keep);
-    llama_sampler_chain_params chain_params = llama_sampler_chain_default_params();
-    chain_params.no_perf = true;
-    d.sampler.reset(llama_sampler_chain_init(chain_params));
-    llama_sampler * chain = d.sampler.get();
-    if (sampling.temp <= 0.0f) {
-        llama_sampler_chain_add(chain, llama_sampler_init_greedy());
-    } else {
-        llama_sampler_chain_add(chain, llama_sampler_init_top_k(sampling.top_k));
-        llama_sampler_chain_add(chain, llama_sampler_init_top_p(sampling.top_p, 1));
-        if (sampling.min_p > 0.0f) {
-            llama_sampler_chain_add(chain, llama_sampler_init_min_p(sampling.min_p, 1));
-        }
-        llama_sampler_chain_add(chain, llama_sampler_init_temp(sampling.temp));
-        llama_sampler_chain_add(chain, llama_sampler_init_dist(sampling.seed));
-    }
-    d.pending.assign(prompt.begin() + static_cast<long>(keep), prompt.end());
-    d.want_logits = want_logits;
-    d.step = 0;
-    return static_cast<int32_t>(keep);
-}
-
-std::string Engine::chat_template() const {
-    const char * tmpl = llama_model_chat_template(impl_->model.get(), nullptr);
-    return tmpl == nullptr ? std::string() : std::string(tmpl);
-}
-
-const std::vector<int32_t> & Engine::context_tokens() const { return impl_->in_context; }
-
-void Engine::reset() {
-    llama_memory_clear(llama_get_memory(impl_->ctx.get()), true);
-    impl_->in_context.clear();
-    impl_->pending.clear();
-}
-
-void Engine::save_state(const std::string & path) const {
-    const std::vector<llama_token> & tokens = impl_->in_context;
-    if (!llama_state_save_file(impl_->ctx.get(), path.c_str(), tokens.data(), tokens.size())) {
-        throw Error("could not write the session state to " + path);
-    }
-}
-
-void Engine::load_state(const std::string & path) {
-    Impl & d = *impl_;
-    std::vector<llama_token> tokens(static_cast<size_t>(d.config.ctx));
-    size_t n = 0;
-    if (!llama_state_load_file(d.ctx.get(), path.c_str(), tokens.data(), tokens.size(), &n)) {
-        reset();
-        throw Error(path + " is not a session state of this model and context size (or cannot be read)");
-    }
-    tokens.resize(n);
-    d.in_context = std::move(tokens);
-    d.pending.clear();
-}
-
-bool Engine::next(StepResult & out) {
-    Impl & d = *impl_;
-    if (d.pending.empty()) {
-        return false;
-    }
-    const llama_pos used = llama_memory_seq_pos_max(llama_get_memory(d.ctx.get()), 0) + 1;
-    if (used + static_cast<llama_pos>(d.pending.size()) > static_cast<llama_pos>(d.config.ctx)) {
-        return false;
-    }
-    out = StepResult{};
-    out.metrics.step = d.step;
-    out.metrics.n_tokens = static_cast<int>(d.pending.size());
-    const uint64_t faults0 = detail::major_faults();
-    const auto t0 = Clock::now();
-    if (d.streaming.streamer) {
-        d.streaming.streamer->take_counters();  // start this step's counters from zero
-    }
-    d.decode(d.pending);
-    const llama_token token = llama_sampler_sample(d.sampler.get(), d.ctx.get(), -1);
-    out.metrics.wall_ms = ms_since(t0);
-
-    if (d.want_logits) {
-        const float * logits = llama_get_logits_ith(d.ctx.get(), -1);
-        const auto n_vocab = static_cast<size_t>(llama_vocab_n_tokens(d.vocab));
-        out.logits.assign(reinterpret_cast<const char *>(logits), n_vocab * sizeof(float));
-    }
-    if (d.streaming.streamer) {
-        const detail::StreamCounters c = d.streaming.streamer->take_counters();
-        out.metrics.io_ms = c.io_ms;
-        out.metrics.stall_ms = c.stall_ms;
-        out.metrics.drain_ms = c.drain_ms;
-        out.metrics.bytes_read = c.storage_bytes;
-        out.metrics.slice_bytes = c.slice_bytes;
-        out.metrics.copy_bytes = c.copy_bytes;
-        out.metrics.cache_lookups = c.lookups;
-        out.metrics.cache_hits = c.hits;
-        out.metrics.evictions = c.evictions;
-        detail::Streamer & streamer = *d.streaming.streamer;
-        out.metrics.resident_expert_bytes = streamer.resident_expert_bytes();
-        const uint64_t budget = streamer.cache().budget();
-        const uint64_t adapted = d.memory->adapt(budget, streamer.pool_held_bytes(), detail::major_faults() - faults0);
-        if (adapted != budget) {
-            streamer.set_budget(adapted);
-        }
-        out.metrics.cache_budget_bytes = adapted;
-        out.metrics.pool_bytes = streamer.pool_held_bytes();
-    }
-    out.metrics.compute_ms = out.metrics.wall_ms - out.metrics.stall_ms;
-    out.metrics.major_faults = detail::major_faults() - faults0;
-    out.metrics.rss_bytes = detail::rss_bytes();
-
-    out.token = token;
-    out.end_of_generation = llama_vocab_is_eog(d.vocab, token);
-    if (!out.end_of_generation) {
-        char buf[256];
-        const int32_t n = llama_token_to_piece(d.vocab, token, buf, sizeof(buf), 0, false);
-        out.piece.assign(buf, static_cast<size_t>(std::max(n, 0)));
-        d.pending.assign(1, token);
-    } else {
-        d.pending.clear();
-    }
-    ++d.step;
-    return true;
-}
 
 }  // namespace bmoe

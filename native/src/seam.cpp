@@ -124,7 +124,7 @@ bool Seam::on_computed(ggml_tensor * t) {
                 ids_.push_back(*reinterpret_cast<const int32_t *>(data + j * t->nb[1] + k * t->nb[0]));
             }
         }
-        router_(layer, ids_);
+        router_(layer, ids_, static_cast<int>(t->ne[0]));
         return true;
     } catch (const std::exception & e) {
         error_ = e.what();

@@ -36,7 +36,8 @@ struct CapturedTensor {
 class Seam {
 public:
     enum class Mode { Off, Capture, Stream };
-    using Router = std::function<void(int layer, const std::vector<int> & experts)>;
+    // A layer's routed ids for the whole batch: `per_token` ids for each token, token after token.
+    using Router = std::function<void(int layer, const std::vector<int> & experts, int per_token)>;
 
     explicit Seam(Recipe recipe) : recipe_(std::move(recipe)) {}
 

@@ -35,6 +35,9 @@ struct StreamConfig {
     int batch = 512;
     int ubatch = 512;
     bool flash_attn = false;
+    std::string route_trace;          // a CSV of every token's routed experts per layer (empty = none)
+    bool speculative_ngram = false;   // greedy decoding verifies prompt-lookup drafts in one batch
+    int draft_max = 8;                // ... of at most this many tokens
     FaultInjection fault;
 };
 

@@ -25,10 +25,13 @@ struct TokenMetrics {
     uint64_t resident_expert_bytes = 0;  // whole pages of the mirror currently holding expert bytes
     uint64_t cache_budget_bytes = 0;     // the budget in force after this step (it adapts to memory pressure)
     uint64_t pool_bytes = 0;             // memory the expert page pool holds (in use, or kept for reuse)
+    int drafted = 0;                     // speculative step: draft tokens decoded with this one
+    int accepted = 0;                    // ... of which the model agreed with (handed out next, no decode)
 };
 
 struct RunInfo {
     std::string model;
+    std::string speculative = "off";  // "ngram" when greedy decoding verifies drafts
     std::string architecture;
     int n_layer = 0;
     int n_expert = 0;

@@ -1,0 +1,78 @@
+// The engine's state, shared by its two halves: engine.cpp opens a model and makes it stream
+// (load, capture, mirror, cache size); generation.cpp runs it (prompts, decoding, speculation, the
+// context and its state files). Internal: llama.cpp types are fine here, never in bmoe/engine.h.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bmoe/engine.h"
+#include "gguf_map.h"
+#include "llama.h"
+#include "memory_budget.h"
+#include "ngram_draft.h"
+#include "route_trace.h"
+#include "seam.h"
+#include "stream_setup.h"
+
+namespace bmoe {
+
+namespace detail {
+using Clock = std::chrono::steady_clock;
+
+inline double ms_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+struct ModelDeleter {
+    void operator()(llama_model * m) const { llama_model_free(m); }
+};
+struct ContextDeleter {
+    void operator()(llama_context * c) const { llama_free(c); }
+};
+struct SamplerDeleter {
+    void operator()(llama_sampler * s) const { llama_sampler_free(s); }
+};
+
+}  // namespace detail
+
+struct Engine::Impl {
+    StreamConfig config;
+    RunInfo info;
+    std::unique_ptr<detail::GgufMap> gguf;
+    std::unique_ptr<detail::Seam> seam;
+    detail::StreamingParts streaming;  // after the seam, before the model: outlives both uses
+    std::unique_ptr<llama_model, detail::ModelDeleter> model;
+    std::unique_ptr<llama_context, detail::ContextDeleter> ctx;
+    std::unique_ptr<llama_sampler, detail::SamplerDeleter> sampler;
+    const llama_vocab * vocab = nullptr;
+    std::unique_ptr<detail::MemoryBudget> memory;
+    std::unique_ptr<detail::RouteTrace> route_trace;
+    std::unique_ptr<detail::ExpertReadyHook> hook;  // last member: unregistered before anything is freed
+    std::vector<llama_token> pending;
+    std::vector<llama_token> in_context;  // what the KV cache holds, position by position
+    std::deque<llama_token> accepted;       // verified by a speculative step, not yet handed out
+    std::deque<std::string> accepted_logits;
+    bool want_logits = false;
+    bool greedy = true;                     // speculation only where it cannot change the tokens
+    int step = 0;
+
+    detail::DraftPolicy draft_policy;
+    static constexpr int kNgramMin = 2;      // prompt lookup: the shortest and longest n-gram matched
+    static constexpr int kNgramMax = 4;
+
+    void open(const std::string & path);
+    void load_model(const std::string & path, const Recipe * recipe);
+    void create_context();
+    void warm_up_and_capture();
+    void size_cache();
+    void decode(std::vector<llama_token> & tokens, bool all_logits = false);
+    std::vector<llama_token> draft_for(llama_pos used);
+    llama_token verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out);
+    void emit(StepResult & out, llama_token token);
+};
+
+}  // namespace bmoe

@@ -1,0 +1,331 @@
+#include <algorithm>
+#include <cstring>
+
+#include "bmoe/error.h"
+#include "engine_impl.h"
+#include "ngram_draft.h"
+#include "telemetry.h"
+
+namespace bmoe {
+
+using detail::Clock;
+using detail::ms_since;
+
+namespace {
+
+// A batch whose every token returns logits (a speculative step verifies each draft position).
+struct AllLogitsBatch {
+    llama_batch batch;
+    AllLogitsBatch(const llama_token * tokens, int32_t n, llama_pos first) : batch(llama_batch_init(n, 0, 1)) {
+        for (int32_t i = 0; i < n; ++i) {
+            batch.token[i] = tokens[i];
+            batch.pos[i] = first + i;
+            batch.n_seq_id[i] = 1;
+            batch.seq_id[i][0] = 0;
+            batch.logits[i] = 1;
+        }
+        batch.n_tokens = n;
+    }
+    ~AllLogitsBatch() { llama_batch_free(batch); }
+    AllLogitsBatch(const AllLogitsBatch &) = delete;
+    AllLogitsBatch & operator=(const AllLogitsBatch &) = delete;
+};
+
+std::string logits_of(llama_context * ctx, const llama_vocab * vocab, int32_t index) {
+    const float * logits = llama_get_logits_ith(ctx, index);
+    return {reinterpret_cast<const char *>(logits), static_cast<size_t>(llama_vocab_n_tokens(vocab)) * sizeof(float)};
+}
+
+}  // namespace
+
+void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
+    try {
+        for (size_t done = 0; done < tokens.size();) {
+            const auto n =
+                static_cast<int32_t>(std::min<size_t>(tokens.size() - done, static_cast<size_t>(config.batch)));
+            if (route_trace) {
+                route_trace->begin_batch(static_cast<int>(in_context.size()), n);
+            }
+            int rc = 0;
+            if (all_logits) {
+                AllLogitsBatch b(tokens.data() + done, n, static_cast<llama_pos>(in_context.size()));
+                rc = llama_decode(ctx.get(), b.batch);
+            } else {
+                rc = llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
+            }
+            if (config.overlap && streaming.streamer) {
+                streaming.streamer->drain();  // the last layer's reads; rethrows a failed read
+            }
+            if (seam) {
+                const std::string error = seam->take_error();
+                if (!error.empty()) {
+                    throw Error(error);
+                }
+            }
+            if (rc != 0) {
+                throw Error("llama_decode failed (" + std::to_string(rc) + ")");
+            }
+            in_context.insert(in_context.end(), tokens.begin() + static_cast<long>(done),
+                              tokens.begin() + static_cast<long>(done) + n);
+            done += static_cast<size_t>(n);
+        }
+    } catch (...) {
+        // A half-decoded batch leaves keys and values nobody can vouch for: the next generation
+        // starts from an empty context.
+        llama_memory_clear(llama_get_memory(ctx.get()), true);
+        in_context.clear();
+        pending.clear();
+        accepted.clear();
+        accepted_logits.clear();
+        throw;
+    }
+}
+
+std::vector<int32_t> Engine::tokenize(const std::string & text, bool add_special, bool parse_special) const {
+    const auto len = static_cast<int32_t>(text.size());
+    std::vector<llama_token> out(text.size() + 8);
+    int32_t n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()),
+                               add_special, parse_special);
+    if (n < 0) {
+        out.resize(static_cast<size_t>(-n));
+        n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()), add_special,
+                           parse_special);
+    }
+    out.resize(static_cast<size_t>(std::max(n, 0)));
+    return out;
+}
+
+std::string Engine::detokenize(const std::vector<int32_t> & tokens) const {
+    std::string text;
+    char buf[256];
+    for (int32_t t : tokens) {
+        const int32_t n = llama_token_to_piece(impl_->vocab, t, buf, sizeof(buf), 0, false);
+        if (n > 0) {
+            text.append(buf, static_cast<size_t>(n));
+        }
+    }
+    return text;
+}
+
+int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams & sampling, bool want_logits,
+                      bool reuse_kv) {
+    if (prompt.empty()) {
+        throw Error("the prompt is empty");
+    }
+    Impl & d = *impl_;
+    llama_memory_t memory = llama_get_memory(d.ctx.get());
+    size_t keep = 0;
+    if (reuse_kv) {
+        while (keep < d.in_context.size() && keep < prompt.size() && d.in_context[keep] == prompt[keep]) {
+            ++keep;
+        }
+        keep = std::min(keep, prompt.size() - 1);  // the last prompt token is decoded again: its logits
+    }
+    // A recurrent model's state cannot be cut at an arbitrary position: then it starts afresh.
+    if (keep == 0 || !llama_memory_seq_rm(memory, 0, static_cast<llama_pos>(keep), -1)) {
+        llama_memory_clear(memory, true);
+        keep = 0;
+    }
+    d.in_context.resize(keep);
+    llama_sampler_chain_params chain_params = llama_sampler_chain_default_params();
+    chain_params.no_perf = true;
+    d.sampler.reset(llama_sampler_chain_init(chain_params));
+    llama_sampler * chain = d.sampler.get();
+    if (sampling.temp <= 0.0f) {
+        llama_sampler_chain_add(chain, llama_sampler_init_greedy());
+    } else {
+        llama_sampler_chain_add(chain, llama_sampler_init_top_k(sampling.top_k));
+        llama_sampler_chain_add(chain, llama_sampler_init_top_p(sampling.top_p, 1));
+        if (sampling.min_p > 0.0f) {
+            llama_sampler_chain_add(chain, llama_sampler_init_min_p(sampling.min_p, 1));
+        }
+        llama_sampler_chain_add(chain, llama_sampler_init_temp(sampling.temp));
+        llama_sampler_chain_add(chain, llama_sampler_init_dist(sampling.seed));
+    }
+    d.pending.assign(prompt.begin() + static_cast<long>(keep), prompt.end());
+    d.greedy = sampling.temp <= 0.0f;
+    d.draft_policy = detail::DraftPolicy(d.config.draft_max);
+    d.accepted.clear();
+    d.accepted_logits.clear();
+    d.want_logits = want_logits;
+    d.step = 0;
+    return static_cast<int32_t>(keep);
+}
+
+std::string Engine::chat_template() const {
+    const char * tmpl = llama_model_chat_template(impl_->model.get(), nullptr);
+    return tmpl == nullptr ? std::string() : std::string(tmpl);
+}
+
+const std::vector<int32_t> & Engine::context_tokens() const { return impl_->in_context; }
+
+void Engine::reset() {
+    llama_memory_clear(llama_get_memory(impl_->ctx.get()), true);
+    impl_->in_context.clear();
+    impl_->pending.clear();
+    impl_->accepted.clear();
+    impl_->accepted_logits.clear();
+}
+
+void Engine::save_state(const std::string & path) const {
+    const std::vector<llama_token> & tokens = impl_->in_context;
+    if (!llama_state_save_file(impl_->ctx.get(), path.c_str(), tokens.data(), tokens.size())) {
+        throw Error("could not write the session state to " + path);
+    }
+}
+
+void Engine::load_state(const std::string & path) {
+    Impl & d = *impl_;
+    std::vector<llama_token> tokens(static_cast<size_t>(d.config.ctx));
+    size_t n = 0;
+    if (!llama_state_load_file(d.ctx.get(), path.c_str(), tokens.data(), tokens.size(), &n)) {
+        reset();
+        throw Error(path + " is not a session state of this model and context size (or cannot be read)");
+    }
+    tokens.resize(n);
+    d.in_context = std::move(tokens);
+    d.pending.clear();
+    d.accepted.clear();
+    d.accepted_logits.clear();
+}
+
+void Engine::Impl::emit(StepResult & out, llama_token token) {
+    out.token = token;
+    out.end_of_generation = llama_vocab_is_eog(vocab, token);
+    if (!out.end_of_generation) {
+        char buf[256];
+        const int32_t n = llama_token_to_piece(vocab, token, buf, sizeof(buf), 0, false);
+        out.piece.assign(buf, static_cast<size_t>(std::max(n, 0)));
+    } else {
+        pending.clear();
+        accepted.clear();
+    }
+    ++step;
+}
+
+std::vector<llama_token> Engine::Impl::draft_for(llama_pos used) {
+    // Greedy only (a draft cannot change what the model picks), and not on a prompt (its logits for
+    // every position would cost n_vocab floats each).
+    if (!config.speculative_ngram || !greedy || pending.size() != 1) {
+        return {};
+    }
+    const auto room = static_cast<int64_t>(config.ctx) - used - static_cast<int64_t>(pending.size());
+    const int max = static_cast<int>(std::min<int64_t>({draft_policy.length(), room, config.batch - 1}));
+    if (max <= 0) {
+        return {};
+    }
+    std::vector<llama_token> history(in_context);
+    history.insert(history.end(), pending.begin(), pending.end());
+    return detail::ngram_draft(history, kNgramMin, kNgramMax, max);
+}
+
+llama_token Engine::Impl::verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out) {
+    // The model's choice after each of the last 1 + n_draft positions: keep drafts while they agree.
+    const auto first = static_cast<int32_t>(batch.size() - n_draft - 1);
+    std::vector<llama_token> chosen;
+    for (size_t j = 0; j <= n_draft; ++j) {
+        const llama_token t = llama_sampler_sample(sampler.get(), ctx.get(), first + static_cast<int32_t>(j));
+        chosen.push_back(t);
+        if (want_logits) {
+            std::string & into = j == 0 ? out.logits : accepted_logits.emplace_back();
+            into = logits_of(ctx.get(), vocab, first + static_cast<int32_t>(j));
+        }
+        if (j == n_draft || t != batch[static_cast<size_t>(first) + j + 1] || llama_vocab_is_eog(vocab, t)) {
+            break;
+        }
+    }
+    const size_t kept = chosen.size() - 1;  // drafts the model agreed with
+    const auto cut = static_cast<llama_pos>(in_context.size() - (n_draft - kept));
+    if (!llama_memory_seq_rm(llama_get_memory(ctx.get()), 0, cut, -1)) {
+        throw Error("speculative decoding cannot roll back this model's context (a recurrent model?): "
+                    "run it without --speculative");
+    }
+    in_context.resize(static_cast<size_t>(cut));
+    out.metrics.drafted = static_cast<int>(n_draft);
+    out.metrics.accepted = static_cast<int>(kept);
+    draft_policy.update(out.metrics.drafted, out.metrics.accepted);
+    accepted.assign(chosen.begin() + 1, chosen.end());
+    pending.assign(1, chosen.back());
+    return chosen.front();
+}
+
+bool Engine::next(StepResult & out) {
+    Impl & d = *impl_;
+    if (!d.accepted.empty()) {  // a token the last speculative step already verified: no decode
+        out = StepResult{};
+        out.metrics.step = d.step;
+        out.metrics.rss_bytes = detail::rss_bytes();
+        if (d.want_logits) {
+            out.logits = std::move(d.accepted_logits.front());
+            d.accepted_logits.pop_front();
+        }
+        const llama_token token = d.accepted.front();
+        d.accepted.pop_front();
+        d.emit(out, token);
+        return true;
+    }
+    if (d.pending.empty()) {
+        return false;
+    }
+    const llama_pos used = llama_memory_seq_pos_max(llama_get_memory(d.ctx.get()), 0) + 1;
+    if (used + static_cast<llama_pos>(d.pending.size()) > static_cast<llama_pos>(d.config.ctx)) {
+        return false;
+    }
+    out = StepResult{};
+    out.metrics.step = d.step;
+    const std::vector<llama_token> draft = d.draft_for(used);
+    std::vector<llama_token> batch(d.pending);
+    batch.insert(batch.end(), draft.begin(), draft.end());
+    out.metrics.n_tokens = static_cast<int>(batch.size());
+    const uint64_t faults0 = detail::major_faults();
+    const auto t0 = Clock::now();
+    if (d.streaming.streamer) {
+        d.streaming.streamer->take_counters();  // start this step's counters from zero
+    }
+    if (d.route_trace) {
+        d.route_trace->begin_step(d.step);
+    }
+    d.decode(batch, !draft.empty());
+    if (d.route_trace) {
+        d.route_trace->end_step();
+    }
+    llama_token token = 0;
+    if (draft.empty()) {
+        token = llama_sampler_sample(d.sampler.get(), d.ctx.get(), -1);
+        if (d.want_logits) {
+            out.logits = logits_of(d.ctx.get(), d.vocab, -1);
+        }
+        d.pending.assign(1, token);
+    } else {
+        token = d.verify(batch, draft.size(), out);
+    }
+    out.metrics.wall_ms = ms_since(t0);
+    if (d.streaming.streamer) {
+        const detail::StreamCounters c = d.streaming.streamer->take_counters();
+        out.metrics.io_ms = c.io_ms;
+        out.metrics.stall_ms = c.stall_ms;
+        out.metrics.drain_ms = c.drain_ms;
+        out.metrics.bytes_read = c.storage_bytes;
+        out.metrics.slice_bytes = c.slice_bytes;
+        out.metrics.copy_bytes = c.copy_bytes;
+        out.metrics.cache_lookups = c.lookups;
+        out.metrics.cache_hits = c.hits;
+        out.metrics.evictions = c.evictions;
+        detail::Streamer & streamer = *d.streaming.streamer;
+        out.metrics.resident_expert_bytes = streamer.resident_expert_bytes();
+        const uint64_t budget = streamer.cache().budget();
+        const uint64_t adapted = d.memory->adapt(budget, streamer.pool_held_bytes(), detail::major_faults() - faults0);
+        if (adapted != budget) {
+            streamer.set_budget(adapted);
+        }
+        out.metrics.cache_budget_bytes = adapted;
+        out.metrics.pool_bytes = streamer.pool_held_bytes();
+    }
+    out.metrics.compute_ms = out.metrics.wall_ms - out.metrics.stall_ms;
+    out.metrics.major_faults = detail::major_faults() - faults0;
+    out.metrics.rss_bytes = detail::rss_bytes();
+    d.emit(out, token);
+    return true;
+}
+
+}  // namespace bmoe

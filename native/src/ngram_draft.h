@@ -1,0 +1,32 @@
+// Prompt-lookup drafting for speculative decoding: the continuation that followed the latest
+// earlier occurrence of the text's last n tokens (n from `max_ngram` down to 1). Repetitive text
+// (code, lists, summaries of the prompt) drafts well; free prose drafts rarely, and then costs
+// nothing. Policy only: the engine verifies every draft against the model.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace bmoe::detail {
+
+// Matches of at least `min_ngram` tokens only: a single repeated token predicts little in real text.
+std::vector<int32_t> ngram_draft(const std::vector<int32_t> & history, int min_ngram, int max_ngram, int draft_max);
+
+// How many tokens to draft next. With expert streaming every drafted token's experts are read too,
+// so a rejected draft costs reads, not only compute: the length starts small, doubles while drafts
+// are accepted whole, falls to what was accepted, and drafting pauses (4, 8, ... 64 decodes) after
+// drafts the model rejects outright twice in a row.
+class DraftPolicy {
+public:
+    explicit DraftPolicy(int draft_max = 0);
+    int length();  // 0: do not draft this step
+    void update(int drafted, int accepted);
+
+private:
+    int max_;
+    int length_;
+    int misses_ = 0;
+    int pause_ = 0;
+};
+
+}  // namespace bmoe::detail
