@@ -54,6 +54,14 @@ void validate(const StreamConfig & c) {
     if (c.cache_floor_mb < 0 || c.cache_ceil_mb < 0 || c.cache_margin_mb < 0) {
         throw Error("cache_floor_mb, cache_ceil_mb and cache_margin_mb must be >= 0");
     }
+    if (!(c.io_timeout_s >= 0 && c.io_timeout_s <= 1e6)) {
+        throw Error("io_timeout must be between 0 (no deadline) and 1000000 seconds, got " +
+                    std::to_string(c.io_timeout_s));
+    }
+    if (c.verify_slices && c.stream && c.slice_sums.empty()) {
+        throw Error("verify_slices needs the model's slice checksums: run `bmoe-edge verify-model MODEL` once "
+                    "to write them");
+    }
     const long kernel_kb = sysconf(_SC_PAGESIZE) / 1024;
     if (c.page_kb != 0 && (c.page_kb < kernel_kb || c.page_kb > 1024 || (c.page_kb & (c.page_kb - 1)) != 0)) {
         throw Error("page_kb must be 0 (the kernel's page) or a power of two from this kernel's page size (" +
@@ -61,7 +69,9 @@ void validate(const StreamConfig & c) {
     }
 }
 
-// BMOE_FAULT=corrupt:N or fail:N (test-only) unless the config already asks for a fault.
+constexpr const char * kFaultKinds[] = {"none", "corrupt", "fail", "short", "hang"};
+
+// BMOE_FAULT=<kind>:N (test-only) unless the config already asks for a fault.
 FaultInjection fault_from_env(FaultInjection configured) {
     const char * env = std::getenv("BMOE_FAULT");
     if (configured.kind != FaultKind::None || env == nullptr || *env == '\0') {
@@ -71,10 +81,12 @@ FaultInjection fault_from_env(FaultInjection configured) {
     const size_t colon = v.find(':');
     const std::string kind = v.substr(0, colon);
     FaultInjection f;
-    f.kind = kind == "corrupt" ? FaultKind::Corrupt : kind == "fail" ? FaultKind::Fail : FaultKind::None;
+    for (int k = 1; k < 5; ++k) {
+        f.kind = kind == kFaultKinds[k] ? static_cast<FaultKind>(k) : f.kind;
+    }
     f.nth = colon == std::string::npos ? 1 : std::atoll(v.c_str() + colon + 1);
     if (f.kind == FaultKind::None || f.nth < 1) {
-        throw Error("BMOE_FAULT must be corrupt:N or fail:N with N >= 1, got " + v);
+        throw Error("BMOE_FAULT must be corrupt:N, fail:N, short:N or hang:N with N >= 1, got " + v);
     }
     return f;
 }
@@ -83,7 +95,7 @@ std::string describe(const FaultInjection & f) {
     if (f.kind == FaultKind::None) {
         return "";
     }
-    return std::string(f.kind == FaultKind::Corrupt ? "corrupt" : "fail") + ":" + std::to_string(f.nth);
+    return std::string(kFaultKinds[static_cast<int>(f.kind)]) + ":" + std::to_string(f.nth);
 }
 
 int64_t meta_int(const llama_model * model, const std::string & key) {
@@ -119,6 +131,9 @@ struct Engine::Impl {
     std::vector<llama_token> pending;
     bool want_logits = false;
     int step = 0;
+    // Why the last decode failed: the generation is over, next() refuses until begin() (which
+    // clears the KV cache) starts a new one. Empty while healthy.
+    std::string failure;
 
     void open(const std::string & path);
     void load_model(const std::string & path, const Recipe * recipe);
@@ -126,11 +141,13 @@ struct Engine::Impl {
     void warm_up_and_capture();
     void size_cache();
     void decode(std::vector<llama_token> & tokens);
+    bool step_once(StepResult & out);
 };
 
 void Engine::Impl::open(const std::string & path) {
     validate(config);
     config.fault = fault_from_env(config.fault);
+    config.fault.hang_s = config.io_timeout_s > 0 ? config.io_timeout_s + 2 : 5;
     detail::ensure_llama_backend();
 
     info.model = path;
@@ -148,6 +165,9 @@ void Engine::Impl::open(const std::string & path) {
     info.ubatch = config.ubatch;
     info.flash_attn = config.flash_attn;
     info.fault = describe(config.fault);
+    info.io_timeout_s = config.io_timeout_s;
+    info.verify_slices = config.verify_slices && config.stream;
+    info.parse_special = config.parse_special;
 
     gguf = std::make_unique<detail::GgufMap>(path);  // header, shards, bounds: before any load
     info.architecture = gguf->architecture();
@@ -179,6 +199,7 @@ void Engine::Impl::open(const std::string & path) {
     }
     create_context();
     if (!config.stream) {
+        gguf->check_same_as_paths();  // llama.cpp opened the files by path: the same ones?
         info.cache_mode = "off";
         info.rss_after_load = detail::rss_bytes();
         return;
@@ -196,6 +217,7 @@ void Engine::Impl::open(const std::string & path) {
         seam->set_router([&streamer](int layer, const std::vector<int> & e) { streamer.make_resident(layer, e); });
     }
     seam->set_mode(detail::Seam::Mode::Stream);
+    gguf->check_same_as_paths();  // llama.cpp and the lanes opened the files by path: the same ones?
     info.rss_after_load = detail::rss_bytes();
 }
 
@@ -332,14 +354,12 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens) {
     for (size_t done = 0; done < tokens.size();) {
         const auto n = static_cast<int32_t>(std::min<size_t>(tokens.size() - done, static_cast<size_t>(config.batch)));
         const int rc = llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
+        const std::string error = seam ? seam->take_error() : std::string();  // taken always: never stale
         if (config.overlap && streaming.streamer) {
             streaming.streamer->drain();  // the last layer's reads; rethrows a failed read
         }
-        if (seam) {
-            const std::string error = seam->take_error();
-            if (!error.empty()) {
-                throw Error(error);
-            }
+        if (!error.empty()) {
+            throw Error(error);
         }
         if (rc != 0) {
             throw Error("llama_decode failed (" + std::to_string(rc) + ")");
@@ -360,12 +380,13 @@ const RunInfo & Engine::run_info() const { return impl_->info; }
 std::vector<int32_t> Engine::tokenize(const std::string & text, bool add_special) const {
     const auto len = static_cast<int32_t>(text.size());
     std::vector<llama_token> out(text.size() + 8);
+    const bool parse_special = impl_->config.parse_special;  // user text stays text unless asked
     int32_t n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()),
-                               add_special, true);
+                               add_special, parse_special);
     if (n < 0) {
         out.resize(static_cast<size_t>(-n));
         n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()), add_special,
-                           true);
+                           parse_special);
     }
     out.resize(static_cast<size_t>(std::max(n, 0)));
     return out;
@@ -403,13 +424,33 @@ void Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams & s
     impl_->pending.assign(prompt.begin(), prompt.end());
     impl_->want_logits = want_logits;
     impl_->step = 0;
+    impl_->failure.clear();
 }
 
 bool Engine::next(StepResult & out) {
     Impl & d = *impl_;
+    if (!d.failure.empty()) {
+        throw Error("this generation stopped on an error (" + d.failure + "); begin a new one");
+    }
+    try {
+        return d.step_once(out);
+    } catch (const Error & e) {
+        // A read error may be the file changing under us: then that is the message.
+        const std::string changed = d.gguf->changed();
+        d.failure = changed.empty() ? e.what() : changed;
+        d.pending.clear();
+        throw Error(d.failure);
+    }
+}
+
+bool Engine::Impl::step_once(StepResult & out) {
+    Impl & d = *this;
     if (d.pending.empty()) {
         return false;
     }
+    // The model must still be the file we opened: a truncated mapping would be a SIGBUS, a rewrite
+    // wrong tokens. (A change during this decode is caught by the next check or by a read.)
+    d.gguf->check_unchanged();
     const llama_pos used = llama_memory_seq_pos_max(llama_get_memory(d.ctx.get()), 0) + 1;
     if (used + static_cast<llama_pos>(d.pending.size()) > static_cast<llama_pos>(d.config.ctx)) {
         return false;
@@ -442,6 +483,7 @@ bool Engine::next(StepResult & out) {
         out.metrics.cache_lookups = c.lookups;
         out.metrics.cache_hits = c.hits;
         out.metrics.evictions = c.evictions;
+        out.metrics.rereads = c.rereads;
         detail::Streamer & streamer = *d.streaming.streamer;
         out.metrics.resident_expert_bytes = streamer.resident_expert_bytes();
         const uint64_t budget = streamer.cache().budget();
