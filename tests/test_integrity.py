@@ -5,6 +5,7 @@ loading, and bounded samples of the fault and fuzz campaigns (full runs: `bmoe-e
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -131,7 +132,7 @@ def test_after_a_failed_step_the_generation_is_over_until_a_new_one(qwen3: Path,
     with Engine(qwen3, replace(BASE, fault="fail:20")) as engine:
         with pytest.raises(BmoeError, match="injected fault"):
             engine.run(PROMPT, STEPS)
-        with pytest.raises(native.load().EngineError, match="stopped on an error .*injected fault.*begin a new one"):
+        with pytest.raises(native.load().EngineError, match=r"stopped on an error .*injected fault.*begin a new one"):
             engine._live().next(native.load().StepResult())
         assert same(engine.run(PROMPT, STEPS, logits=True), expected)  # a new generation starts clean
 
@@ -166,9 +167,12 @@ def test_a_hung_read_fails_the_step_at_the_deadline_and_the_lanes_recover(qwen3:
 
 
 def test_io_timeout_is_a_flag_and_a_profile_field(model: Path) -> None:
+    from bmoe_edge.boards.profile_schema import ENGINE_FIELDS
+
     result = run_cli("generate", "-m", str(model), "-p", "Hi", "-n", "1", "--io-timeout", "7", "--json")
     assert result.returncode == 0, result.stderr
-    assert '"io_timeout_s": 7.0' in result.stdout
+    assert json.loads(result.stdout.splitlines()[0])["io_timeout_s"] == 7.0
+    assert {"io_timeout", "verify_slices"} <= set(ENGINE_FIELDS)
     assert_clean_error(run_cli("generate", "-m", str(model), "-p", "Hi", "--io-timeout", "-1"), "io_timeout")
 
 

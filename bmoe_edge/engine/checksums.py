@@ -95,11 +95,15 @@ def _seal(record: dict[str, Any]) -> str:
     return hashlib.blake2b(body.encode(), digest_size=32).hexdigest()
 
 
+def _files(layout: Any) -> list[dict[str, Any]]:
+    return [{"name": Path(f).name, "size": size} for f, size in zip(layout.files, layout.file_sizes, strict=True)]
+
+
 def _record(layout: Any, slices: list[Slice], sums: list[int]) -> dict[str, Any]:
     record: dict[str, Any] = {
         "format": FORMAT,
         "algorithm": "crc32c",
-        "files": [{"name": Path(f).name, "size": size} for f, size in zip(layout.files, layout.file_sizes, strict=True)],
+        "files": _files(layout),
         "slices": [[s.tensor, s.expert, s.file, s.offset, s.length, f"{crc:08x}"]
                    for s, crc in zip(slices, sums, strict=True)],
     }
@@ -139,7 +143,7 @@ def load(model: Path, layout: Any | None = None) -> dict[tuple[int, int], tuple[
         raise BmoeError(f"{show_path(path)}: the checksum sidecar is damaged (its own checksum does not match); {redo}")
     if record.get("format") != FORMAT or record.get("algorithm") != "crc32c":
         raise BmoeError(f"{show_path(path)}: not a {FORMAT} sidecar; {redo}")
-    want = [{"name": Path(f).name, "size": size} for f, size in zip(layout.files, layout.file_sizes, strict=True)]
+    want = _files(layout)
     if record.get("files") != want:
         raise BmoeError(f"{show_path(path)} was written for other files ({record.get('files')}, now {want}); {redo}")
     out: dict[tuple[int, int], tuple[Slice, int]] = {}

@@ -101,6 +101,9 @@ class Engine:
         self.close()
 
     def close(self) -> None:
+        """Free the engine now, even where something (a traceback's frame) still refers to it."""
+        if self._native is not None:
+            self._native.close()
         self._native = None
 
     @property

@@ -187,5 +187,6 @@ NB_MODULE(_native, m) {
         .def("tokenize", &bmoe::Engine::tokenize, nb::arg("text"), nb::arg("add_special") = true)
         .def("detokenize", &bmoe::Engine::detokenize, nb::arg("tokens"))
         .def("begin", &bmoe::Engine::begin, nb::arg("prompt"), nb::arg("sampling"), nb::arg("want_logits") = false)
-        .def("next", &bmoe::Engine::next, nb::arg("out"), nb::call_guard<nb::gil_scoped_release>());
+        .def("next", &bmoe::Engine::next, nb::arg("out"), nb::call_guard<nb::gil_scoped_release>())
+        .def("close", &bmoe::Engine::close, nb::call_guard<nb::gil_scoped_release>());
 }

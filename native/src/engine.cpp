@@ -353,6 +353,9 @@ void Engine::Impl::size_cache() {
 void Engine::Impl::decode(std::vector<llama_token> & tokens) {
     for (size_t done = 0; done < tokens.size();) {
         const auto n = static_cast<int32_t>(std::min<size_t>(tokens.size() - done, static_cast<size_t>(config.batch)));
+        if (config.overlap && streaming.streamer) {
+            streaming.streamer->clear_failure();
+        }
         const int rc = llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
         const std::string error = seam ? seam->take_error() : std::string();  // taken always: never stale
         if (config.overlap && streaming.streamer) {
@@ -375,12 +378,21 @@ Engine::Engine(const std::string & model_path, const StreamConfig & config) : im
 
 Engine::~Engine() = default;
 
-const RunInfo & Engine::run_info() const { return impl_->info; }
+Engine::Impl & Engine::live() const {
+    if (!impl_) {
+        throw Error("the engine is closed");
+    }
+    return *impl_;
+}
+
+void Engine::close() { impl_.reset(); }
+
+const RunInfo & Engine::run_info() const { return live().info; }
 
 std::vector<int32_t> Engine::tokenize(const std::string & text, bool add_special) const {
     const auto len = static_cast<int32_t>(text.size());
     std::vector<llama_token> out(text.size() + 8);
-    const bool parse_special = impl_->config.parse_special;  // user text stays text unless asked
+    const bool parse_special = live().config.parse_special;  // user text stays text unless asked
     int32_t n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()),
                                add_special, parse_special);
     if (n < 0) {
@@ -393,6 +405,7 @@ std::vector<int32_t> Engine::tokenize(const std::string & text, bool add_special
 }
 
 std::string Engine::detokenize(const std::vector<int32_t> & tokens) const {
+    live();
     std::string text;
     char buf[256];
     for (int32_t t : tokens) {
@@ -405,6 +418,7 @@ std::string Engine::detokenize(const std::vector<int32_t> & tokens) const {
 }
 
 void Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams & sampling, bool want_logits) {
+    live();
     if (prompt.empty()) {
         throw Error("the prompt is empty");
     }
@@ -428,7 +442,7 @@ void Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams & s
 }
 
 bool Engine::next(StepResult & out) {
-    Impl & d = *impl_;
+    Impl & d = live();
     if (!d.failure.empty()) {
         throw Error("this generation stopped on an error (" + d.failure + "); begin a new one");
     }

@@ -308,6 +308,12 @@ void Streamer::publish(int layer, const std::vector<int> & routed) {
     lanes_.submit(in_flight_);
 }
 
+void Streamer::clear_failure() {
+    std::lock_guard<std::mutex> lock(wait_mutex_);
+    fatal_.store(false, std::memory_order_release);
+    wait_error_.clear();
+}
+
 void Streamer::mark_ready(size_t tensor, int expert, uint64_t generation) {
     ready_[tensor][static_cast<size_t>(expert)].store(generation, std::memory_order_release);
     { std::lock_guard<std::mutex> lock(wait_mutex_); }  // no waiter can miss the store below

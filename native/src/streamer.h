@@ -72,6 +72,8 @@ public:
     // Wait for the batch in flight; rethrows its error after undoing its residency.
     void drain();
     bool failed() const { return fatal_.load(std::memory_order_acquire); }
+    // Before a decode: a failure of the last one (it ended the generation) must not abort this one.
+    void clear_failure();
 
     // A new cache budget; a smaller one evicts at once and returns the freed pages to the kernel.
     // Only between decodes (no batch in flight).

@@ -43,8 +43,13 @@ public:
     // generation reached before) or the context is full. Throws bmoe::Error on a failed read.
     bool next(StepResult & out);
 
+    // Free everything now (model, context, lanes, mirrors; waits for a read stuck in the kernel).
+    // Every later call throws bmoe::Error "the engine is closed". Idempotent.
+    void close();
+
 private:
     struct Impl;
+    Impl & live() const;  // throws when closed
     std::unique_ptr<Impl> impl_;
 };
 
