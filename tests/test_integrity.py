@@ -257,6 +257,23 @@ def test_a_duplicated_vocabulary_token_is_one_line_not_an_abort(tmp_path: Path) 
         assert_clean_error(result, "twice", f"ids {first} and {second}")
 
 
+def test_a_model_name_that_is_not_utf8_is_shown_not_a_crash(tmp_path: Path) -> None:
+    """Found by the fuzz campaign: a metadata string with a byte that is not UTF-8 made `info` raise
+    UnicodeDecodeError from the bindings."""
+    from gguf import GGUFReader
+
+    path = tmp_path / "name.gguf"
+    tinymoe.write_tiny_moe(path, "qwen3moe", "Q8_0", vocab_size=300)
+    reader = GGUFReader(path, "r+")
+    field = reader.fields["general.name"]
+    field.parts[field.data[0]][1] = 0xAA
+    reader.data.flush()
+    del reader, field
+    result = run_cli("info", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "name:" in result.stdout and "?" in result.stdout
+
+
 def test_fuzz_sample_ends_every_run_in_a_result_or_one_line(tmp_path: Path) -> None:
     seed = fuzz.seed_model(tmp_path)
     results = list(fuzz.run_campaign(seed, tmp_path / "work", count=30, seed=1))

@@ -62,7 +62,7 @@ ModelLayout model_layout(const std::string & path) {
     std::vector<bool> seen(out.files.size(), false);
     const Recipe * recipe = find_recipe(gguf.architecture());
     for (const auto & [name, loc] : gguf.tensors()) {
-        ModelTensor t{name, loc.file, loc.offset, loc.size, 0};
+        ModelTensor t{printable(name), loc.file, loc.offset, loc.size, 0};
         int layer = 0;
         int projection = 0;
         if (recipe != nullptr && detail::parse_expert_name(name, *recipe, layer, projection) && loc.n_slices > 1 &&

@@ -170,7 +170,7 @@ void Engine::Impl::open(const std::string & path) {
     info.parse_special = config.parse_special;
 
     gguf = std::make_unique<detail::GgufMap>(path);  // header, shards, bounds: before any load
-    info.architecture = gguf->architecture();
+    info.architecture = printable(gguf->architecture());
     info.n_files = static_cast<int>(gguf->files().size());
     info.file_bytes = gguf->total_bytes();
 
