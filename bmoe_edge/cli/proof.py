@@ -86,11 +86,16 @@ def faults_cmd(
     from bmoe_edge.proof import faults
 
     results = []
-    for r in faults.run_campaign(tinymoe.fixture("qwen3moe", "Q8_0"), workdir, count, seed):
+    campaign = faults.run_campaign(tinymoe.fixture("qwen3moe", "Q8_0"), workdir, count, seed)
+    first = next(campaign)  # the process as it is once the first engine has come and gone
+    fds, rss = faults.open_fds(), faults.rss_bytes()
+    for r in [first, *campaign]:
         results.append(r)
         if r.outcome == "different" or len(results) % 50 == 0:
             typer.echo(f"[{len(results)}/{count}] {r.case.kind}:{r.case.nth} {r.outcome} {r.detail[:120]}", err=True)
-    table = faults.table(results)
+    table = faults.table(results) + (
+        f"\n\n{len(results)} engines opened and closed in one process after the first: open descriptors "
+        f"{fds} -> {faults.open_fds()}, RSS {rss / 2**20:.1f} -> {faults.rss_bytes() / 2**20:.1f} MiB")
     typer.echo(table)
     _write_results(out, "faults", [r.record() for r in results], table)
     if any(r.outcome == "different" for r in results):
