@@ -274,6 +274,23 @@ def test_a_model_name_that_is_not_utf8_is_shown_not_a_crash(tmp_path: Path) -> N
     assert "name:" in result.stdout and "?" in result.stdout
 
 
+def test_a_vocabulary_missing_a_byte_token_is_one_line(tmp_path: Path) -> None:
+    """Found by the fuzz campaign: llama.cpp's tokenizer throws std::out_of_range through its C API
+    when a byte token is missing; it escaped as an IndexError."""
+    from gguf import GGUFReader
+
+    path = tmp_path / "bytes.gguf"
+    tinymoe.write_tiny_moe(path, "qwen3moe", "Q8_0", vocab_size=300)
+    reader = GGUFReader(path, "r+")
+    field = reader.fields["tokenizer.ggml.tokens"]
+    token = next(field.parts[i] for i in field.data if bytes(field.parts[i]) == b"<0x48>")  # "H"
+    token[:] = list(b"<0xQQ>")
+    reader.data.flush()
+    del reader, field, token
+    assert_clean_error(run_cli("generate", "-m", str(path), "-p", "Hello", "-n", "2"),
+                       "llama.cpp failed while tokenizing the prompt", "corrupt")
+
+
 def test_fuzz_sample_ends_every_run_in_a_result_or_one_line(tmp_path: Path) -> None:
     seed = fuzz.seed_model(tmp_path)
     results = list(fuzz.run_campaign(seed, tmp_path / "work", count=30, seed=1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Annotated
@@ -89,7 +90,7 @@ def faults_cmd(
     campaign = faults.run_campaign(tinymoe.fixture("qwen3moe", "Q8_0"), workdir, count, seed)
     first = next(campaign)  # the process as it is once the first engine has come and gone
     fds, rss = faults.open_fds(), faults.rss_bytes()
-    for r in [first, *campaign]:
+    for r in itertools.chain([first], campaign):
         results.append(r)
         if r.outcome == "different" or len(results) % 50 == 0:
             typer.echo(f"[{len(results)}/{count}] {r.case.kind}:{r.case.nth} {r.outcome} {r.detail[:120]}", err=True)

@@ -114,7 +114,9 @@ class Engine:
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids of `text` (BOS added when `add_special`); control-token names in it are parsed only
         with the config's `parse_special`."""
-        return list(self._live().tokenize(text, add_special))
+        engine = self._live()
+        with native.engine_errors():
+            return list(engine.tokenize(text, add_special))
 
     def generate(
         self,

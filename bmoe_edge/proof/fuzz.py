@@ -54,7 +54,8 @@ class Layout:
     table_start: int
     data_start: int
     boundaries: tuple[int, ...]
-    integers: tuple[tuple[int, int], ...]
+    integers: tuple[tuple[int, int], ...]  # every integer of the header, metadata and tensor table
+    values: tuple[tuple[int, int], ...]    # the metadata's scalar integer values (block count, expert count, ...)
 
 
 def layout(path: Path) -> Layout:
@@ -67,6 +68,7 @@ def layout(path: Path) -> Layout:
     table = [t.field for t in reader.tensors]
     bounds = {0, 4, 8, 16, 24, size, reader.data_offset}
     integers: list[tuple[int, int]] = [(8, 8), (16, 8)]  # tensor count, kv count
+    values: list[tuple[int, int]] = []
     table_ids = {id(f) for f in table}
     for f in [*kv_fields, *table]:
         # A metadata field: key length, key, value type, then the value (an array: its type, count
@@ -75,9 +77,11 @@ def layout(path: Path) -> Layout:
         parts = f.parts if id(f) in table_ids else f.parts[:6]
         bounds.add(f.offset)
         at = f.offset
-        for part in parts:
-            if part.dtype.kind in "iu" and part.nbytes in (4, 8) and part.size == 1:
+        for i, part in enumerate(parts):
+            if part.dtype.kind in "iu" and part.nbytes in (1, 2, 4, 8) and part.size == 1:
                 integers.append((at, part.nbytes))  # lengths, counts, types, dims, offsets
+                if id(f) not in table_ids and len(f.parts) == 4 and i == 3:
+                    values.append((at, part.nbytes))
             at += part.nbytes
             bounds.add(at)
         bounds.add(f.offset + sum(p.nbytes for p in f.parts))
@@ -85,7 +89,7 @@ def layout(path: Path) -> Layout:
     kv_start = min((f.offset for f in kv_fields), default=24)
     table_start = min((f.offset for f in table), default=reader.data_offset)
     return Layout(size, kv_start, table_start, reader.data_offset, tuple(sorted(b for b in bounds if b <= size)),
-                  tuple(integers))
+                  tuple(integers), tuple(values))
 
 
 def truncations(data: bytes, lay: Layout) -> list[Mutation]:
@@ -105,13 +109,13 @@ def _section(lay: Layout, offset: int) -> str:
 def random_mutation(data: bytes, lay: Layout, rng: random.Random) -> Mutation:
     buf = bytearray(data)
     roll = rng.random()
-    if roll < 0.3:  # an integer field of the header, metadata or tensor table: an extreme value
-        at, width = rng.choice(lay.integers)
+    if roll < 0.45:  # an integer of the header, metadata or tensor table (a third: a metadata value)
+        at, width = rng.choice(lay.values if lay.values and rng.random() < 0.33 else lay.integers)
         value = rng.choice(EXTREMES) if rng.random() < 0.7 else rng.getrandbits(8 * width)
         value &= (1 << (8 * width)) - 1
         buf[at:at + width] = value.to_bytes(width, "little")
         return Mutation(f"int:{_section(lay, at)}@{at}={value:#x}", bytes(buf))
-    if roll < 0.9:  # byte flips in the header, metadata or tensor table
+    if roll < 0.92:  # byte flips in the header, metadata or tensor table
         low, high = 0, lay.data_start
     else:           # byte flips in the data
         low, high = lay.data_start, lay.size

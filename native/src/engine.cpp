@@ -114,6 +114,20 @@ std::vector<std::string> lazy_suffixes(const Recipe & recipe) {
 }
 #endif
 
+// llama.cpp's C API lets C++ exceptions through (e.g. std::out_of_range from a vocabulary lookup
+// of a corrupt model): turn anything but our own error into one, naming what was being done.
+template <class F>
+auto guarded(const char * what, F && f) -> decltype(f()) {
+    try {
+        return f();
+    } catch (const Error &) {
+        throw;
+    } catch (const std::exception & e) {
+        throw Error(std::string("llama.cpp failed while ") + what + " (" + e.what() +
+                    "): the model's metadata or vocabulary is inconsistent (a corrupt file?)");
+    }
+}
+
 }  // namespace
 
 struct Engine::Impl {
@@ -373,7 +387,7 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens) {
 
 Engine::Engine(const std::string & model_path, const StreamConfig & config) : impl_(std::make_unique<Impl>()) {
     impl_->config = config;
-    impl_->open(model_path);
+    guarded("opening the model", [&] { impl_->open(model_path); });
 }
 
 Engine::~Engine() = default;
@@ -390,31 +404,35 @@ void Engine::close() { impl_.reset(); }
 const RunInfo & Engine::run_info() const { return live().info; }
 
 std::vector<int32_t> Engine::tokenize(const std::string & text, bool add_special) const {
-    const auto len = static_cast<int32_t>(text.size());
-    std::vector<llama_token> out(text.size() + 8);
-    const bool parse_special = live().config.parse_special;  // user text stays text unless asked
-    int32_t n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()),
-                               add_special, parse_special);
-    if (n < 0) {
-        out.resize(static_cast<size_t>(-n));
-        n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()), add_special,
-                           parse_special);
-    }
-    out.resize(static_cast<size_t>(std::max(n, 0)));
-    return out;
+    return guarded("tokenizing the prompt", [&] {
+        const auto len = static_cast<int32_t>(text.size());
+        std::vector<llama_token> out(text.size() + 8);
+        const bool parse_special = live().config.parse_special;  // user text stays text unless asked
+        int32_t n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()),
+                                   add_special, parse_special);
+        if (n < 0) {
+            out.resize(static_cast<size_t>(-n));
+            n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()), add_special,
+                               parse_special);
+        }
+        out.resize(static_cast<size_t>(std::max(n, 0)));
+        return out;
+    });
 }
 
 std::string Engine::detokenize(const std::vector<int32_t> & tokens) const {
-    live();
-    std::string text;
-    char buf[256];
-    for (int32_t t : tokens) {
-        const int32_t n = llama_token_to_piece(impl_->vocab, t, buf, sizeof(buf), 0, false);
-        if (n > 0) {
-            text.append(buf, static_cast<size_t>(n));
+    return guarded("turning tokens into text", [&] {
+        live();
+        std::string text;
+        char buf[256];
+        for (int32_t t : tokens) {
+            const int32_t n = llama_token_to_piece(impl_->vocab, t, buf, sizeof(buf), 0, false);
+            if (n > 0) {
+                text.append(buf, static_cast<size_t>(n));
+            }
         }
-    }
-    return text;
+        return text;
+    });
 }
 
 void Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams & sampling, bool want_logits) {
@@ -447,7 +465,7 @@ bool Engine::next(StepResult & out) {
         throw Error("this generation stopped on an error (" + d.failure + "); begin a new one");
     }
     try {
-        return d.step_once(out);
+        return guarded("decoding", [&] { return d.step_once(out); });
     } catch (const Error & e) {
         // A read error may be the file changing under us: then that is the message.
         const std::string changed = d.gguf->changed();
