@@ -12,9 +12,9 @@ import typer
 
 from bmoe_edge import __version__, doctor, llama_source
 from bmoe_edge.cli.common import AcceptNewOpt, HostOpt, InstallDirOpt, SshConfigOpt, app, engine_options, fail
-from bmoe_edge.engine import info, runner, settings
+from bmoe_edge.engine import checksums, info, runner, settings
 from bmoe_edge.engine.session import Sampling
-from bmoe_edge.errors import BmoeError
+from bmoe_edge.errors import BmoeError, show_path
 from bmoe_edge.fixtures import tinymoe
 from bmoe_edge.proof.gates import ARCHS_WITH_FIXTURES
 
@@ -96,6 +96,26 @@ def info_cmd(
     typer.echo(f"file size:     {summary.file_bytes / 2**20:.1f} MiB")
 
 
+@app.command("verify-model")
+def verify_model_cmd(
+    model: Annotated[Path, typer.Argument(help="A gguf model file (the first shard of a split model).")],
+    rewrite: Annotated[bool, typer.Option("--rewrite", help="Compute the sums again and replace the sidecar.")] = False,
+) -> None:
+    """Check every byte of a model against its checksum sidecar (<model>.sums): the headers, every dense
+    tensor and every expert slice (CRC-32C). A model without a sidecar gets one, for `--verify-slices`."""
+    report = checksums.verify_model(model, rewrite)
+    if report.written:
+        typer.echo(f"wrote {show_path(report.sidecar)}: {report.slices} checksums (CRC-32C) of "
+                   f"{len(report.files)} file(s)")
+        return
+    for m in report.mismatches[:20]:
+        typer.echo(f"MISMATCH {m.describe(report.files)}")
+    if report.mismatches:
+        fail(f"{len(report.mismatches)} of {report.slices} ranges of {show_path(model)} differ from "
+             f"{show_path(report.sidecar)}: the model is damaged on this storage; copy or fetch it again")
+    typer.echo(f"ok: all {report.slices} checksums of {show_path(model)} match {show_path(report.sidecar)}")
+
+
 @app.command("tiny-model")
 def tiny_model_cmd(
     arch: Annotated[str | None, typer.Option("--arch", help=f"One of: {', '.join(tinymoe.ARCHS)}.")] = None,
@@ -169,6 +189,10 @@ def generate_cmd(
     engine: dict[str, Any],
 ) -> None:
     """Generate text headlessly, streaming the routed experts from flash (greedy by default).
+
+    The prompt is text (control-token names stay text unless --parse-special). Any failure (a read
+    error, --io-timeout, a --verify-slices mismatch, the model changing on disk) stops the run with
+    one line and exit code 1.
 
     With --host, it runs on the board through its current release (-m is a path on the board, the
     deployed board profile gives the defaults) and the tokens stream back as they come."""

@@ -17,9 +17,6 @@ BoardOpt = Annotated[str | None, typer.Option("--board", help="Take the defaults
 TemplateOpt = Annotated[str | None, typer.Option(
     "--chat-template", help="A llama.cpp built-in template name (chatml, llama3, gpt-oss, ...) or a file with a "
     "model's Jinja template (default: the model's own; ChatML when it has none).")]
-ParseSpecialOpt = Annotated[bool, typer.Option(
-    "--parse-special", help="Let message text spell the model's control tokens (e.g. <|im_end|>); off, such "
-    "text is refused so nobody can forge a turn.")]
 
 
 def _config(board: str | None, engine: dict[str, Any]) -> settings.StreamConfig:
@@ -42,7 +39,6 @@ def chat_cmd(
     top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
     min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
     seed: Annotated[int, typer.Option("--seed")] = 0,
-    parse_special: ParseSpecialOpt = False,
     board: BoardOpt = None,
     *,
     engine: dict[str, Any],
@@ -53,10 +49,12 @@ def chat_cmd(
     from bmoe_edge.engine.session import Engine
     from bmoe_edge.serve import terminal
 
-    with Engine(model, _config(board, engine)) as e:
+    config = _config(board, engine)
+    with Engine(model, config) as e:
+        # --parse-special (an engine setting): message text may spell control tokens; off, it is refused.
         session = chat.Session(e, system=system, template=chat_template, think=think,
                                sampling=Sampling(temp, top_k, top_p, min_p, seed), max_tokens=max_tokens,
-                               parse_special=parse_special)
+                               parse_special=config.parse_special)
         terminal.run(session)
 
 
@@ -72,7 +70,6 @@ def serve_cmd(
     model_id: Annotated[str | None, typer.Option("--model-id", help="The name clients use (default: the "
                                                  "file's name).")] = None,
     chat_template: TemplateOpt = None,
-    parse_special: ParseSpecialOpt = False,
     board: BoardOpt = None,
     *,
     engine: dict[str, Any],
@@ -81,6 +78,7 @@ def serve_cmd(
     /metrics) over one engine that streams the model's experts."""
     from bmoe_edge.serve import server
 
-    server.serve(model, _config(board, engine), bind=bind, port=port, api_key=api_key, queue_size=queue,
-                 template=chat_template, parse_special=parse_special, model_id=model_id,
+    config = _config(board, engine)
+    server.serve(model, config, bind=bind, port=port, api_key=api_key, queue_size=queue,
+                 template=chat_template, parse_special=config.parse_special, model_id=model_id,
                  say=lambda s: typer.echo(s, err=True))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from bmoe_edge.engine import native
+from bmoe_edge.engine import checksums, native
 from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
 
@@ -36,6 +36,7 @@ class TokenMetrics:
     cache_lookups: int
     cache_hits: int
     evictions: int
+    rereads: int             # slices read again because the first read failed its checksum (--verify-slices)
     major_faults: int
     rss_bytes: int
     resident_expert_bytes: int
@@ -79,13 +80,22 @@ def run_info_fields(info: Any) -> tuple[str, ...]:
 
 
 class Engine:
-    """One model, one context. `with Engine(path, config) as e: for tok in e.generate(...)`."""
+    """One model, one context. `with Engine(path, config) as e: for tok in e.generate(...)`.
+
+    After a failure (a read error, a checksum mismatch, the I/O deadline, the model file changing on
+    disk) the generation is over: it raised BmoeError, and stepping it again raises too. The engine
+    itself stays usable: the next `generate`/`run` starts a new generation on a cleared KV cache
+    (and fails again at once if the model file changed). A prompt is text: special-token names in
+    it stay text unless the config says `parse_special`."""
 
     def __init__(self, model_path: str | Path, config: StreamConfig | None = None) -> None:
         self.config = config or StreamConfig()
         n = native.load()
+        native_config = self.config.to_native()
+        if self.config.verify_slices and self.config.stream:
+            native_config.slice_sums = checksums.slice_sums(Path(model_path))
         with native.engine_errors():
-            self._native = n.Engine(str(model_path), self.config.to_native())
+            self._native = n.Engine(str(model_path), native_config)
         self._step = n.StepResult
 
     def __enter__(self) -> Engine:
@@ -95,6 +105,9 @@ class Engine:
         self.close()
 
     def close(self) -> None:
+        """Free the engine now, even where something (a traceback's frame) still refers to it."""
+        if self._native is not None:
+            self._native.close()
         self._native = None
 
     @property
@@ -102,8 +115,13 @@ class Engine:
         info = self._live().run_info
         return {name: getattr(info, name) for name in run_info_fields(info)}
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return list(self._live().tokenize(text, add_special, parse_special))
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool | None = None) -> list[int]:
+        """Token ids of `text` (BOS added when `add_special`); control-token names in it are parsed only
+        with `parse_special` (default: the config's, off unless asked: a prompt is text)."""
+        engine = self._live()
+        special = self.config.parse_special if parse_special is None else parse_special
+        with native.engine_errors():
+            return list(engine.tokenize(text, add_special, special))
 
     def detokenize(self, tokens: list[int]) -> str:
         return self._live().detokenize(tokens)

@@ -55,13 +55,16 @@ class CacheBudget:
         return "auto" if self.mode == "auto" else f"{self.mb:g}"
 
 
+FAULT_KINDS = ("corrupt", "fail", "short", "hang")
+
+
 def _fault(value: str) -> tuple[str, int]:
-    """"" (none), "corrupt:N" or "fail:N" (the Nth slice read)."""
+    """"" (none) or KIND:N, KIND one of FAULT_KINDS (the Nth slice read)."""
     if not value:
         return "none", 0
     kind, _, nth = value.partition(":")
-    if kind not in ("corrupt", "fail") or not nth.isdigit() or int(nth) < 1:
-        raise BmoeError(f"fault must be corrupt:N or fail:N with N >= 1, got {value!r}")
+    if kind not in FAULT_KINDS or not nth.isdigit() or int(nth) < 1:
+        raise BmoeError(f"fault must be {', '.join(k + ':N' for k in FAULT_KINDS)} with N >= 1, got {value!r}")
     return kind, int(nth)
 
 
@@ -187,7 +190,16 @@ SETTINGS: tuple[Setting, ...] = (
             minimum=1, maximum=64, profile="optional"),
     Setting("route_trace", str, "", "Write every token's routed experts, per layer, to this CSV (streaming only).",
             flags=("--route-trace",)),
-    Setting("fault", str, "", "Test only: corrupt:N or fail:N garbles or fails the Nth slice read.",
+    Setting("io_timeout", int, 30, "I/O deadline, seconds: a read making no progress this long fails the step "
+            "(0 = wait forever).", flags=("--io-timeout",), minimum=0, maximum=1_000_000, profile="optional",
+            native=lambda v, n: {"io_timeout_s": float(v)}),
+    Setting("verify_slices", bool, False, "Check every slice read against the model's checksums (written once by "
+            "`bmoe-edge verify-model`); a mismatch is read again, then fails.",
+            flags=("--verify-slices/--no-verify-slices",), profile="optional"),
+    Setting("parse_special", bool, False, "Let prompt text name control tokens (e.g. </s>); off: a prompt is text.",
+            flags=("--parse-special/--no-parse-special",)),
+    Setting("fault", str, "", "Test only: corrupt:N, fail:N, short:N or hang:N garbles, fails, cuts short or "
+            "stalls the Nth slice read.",
             native=lambda v, n: {"fault_kind": getattr(n.FaultKind, _fault(v)[0]), "fault_nth": _fault(v)[1]}),
 )
 

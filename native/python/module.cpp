@@ -1,10 +1,12 @@
 // nanobind bindings only: every type and function here is defined in native/include/bmoe.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include "bmoe/build_info.h"
 #include "bmoe/chat.h"
+#include "bmoe/checksums.h"
 #include "bmoe/config.h"
 #include "bmoe/engine.h"
 #include "bmoe/error.h"
@@ -59,6 +61,23 @@ NB_MODULE(_native, m) {
         .def_ro("is_number", &bmoe::MetadataEntry::is_number);
     m.def("model_metadata", &bmoe::model_metadata, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>());
 
+    m.def("file_checksums", &bmoe::file_checksums, nb::arg("path"), nb::arg("ranges"),
+          nb::call_guard<nb::gil_scoped_release>());
+    m.def("crc32c", [](nb::bytes b) { return bmoe::crc32c_bytes(std::string(b.c_str(), b.size())); });
+    m.def("crc32c_implementation", &bmoe::crc32c_implementation);
+    nb::class_<bmoe::ModelTensor>(m, "ModelTensor")
+        .def_ro("name", &bmoe::ModelTensor::name)
+        .def_ro("file", &bmoe::ModelTensor::file)
+        .def_ro("offset", &bmoe::ModelTensor::offset)
+        .def_ro("bytes", &bmoe::ModelTensor::bytes)
+        .def_ro("n_slices", &bmoe::ModelTensor::n_slices);
+    nb::class_<bmoe::ModelLayout>(m, "ModelLayout")
+        .def_ro("files", &bmoe::ModelLayout::files)
+        .def_ro("file_sizes", &bmoe::ModelLayout::file_sizes)
+        .def_ro("data_starts", &bmoe::ModelLayout::data_starts)
+        .def_ro("tensors", &bmoe::ModelLayout::tensors);
+    m.def("model_layout", &bmoe::model_layout, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>());
+
     m.def("quantize_model", &bmoe::quantize_model, nb::arg("input"), nb::arg("output"), nb::arg("ftype"),
           nb::arg("threads") = 0, nb::call_guard<nb::gil_scoped_release>());
 
@@ -73,7 +92,21 @@ NB_MODULE(_native, m) {
     nb::enum_<bmoe::FaultKind>(m, "FaultKind")
         .value("none", bmoe::FaultKind::None)
         .value("corrupt", bmoe::FaultKind::Corrupt)
-        .value("fail", bmoe::FaultKind::Fail);
+        .value("fail", bmoe::FaultKind::Fail)
+        .value("short", bmoe::FaultKind::Short)
+        .value("hang", bmoe::FaultKind::Hang);
+
+    nb::class_<bmoe::SliceSum>(m, "SliceSum")
+        .def(nb::init<>())
+        .def("__init__",
+             [](bmoe::SliceSum * s, uint32_t file, uint64_t offset, uint64_t length, uint32_t crc) {
+                 new (s) bmoe::SliceSum{file, offset, length, crc};
+             },
+             nb::arg("file"), nb::arg("offset"), nb::arg("length"), nb::arg("crc32c"))
+        .def_rw("file", &bmoe::SliceSum::file)
+        .def_rw("offset", &bmoe::SliceSum::offset)
+        .def_rw("length", &bmoe::SliceSum::length)
+        .def_rw("crc32c", &bmoe::SliceSum::crc32c);
 
     nb::class_<bmoe::StreamConfig>(m, "StreamConfig")
         .def(nb::init<>())
@@ -95,6 +128,10 @@ NB_MODULE(_native, m) {
         .def_rw("route_trace", &bmoe::StreamConfig::route_trace)
         .def_rw("speculative_ngram", &bmoe::StreamConfig::speculative_ngram)
         .def_rw("draft_max", &bmoe::StreamConfig::draft_max)
+        .def_rw("io_timeout_s", &bmoe::StreamConfig::io_timeout_s)
+        .def_rw("verify_slices", &bmoe::StreamConfig::verify_slices)
+        .def_rw("slice_sums", &bmoe::StreamConfig::slice_sums)
+        .def_rw("parse_special", &bmoe::StreamConfig::parse_special)
         .def_prop_rw(
             "fault_kind", [](const bmoe::StreamConfig & c) { return c.fault.kind; },
             [](bmoe::StreamConfig & c, bmoe::FaultKind k) { c.fault.kind = k; })
@@ -115,7 +152,7 @@ NB_MODULE(_native, m) {
         BMOE_RO(TokenMetrics, step) BMOE_RO(TokenMetrics, n_tokens) BMOE_RO(TokenMetrics, wall_ms)
         BMOE_RO(TokenMetrics, io_ms) BMOE_RO(TokenMetrics, stall_ms) BMOE_RO(TokenMetrics, drain_ms) BMOE_RO(TokenMetrics, compute_ms)
         BMOE_RO(TokenMetrics, bytes_read) BMOE_RO(TokenMetrics, slice_bytes) BMOE_RO(TokenMetrics, copy_bytes)
-        BMOE_RO(TokenMetrics, cache_lookups) BMOE_RO(TokenMetrics, cache_hits) BMOE_RO(TokenMetrics, evictions)
+        BMOE_RO(TokenMetrics, cache_lookups) BMOE_RO(TokenMetrics, cache_hits) BMOE_RO(TokenMetrics, evictions) BMOE_RO(TokenMetrics, rereads)
         BMOE_RO(TokenMetrics, major_faults) BMOE_RO(TokenMetrics, rss_bytes)
         BMOE_RO(TokenMetrics, resident_expert_bytes) BMOE_RO(TokenMetrics, cache_budget_bytes)
         BMOE_RO(TokenMetrics, pool_bytes) BMOE_RO(TokenMetrics, drafted) BMOE_RO(TokenMetrics, accepted);
@@ -132,7 +169,8 @@ NB_MODULE(_native, m) {
         BMOE_RO(RunInfo, cache_adaptive)
         BMOE_RO(RunInfo, dense) BMOE_RO(RunInfo, overlap) BMOE_RO(RunInfo, hook_compiled_in)
         BMOE_RO(RunInfo, lazy_load) BMOE_RO(RunInfo, ctx) BMOE_RO(RunInfo, batch) BMOE_RO(RunInfo, ubatch)
-        BMOE_RO(RunInfo, flash_attn) BMOE_RO(RunInfo, fault) BMOE_RO(RunInfo, warning) BMOE_RO(RunInfo, load_ms)
+        BMOE_RO(RunInfo, flash_attn) BMOE_RO(RunInfo, fault) BMOE_RO(RunInfo, io_timeout_s)
+        BMOE_RO(RunInfo, verify_slices) BMOE_RO(RunInfo, parse_special) BMOE_RO(RunInfo, warning) BMOE_RO(RunInfo, load_ms)
         BMOE_RO(RunInfo, load_bytes_read) BMOE_RO(RunInfo, load_major_faults) BMOE_RO(RunInfo, rss_after_load)
         BMOE_RO(RunInfo, routed_bytes_per_token) BMOE_RO(RunInfo, speculative);
 #undef BMOE_RO
@@ -172,5 +210,6 @@ NB_MODULE(_native, m) {
         .def_prop_ro("context_tokens", &bmoe::Engine::context_tokens)
         .def("reset", &bmoe::Engine::reset)
         .def("save_state", &bmoe::Engine::save_state, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>())
-        .def("load_state", &bmoe::Engine::load_state, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>());
+        .def("load_state", &bmoe::Engine::load_state, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>())
+        .def("close", &bmoe::Engine::close, nb::call_guard<nb::gil_scoped_release>());
 }

@@ -9,6 +9,7 @@
 
 #include "bmoe/error.h"
 #include "mirror.h"
+#include "model_file.h"
 #include "page_pool.h"
 #include "read_lanes.h"
 #include "slice_file.h"
@@ -16,17 +17,14 @@
 namespace bmoe::detail {
 
 BenchReader::BenchReader(const std::string & path, int lanes, ReadPath read_path, int page_kb) {
-    struct stat st {};
-    if (stat(path.c_str(), &st) != 0) {
-        throw Error(path + ": " + std::strerror(errno));
-    }
+    model_file_ = std::make_unique<ModelFile>(path);
     if (lanes < 1 || lanes > 64) {
         throw Error("lanes must be between 1 and 64, got " + std::to_string(lanes));
     }
     const auto kernel_page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     pool_ = std::make_unique<PagePool>(page_kb > 0 ? static_cast<uint64_t>(page_kb) * 1024 : kernel_page);
-    mirror_ = std::make_unique<Mirror>(static_cast<uint64_t>(st.st_size), *pool_);
-    file_ = std::make_unique<SliceFile>(path, static_cast<uint64_t>(st.st_size), read_path, lanes, mirror_->base());
+    mirror_ = std::make_unique<Mirror>(model_file_->size(), *pool_);
+    file_ = std::make_unique<SliceFile>(*model_file_, read_path, lanes, mirror_->base());
     lanes_ = std::make_unique<ReadLanes>(lanes, FaultInjection{});
 }
 

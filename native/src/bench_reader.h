@@ -15,6 +15,7 @@
 namespace bmoe::detail {
 
 class Mirror;
+class ModelFile;
 class PagePool;
 class ReadLanes;
 class SliceFile;
@@ -38,6 +39,7 @@ public:
     const std::string & note() const;
 
 private:
+    std::unique_ptr<ModelFile> model_file_;
     std::unique_ptr<PagePool> pool_;
     std::unique_ptr<Mirror> mirror_;
     std::unique_ptr<SliceFile> file_;

@@ -40,6 +40,14 @@ void validate(const StreamConfig & c) {
     if (c.cache_floor_mb < 0 || c.cache_ceil_mb < 0 || c.cache_margin_mb < 0) {
         throw Error("cache_floor_mb, cache_ceil_mb and cache_margin_mb must be >= 0");
     }
+    if (!(c.io_timeout_s >= 0 && c.io_timeout_s <= 1e6)) {
+        throw Error("io_timeout must be between 0 (no deadline) and 1000000 seconds, got " +
+                    std::to_string(c.io_timeout_s));
+    }
+    if (c.verify_slices && c.stream && c.slice_sums.empty()) {
+        throw Error("verify_slices needs the model's slice checksums: run `bmoe-edge verify-model MODEL` once "
+                    "to write them");
+    }
     const long kernel_kb = sysconf(_SC_PAGESIZE) / 1024;
     if (c.page_kb != 0 && (c.page_kb < kernel_kb || c.page_kb > 1024 || (c.page_kb & (c.page_kb - 1)) != 0)) {
         throw Error("page_kb must be 0 (the kernel's page) or a power of two from this kernel's page size (" +
@@ -47,7 +55,9 @@ void validate(const StreamConfig & c) {
     }
 }
 
-// BMOE_FAULT=corrupt:N or fail:N (test-only) unless the config already asks for a fault.
+constexpr const char * kFaultKinds[] = {"none", "corrupt", "fail", "short", "hang"};
+
+// BMOE_FAULT=<kind>:N (test-only) unless the config already asks for a fault.
 FaultInjection fault_from_env(FaultInjection configured) {
     const char * env = std::getenv("BMOE_FAULT");
     if (configured.kind != FaultKind::None || env == nullptr || *env == '\0') {
@@ -57,10 +67,12 @@ FaultInjection fault_from_env(FaultInjection configured) {
     const size_t colon = v.find(':');
     const std::string kind = v.substr(0, colon);
     FaultInjection f;
-    f.kind = kind == "corrupt" ? FaultKind::Corrupt : kind == "fail" ? FaultKind::Fail : FaultKind::None;
+    for (int k = 1; k < 5; ++k) {
+        f.kind = kind == kFaultKinds[k] ? static_cast<FaultKind>(k) : f.kind;
+    }
     f.nth = colon == std::string::npos ? 1 : std::atoll(v.c_str() + colon + 1);
     if (f.kind == FaultKind::None || f.nth < 1) {
-        throw Error("BMOE_FAULT must be corrupt:N or fail:N with N >= 1, got " + v);
+        throw Error("BMOE_FAULT must be corrupt:N, fail:N, short:N or hang:N with N >= 1, got " + v);
     }
     return f;
 }
@@ -69,7 +81,7 @@ std::string describe(const FaultInjection & f) {
     if (f.kind == FaultKind::None) {
         return "";
     }
-    return std::string(f.kind == FaultKind::Corrupt ? "corrupt" : "fail") + ":" + std::to_string(f.nth);
+    return std::string(kFaultKinds[static_cast<int>(f.kind)]) + ":" + std::to_string(f.nth);
 }
 
 int64_t meta_int(const llama_model * model, const std::string & key) {
@@ -90,10 +102,10 @@ std::vector<std::string> lazy_suffixes(const Recipe & recipe) {
 
 }  // namespace
 
-
 void Engine::Impl::open(const std::string & path) {
     validate(config);
     config.fault = fault_from_env(config.fault);
+    config.fault.hang_s = config.io_timeout_s > 0 ? config.io_timeout_s + 2 : 5;
     detail::ensure_llama_backend();
 
     info.model = path;
@@ -118,9 +130,12 @@ void Engine::Impl::open(const std::string & path) {
         }
         route_trace = std::make_unique<detail::RouteTrace>(config.route_trace);  // a bad path fails now
     }
+    info.io_timeout_s = config.io_timeout_s;
+    info.verify_slices = config.verify_slices && config.stream;
+    info.parse_special = config.parse_special;
 
     gguf = std::make_unique<detail::GgufMap>(path);  // header, shards, bounds: before any load
-    info.architecture = gguf->architecture();
+    info.architecture = printable(gguf->architecture());
     info.n_files = static_cast<int>(gguf->files().size());
     info.file_bytes = gguf->total_bytes();
 
@@ -149,6 +164,7 @@ void Engine::Impl::open(const std::string & path) {
     }
     create_context();
     if (!config.stream) {
+        gguf->check_same_as_paths();  // llama.cpp opened the files by path: the same ones?
         info.cache_mode = "off";
         info.rss_after_load = detail::rss_bytes();
         return;
@@ -175,6 +191,7 @@ void Engine::Impl::open(const std::string & path) {
         }
     });
     seam->set_mode(detail::Seam::Mode::Stream);
+    gguf->check_same_as_paths();  // llama.cpp and the lanes opened the files by path: the same ones?
     info.rss_after_load = detail::rss_bytes();
 }
 
@@ -309,11 +326,20 @@ void Engine::Impl::size_cache() {
 
 Engine::Engine(const std::string & model_path, const StreamConfig & config) : impl_(std::make_unique<Impl>()) {
     impl_->config = config;
-    impl_->open(model_path);
+    detail::guarded("opening the model", [&] { impl_->open(model_path); });
 }
 
 Engine::~Engine() = default;
 
-const RunInfo & Engine::run_info() const { return impl_->info; }
+Engine::Impl & Engine::live() const {
+    if (!impl_) {
+        throw Error("the engine is closed");
+    }
+    return *impl_;
+}
+
+void Engine::close() { impl_.reset(); }
+
+const RunInfo & Engine::run_info() const { return live().info; }
 
 }  // namespace bmoe

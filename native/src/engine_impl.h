@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bmoe/engine.h"
+#include "bmoe/error.h"
 #include "gguf_map.h"
 #include "llama.h"
 #include "memory_budget.h"
@@ -37,6 +38,20 @@ struct SamplerDeleter {
     void operator()(llama_sampler * s) const { llama_sampler_free(s); }
 };
 
+// llama.cpp's C API lets C++ exceptions through (e.g. std::out_of_range from a vocabulary lookup
+// of a corrupt model): turn anything but our own error into one, naming what was being done.
+template <class F>
+auto guarded(const char * what, F && f) -> decltype(f()) {
+    try {
+        return f();
+    } catch (const Error &) {
+        throw;
+    } catch (const std::exception & e) {
+        throw Error(std::string("llama.cpp failed while ") + what + " (" + e.what() +
+                    "): the model's metadata or vocabulary is inconsistent (a corrupt file?)");
+    }
+}
+
 }  // namespace detail
 
 struct Engine::Impl {
@@ -58,6 +73,9 @@ struct Engine::Impl {
     std::deque<std::string> accepted_logits;
     bool want_logits = false;
     bool greedy = true;                     // speculation only where it cannot change the tokens
+    // Why the last decode failed: the generation is over, next() refuses until begin() (which
+    // clears the KV cache) starts a new one. Empty while healthy.
+    std::string failure;
     int step = 0;
 
     detail::DraftPolicy draft_policy;
@@ -73,6 +91,7 @@ struct Engine::Impl {
     std::vector<llama_token> draft_for(llama_pos used);
     llama_token verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out);
     void emit(StepResult & out, llama_token token);
+    bool step_once(StepResult & out);
 };
 
 }  // namespace bmoe

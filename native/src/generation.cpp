@@ -46,6 +46,9 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
             if (route_trace) {
                 route_trace->begin_batch(static_cast<int>(in_context.size()), n);
             }
+            if (config.overlap && streaming.streamer) {
+                streaming.streamer->clear_failure();
+            }
             int rc = 0;
             if (all_logits) {
                 AllLogitsBatch b(tokens.data() + done, n, static_cast<llama_pos>(in_context.size()));
@@ -53,14 +56,12 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
             } else {
                 rc = llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
             }
+            const std::string error = seam ? seam->take_error() : std::string();  // taken always: never stale
             if (config.overlap && streaming.streamer) {
                 streaming.streamer->drain();  // the last layer's reads; rethrows a failed read
             }
-            if (seam) {
-                const std::string error = seam->take_error();
-                if (!error.empty()) {
-                    throw Error(error);
-                }
+            if (!error.empty()) {
+                throw Error(error);
             }
             if (rc != 0) {
                 throw Error("llama_decode failed (" + std::to_string(rc) + ")");
@@ -82,37 +83,43 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
 }
 
 std::vector<int32_t> Engine::tokenize(const std::string & text, bool add_special, bool parse_special) const {
-    const auto len = static_cast<int32_t>(text.size());
-    std::vector<llama_token> out(text.size() + 8);
-    int32_t n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()),
-                               add_special, parse_special);
-    if (n < 0) {
-        out.resize(static_cast<size_t>(-n));
-        n = llama_tokenize(impl_->vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()), add_special,
-                           parse_special);
-    }
-    out.resize(static_cast<size_t>(std::max(n, 0)));
-    return out;
+    return detail::guarded("tokenizing the prompt", [&] {
+        const llama_vocab * vocab = live().vocab;
+        const auto len = static_cast<int32_t>(text.size());
+        std::vector<llama_token> out(text.size() + 8);
+        int32_t n = llama_tokenize(vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()), add_special,
+                                   parse_special);
+        if (n < 0) {
+            out.resize(static_cast<size_t>(-n));
+            n = llama_tokenize(vocab, text.c_str(), len, out.data(), static_cast<int32_t>(out.size()), add_special,
+                               parse_special);
+        }
+        out.resize(static_cast<size_t>(std::max(n, 0)));
+        return out;
+    });
 }
 
 std::string Engine::detokenize(const std::vector<int32_t> & tokens) const {
-    std::string text;
-    char buf[256];
-    for (int32_t t : tokens) {
-        const int32_t n = llama_token_to_piece(impl_->vocab, t, buf, sizeof(buf), 0, false);
-        if (n > 0) {
-            text.append(buf, static_cast<size_t>(n));
+    return detail::guarded("turning tokens into text", [&] {
+        const llama_vocab * vocab = live().vocab;
+        std::string text;
+        char buf[256];
+        for (int32_t t : tokens) {
+            const int32_t n = llama_token_to_piece(vocab, t, buf, sizeof(buf), 0, false);
+            if (n > 0) {
+                text.append(buf, static_cast<size_t>(n));
+            }
         }
-    }
-    return text;
+        return text;
+    });
 }
 
 int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams & sampling, bool want_logits,
                       bool reuse_kv) {
+    Impl & d = live();
     if (prompt.empty()) {
         throw Error("the prompt is empty");
     }
-    Impl & d = *impl_;
     llama_memory_t memory = llama_get_memory(d.ctx.get());
     size_t keep = 0;
     if (reuse_kv) {
@@ -144,6 +151,7 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     }
     d.pending.assign(prompt.begin() + static_cast<long>(keep), prompt.end());
     d.greedy = sampling.temp <= 0.0f;
+    d.failure.clear();
     d.draft_policy = detail::DraftPolicy(d.config.draft_max);
     d.accepted.clear();
     d.accepted_logits.clear();
@@ -153,29 +161,30 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
 }
 
 std::string Engine::chat_template() const {
-    const char * tmpl = llama_model_chat_template(impl_->model.get(), nullptr);
+    const char * tmpl = llama_model_chat_template(live().model.get(), nullptr);
     return tmpl == nullptr ? std::string() : std::string(tmpl);
 }
 
-const std::vector<int32_t> & Engine::context_tokens() const { return impl_->in_context; }
+const std::vector<int32_t> & Engine::context_tokens() const { return live().in_context; }
 
 void Engine::reset() {
-    llama_memory_clear(llama_get_memory(impl_->ctx.get()), true);
+    llama_memory_clear(llama_get_memory(live().ctx.get()), true);
     impl_->in_context.clear();
     impl_->pending.clear();
     impl_->accepted.clear();
     impl_->accepted_logits.clear();
+    impl_->failure.clear();
 }
 
 void Engine::save_state(const std::string & path) const {
-    const std::vector<llama_token> & tokens = impl_->in_context;
+    const std::vector<llama_token> & tokens = live().in_context;
     if (!llama_state_save_file(impl_->ctx.get(), path.c_str(), tokens.data(), tokens.size())) {
         throw Error("could not write the session state to " + path);
     }
 }
 
 void Engine::load_state(const std::string & path) {
-    Impl & d = *impl_;
+    Impl & d = live();
     std::vector<llama_token> tokens(static_cast<size_t>(d.config.ctx));
     size_t n = 0;
     if (!llama_state_load_file(d.ctx.get(), path.c_str(), tokens.data(), tokens.size(), &n)) {
@@ -250,7 +259,25 @@ llama_token Engine::Impl::verify(std::vector<llama_token> & batch, size_t n_draf
 }
 
 bool Engine::next(StepResult & out) {
-    Impl & d = *impl_;
+    Impl & d = live();
+    if (!d.failure.empty()) {
+        throw Error("this generation stopped on an error (" + d.failure + "); begin a new one");
+    }
+    try {
+        return detail::guarded("decoding", [&] { return d.step_once(out); });
+    } catch (const Error & e) {
+        // A read error may be the file changing under us: then that is the message.
+        const std::string changed = d.gguf->changed();
+        d.failure = changed.empty() ? e.what() : changed;
+        d.pending.clear();
+        d.accepted.clear();
+        d.accepted_logits.clear();
+        throw Error(d.failure);
+    }
+}
+
+bool Engine::Impl::step_once(StepResult & out) {
+    Impl & d = *this;
     if (!d.accepted.empty()) {  // a token the last speculative step already verified: no decode
         out = StepResult{};
         out.metrics.step = d.step;
@@ -267,6 +294,9 @@ bool Engine::next(StepResult & out) {
     if (d.pending.empty()) {
         return false;
     }
+    // The model must still be the file we opened: a truncated mapping would be a SIGBUS, a rewrite
+    // wrong tokens. (A change during this decode is caught by the next check or by a read.)
+    d.gguf->check_unchanged();
     const llama_pos used = llama_memory_seq_pos_max(llama_get_memory(d.ctx.get()), 0) + 1;
     if (used + static_cast<llama_pos>(d.pending.size()) > static_cast<llama_pos>(d.config.ctx)) {
         return false;
@@ -311,6 +341,7 @@ bool Engine::next(StepResult & out) {
         out.metrics.cache_lookups = c.lookups;
         out.metrics.cache_hits = c.hits;
         out.metrics.evictions = c.evictions;
+        out.metrics.rereads = c.rereads;
         detail::Streamer & streamer = *d.streaming.streamer;
         out.metrics.resident_expert_bytes = streamer.resident_expert_bytes();
         const uint64_t budget = streamer.cache().budget();

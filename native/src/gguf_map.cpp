@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -10,6 +11,7 @@
 #include "gguf.h"
 #include "llama.h"
 #include "llama_runtime.h"
+#include "preload_checks.h"
 
 namespace bmoe::detail {
 namespace {
@@ -20,10 +22,6 @@ struct GgufDeleter {
 using GgufPtr = std::unique_ptr<gguf_context, GgufDeleter>;
 
 GgufPtr open_gguf(const std::string & path) {
-    struct stat st {};
-    if (stat(path.c_str(), &st) != 0) {
-        throw Error(path + ": " + std::strerror(errno));
-    }
     clear_llama_error();
     gguf_init_params params{};
     params.no_alloc = true;
@@ -82,25 +80,57 @@ GgufMap::GgufMap(const std::string & path) {
 }
 
 void GgufMap::add_file(const std::string & path, uint32_t index) {
+    auto file = std::make_unique<ModelFile>(path);  // the descriptor every later reader derives from
     GgufPtr ctx = open_gguf(path);
-    struct stat st {};
-    stat(path.c_str(), &st);
-    const auto file_size = static_cast<uint64_t>(st.st_size);
+    file->check_same_as_path();  // what was parsed is the file held open
+    if (index == 0) {
+        check_before_load(ctx.get(), path, architecture_);
+    }
+    const uint64_t file_size = file->size();
     files_.push_back(path);
     file_sizes_.push_back(file_size);
+    model_files_.push_back(std::move(file));
     const uint64_t data_offset = gguf_get_data_offset(ctx.get());
     const int64_t n = gguf_get_n_tensors(ctx.get());
     for (int64_t i = 0; i < n; ++i) {
         TensorLocation loc;
         loc.file = index;
-        loc.offset = data_offset + gguf_get_tensor_offset(ctx.get(), i);
         loc.size = gguf_get_tensor_size(ctx.get(), i);
+        loc.n_slices = static_cast<uint64_t>(std::max<int64_t>(1, gguf_get_tensor_ne(ctx.get(), i)[2]));
         const char * name = gguf_get_tensor_name(ctx.get(), i);
-        if (loc.offset + loc.size > file_size) {
-            throw Error(path + ": tensor " + name + " ends at byte " + std::to_string(loc.offset + loc.size) +
-                        ", past the end of the file (" + std::to_string(file_size) + " bytes): truncated or corrupt");
+        uint64_t end = 0;
+        if (__builtin_add_overflow(data_offset, static_cast<uint64_t>(gguf_get_tensor_offset(ctx.get(), i)),
+                                   &loc.offset) ||
+            __builtin_add_overflow(loc.offset, loc.size, &end) || end > file_size) {
+            throw Error(path + ": tensor " + name + " (" + std::to_string(loc.size) + " bytes) lies past the end of the "
+                        "file (" + std::to_string(file_size) + " bytes): truncated or corrupt");
         }
-        tensors_[name] = loc;
+        if (!tensors_.emplace(name, loc).second) {
+            throw Error(path + ": tensor " + name + " is listed twice: the file is corrupt");
+        }
+    }
+}
+
+void GgufMap::check_unchanged() const {
+    for (const auto & f : model_files_) {
+        f->check_unchanged();
+    }
+}
+
+std::string GgufMap::changed() const {
+    for (const auto & f : model_files_) {
+        std::string why = f->changed();
+        if (!why.empty()) {
+            return why;
+        }
+    }
+    return "";
+}
+
+void GgufMap::check_same_as_paths() const {
+    for (const auto & f : model_files_) {
+        f->check_same_as_path();
+        f->check_unchanged();
     }
 }
 

@@ -94,7 +94,7 @@ void Mirror::acquire(uint64_t offset, uint64_t length) {
     if (length == 0) {
         return;
     }
-    if (offset + length < offset || offset + length > size_) {
+    if (offset > size_ || length > size_ - offset) {
         throw Error("internal error: mirror range past its file");
     }
     const uint64_t first = offset / unit_;
@@ -131,6 +131,9 @@ void Mirror::acquire(uint64_t offset, uint64_t length) {
 void Mirror::release(uint64_t offset, uint64_t length) {
     if (length == 0) {
         return;
+    }
+    if (offset > size_ || length > size_ - offset) {
+        throw Error("internal error: mirror range past its file");
     }
     const uint64_t first = offset / unit_;
     const uint64_t last = (offset + length - 1) / unit_;

@@ -35,7 +35,7 @@ public:
     // Whole units currently covered by at least one resident range.
     uint64_t resident_bytes() const { return resident_units_ * unit_; }
     // Test hook: the count of the unit holding `offset`.
-    uint32_t references(uint64_t offset) const { return refs_[offset / unit_]; }
+    uint32_t references(uint64_t offset) const { return offset / unit_ < refs_.size() ? refs_[offset / unit_] : 0; }
 
 private:
     void map_run(uint64_t first_unit, uint64_t count);

@@ -80,8 +80,8 @@ ModelInfo probe_model(const std::string & path) {
         const std::string why = detail::last_llama_error();
         fail(path, "llama.cpp could not load it" + (why.empty() ? std::string() : " (" + why + ")"));
     }
-    info.architecture = meta(model.get(), "general.architecture");
-    info.name = meta(model.get(), "general.name");
+    info.architecture = printable(meta(model.get(), "general.architecture"));
+    info.name = printable(meta(model.get(), "general.name"));
     // vocab_only leaves the hparams unset: read the counts from the metadata.
     info.n_layer = meta_int(model.get(), info.architecture + ".block_count");
     info.n_embd = meta_int(model.get(), info.architecture + ".embedding_length");
@@ -114,7 +114,7 @@ std::vector<ExpertTensor> expert_tensors(const std::string & path) {
         int layer = 0;
         int projection = 0;
         if (detail::parse_expert_name(name, *recipe, layer, projection)) {
-            t.name = name;
+            t.name = printable(name);
             t.layer = layer;
             t.projection = projection;
             t.file = loc.file;
@@ -142,7 +142,7 @@ std::vector<MetadataEntry> model_metadata(const std::string & path) {
     const int64_t n = gguf_get_n_kv(ctx.get());
     for (int64_t i = 0; i < n; ++i) {
         MetadataEntry e;
-        e.key = gguf_get_key(ctx.get(), i);
+        e.key = printable(gguf_get_key(ctx.get(), i));
         e.is_number = true;
         switch (gguf_get_kv_type(ctx.get(), i)) {
             case GGUF_TYPE_UINT8: e.number = gguf_get_val_u8(ctx.get(), i); break;
@@ -158,7 +158,7 @@ std::vector<MetadataEntry> model_metadata(const std::string & path) {
             case GGUF_TYPE_BOOL: e.number = gguf_get_val_bool(ctx.get(), i) ? 1.0 : 0.0; break;
             case GGUF_TYPE_STRING:
                 e.is_number = false;
-                e.text = gguf_get_val_str(ctx.get(), i);
+                e.text = printable(gguf_get_val_str(ctx.get(), i));
                 break;
             default:
                 continue;  // arrays (the vocabulary): not scalar metadata

@@ -1,7 +1,11 @@
 // Read lanes: N threads, each with its own descriptors (its lane index), draining one queue of
 // slice reads. A batch is the set of reads one layer needs; the eval thread waits for all of it,
 // and an optional per-job callback reports each slice as it lands (overlap readiness). Any failure
-// is kept and rethrown to the waiter.
+// is kept and rethrown to the waiter. A job may carry the slice's expected CRC-32C: the lane checks
+// the bytes in place, reads once more on a mismatch, and fails the job if they still differ. A
+// waiter may give a deadline: a batch that makes no progress (no read starting or ending) for that
+// long is abandoned: the wait throws, the batch is marked timed out, and its callback stops; the
+// lane stuck in the read finishes it whenever the kernel returns.
 #pragma once
 
 #include <atomic>
@@ -26,6 +30,9 @@ struct ReadJob {
     const SliceFile * file = nullptr;
     uint64_t offset = 0;
     uint64_t length = 0;
+    bool verify = false;  // check crc32c after the read (re-read once on a mismatch)
+    uint32_t crc32c = 0;
+    std::string what;     // for messages: which tensor and expert these bytes are
 };
 
 class Batch {
@@ -38,8 +45,13 @@ public:
     explicit Batch(std::vector<ReadJob> jobs, JobDone on_job_done = nullptr);
 
     const std::vector<ReadJob> & jobs() const { return jobs_; }
-    // Block until every job is done; throws bmoe::Error if any failed.
-    void wait();
+    // Block until every job is done; throws bmoe::Error if any failed. With timeout_s > 0, also
+    // throws when no read started or ended for that long (then timed_out() is true and the batch is
+    // abandoned: its callback no longer runs).
+    void wait(double timeout_s = 0);
+    bool timed_out() const { return timed_out_.load(); }
+    // Slices whose first read did not match their checksum and were read again.
+    uint64_t rereads() const { return rereads_.load(); }
 
     uint64_t storage_bytes() const { return storage_bytes_.load(); }
     // How long each job's read took (ms), by job index, once the batch is done.
@@ -50,13 +62,17 @@ public:
 
 private:
     friend class ReadLanes;
+    void start(size_t i);
     void finish(size_t i, uint64_t storage, uint64_t copies, float ms, const std::string * error);
+    std::string hung_job() const;  // under mutex_: the first read started and not finished
 
     std::vector<ReadJob> jobs_;
     JobDone on_job_done_;
     std::atomic<size_t> remaining_;
     std::atomic<uint64_t> storage_bytes_{0};
     std::atomic<uint64_t> copy_bytes_{0};
+    std::atomic<uint64_t> rereads_{0};
+    std::atomic<bool> timed_out_{false};
     std::vector<float> job_ms_;  // each slot written by the one lane that ran the job
     std::mutex mutex_;
     std::condition_variable cv_;
@@ -64,6 +80,8 @@ private:
     bool failed_ = false;
     Clock::time_point first_start_{};
     Clock::time_point last_end_{};
+    Clock::time_point last_progress_{};
+    std::vector<uint8_t> state_;  // per job: 0 queued, 1 reading, 2 done
     bool started_ = false;
 };
 

@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "bmoe/error.h"
+#include "model_file.h"
 
 namespace bmoe::detail {
 namespace {
@@ -70,8 +71,8 @@ uint64_t pread_full(int fd, uint8_t * dst, uint64_t length, uint64_t offset, con
 
 }  // namespace
 
-SliceFile::SliceFile(std::string path, uint64_t size, ReadPath requested, int lanes, uint8_t * mirror_base)
-    : path_(std::move(path)), size_(size), base_(mirror_base), used_(requested) {
+SliceFile::SliceFile(const ModelFile & file, ReadPath requested, int lanes, uint8_t * mirror_base)
+    : file_(file), path_(file.path()), size_(file.size()), base_(mirror_base), used_(requested) {
     open_lanes(lanes);
     if (requested == ReadPath::ODirect) {
         std::string why;
@@ -97,7 +98,7 @@ SliceFile::~SliceFile() {
 
 void SliceFile::open_lanes(int lanes) {
     for (int i = 0; i < lanes; ++i) {
-        const int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+        const int fd = file_.reopen(O_RDONLY);
         if (fd < 0) {
             throw Error(path_ + ": cannot open for reading: " + std::strerror(errno));
         }
@@ -127,7 +128,7 @@ bool SliceFile::verify_direct(std::string & why) {
         return false;
     }
     for (size_t i = 0; i < buffered_fds_.size(); ++i) {
-        const int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+        const int fd = file_.reopen(O_RDONLY | O_DIRECT);
         if (fd < 0) {
             why = std::string("open with O_DIRECT: ") + std::strerror(errno);
             return false;
@@ -162,7 +163,7 @@ bool SliceFile::verify_direct(std::string & why) {
 }
 
 ReadResult SliceFile::read(int lane, uint64_t offset, uint64_t length) const {
-    if (offset + length > size_) {
+    if (lane < 0 || static_cast<size_t>(lane) >= buffered_fds_.size() || offset > size_ || length > size_ - offset) {
         read_error(path_, offset, length, "range past the end of the file");
     }
     return used_ == ReadPath::ODirect ? read_direct(lane, offset, length) : read_buffered(lane, offset, length);

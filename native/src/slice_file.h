@@ -1,7 +1,8 @@
 // Reading byte ranges of one model file straight into its mirror: O_DIRECT of the aligned window
 // (no bounce buffer: the mirror has the file's page phase) or pread of the exact range. Each read
-// lane has its own descriptors. O_DIRECT is verified once per file; where the filesystem refuses
-// it or returns different bytes, the file falls back to pread and says why.
+// lane has its own descriptors, reopened from the model's one open file (ModelFile) and checked
+// to be the same inode. O_DIRECT is verified once per file; where the filesystem refuses it or
+// returns different bytes, the file falls back to pread and says why.
 #pragma once
 
 #include <cstdint>
@@ -17,9 +18,12 @@ struct ReadResult {
     uint64_t copy_bytes = 0;     // bytes that went through an intermediate buffer
 };
 
+class ModelFile;
+
 class SliceFile {
 public:
-    SliceFile(std::string path, uint64_t size, ReadPath requested, int lanes, uint8_t * mirror_base);
+    // `file` must outlive this object.
+    SliceFile(const ModelFile & file, ReadPath requested, int lanes, uint8_t * mirror_base);
     ~SliceFile();
     SliceFile(const SliceFile &) = delete;
     SliceFile & operator=(const SliceFile &) = delete;
@@ -28,6 +32,7 @@ public:
     const std::string & note() const { return note_; }
     uint64_t dio_align() const { return dio_align_; }
     const std::string & path() const { return path_; }
+    const ModelFile & model_file() const { return file_; }
     uint8_t * mirror_base() const { return base_; }
 
     // Make [offset, offset+length) of the file appear at mirror_base + offset. Throws bmoe::Error
@@ -40,6 +45,7 @@ private:
     ReadResult read_buffered(int lane, uint64_t offset, uint64_t length) const;
     ReadResult read_direct(int lane, uint64_t offset, uint64_t length) const;
 
+    const ModelFile & file_;
     std::string path_;
     uint64_t size_ = 0;
     uint8_t * base_ = nullptr;

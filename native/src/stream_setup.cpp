@@ -6,7 +6,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <set>
+#include <utility>
 
 #include "bmoe/error.h"
 
@@ -24,21 +26,28 @@ void drop_mapped_pages(void * data, uint64_t bytes, uint64_t page) {
     }
 }
 
-class ScopedFd {
-public:
-    explicit ScopedFd(const std::string & path) : fd_(open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
-        if (fd_ < 0) {
-            throw Error(path + ": " + std::strerror(errno));
+
+// The expected sum of every expert slice of every streamed tensor, from config.slice_sums. A slice
+// the list does not cover means the sums were made for another file: refuse to start.
+void attach_sums(std::vector<StreamedTensor> & streamed, const std::vector<SliceSum> & sums) {
+    std::map<std::pair<uint32_t, uint64_t>, const SliceSum *> by_place;
+    for (const SliceSum & s : sums) {
+        by_place[{s.file, s.offset}] = &s;
+    }
+    for (StreamedTensor & t : streamed) {
+        t.sums.resize(static_cast<size_t>(t.n_expert));
+        for (int e = 0; e < t.n_expert; ++e) {
+            const uint64_t offset = t.offset + static_cast<uint64_t>(e) * t.expert_bytes;
+            const auto it = by_place.find({t.file, offset});
+            if (it == by_place.end() || it->second->length != t.expert_bytes) {
+                throw Error("verify_slices: the checksums do not cover " + t.name + " expert " + std::to_string(e) +
+                            " (" + std::to_string(t.expert_bytes) + " bytes at offset " + std::to_string(offset) +
+                            "): they were made for another model file; run bmoe-edge verify-model --rewrite");
+            }
+            t.sums[static_cast<size_t>(e)] = it->second->crc32c;
         }
     }
-    ~ScopedFd() { close(fd_); }
-    ScopedFd(const ScopedFd &) = delete;
-    ScopedFd & operator=(const ScopedFd &) = delete;
-    int get() const { return fd_; }
-
-private:
-    int fd_;
-};
+}
 
 }  // namespace
 
@@ -55,20 +64,27 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
         }
     }
     std::vector<StreamedTensor> streamed;
-    std::vector<std::unique_ptr<ScopedFd>> check_fds;
-    for (const auto & path : gguf.files()) {
-        check_fds.push_back(std::make_unique<ScopedFd>(path));
-    }
     for (const auto & c : seam.captured()) {
         if (!c.is_expert) {
             continue;
         }
         const TensorLocation * loc = gguf.find(c.name);
-        if (loc == nullptr || loc->size < c.expert_stride * static_cast<uint64_t>(c.n_expert)) {
+        uint64_t span = 0;
+        if (loc == nullptr || c.n_expert <= 0 || c.expert_stride == 0 ||
+            __builtin_mul_overflow(c.expert_stride, static_cast<uint64_t>(c.n_expert), &span) || loc->size < span) {
             throw Error("expert tensor " + c.name + " does not match the file's tensor table");
         }
-        Seam::check_file_layout(c, check_fds[loc->file]->get(), loc->offset);
-        streamed.push_back({c.layer, c.projection, loc->file, loc->offset, c.expert_stride, c.n_expert, c.tensor});
+        Seam::check_file_layout(c, gguf.file(loc->file).fd(), loc->offset);
+        StreamedTensor t;
+        t.layer = c.layer;
+        t.projection = c.projection;
+        t.file = loc->file;
+        t.offset = loc->offset;
+        t.expert_bytes = c.expert_stride;
+        t.n_expert = c.n_expert;
+        t.key = c.tensor;
+        t.name = c.name;
+        streamed.push_back(std::move(t));
         info.expert_bytes += c.nbytes;
         info.routed_bytes_per_token += c.expert_stride * static_cast<uint64_t>(info.n_expert_used);
     }
@@ -91,11 +107,14 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
                        "not use them as expert weights), e.g. " + first_unstreamed;
     }
     info.streamed_tensors = static_cast<int>(streamed.size());
+    if (config.verify_slices) {
+        attach_sums(streamed, config.slice_sums);
+    }
 
     for (size_t i = 0; i < gguf.files().size(); ++i) {
         parts.mirrors.push_back(std::make_unique<Mirror>(gguf.file_sizes()[i], *parts.pool));
-        parts.files.push_back(std::make_unique<SliceFile>(gguf.files()[i], gguf.file_sizes()[i], config.read_path,
-                                                          config.io_threads, parts.mirrors.back()->base()));
+        parts.files.push_back(std::make_unique<SliceFile>(gguf.file(i), config.read_path, config.io_threads,
+                                                          parts.mirrors.back()->base()));
     }
     info.read_path = to_string(parts.files.front()->path_used());
     for (const auto & f : parts.files) {
@@ -119,7 +138,7 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
         Mirror & mirror = *parts.mirrors[loc->file];
         void * old_data = Seam::data(c);
         if (move_dense) {
-            Seam::check_file_layout(c, check_fds[loc->file]->get(), loc->offset);
+            Seam::check_file_layout(c, gguf.file(loc->file).fd(), loc->offset);
             mirror.acquire(loc->offset, c.nbytes);  // permanently resident: a neighbour for eviction
             parts.files[loc->file]->read(0, loc->offset, c.nbytes);
         }
@@ -135,7 +154,7 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
         mirrors.push_back(parts.mirrors[i].get());
     }
     parts.streamer = std::make_unique<Streamer>(std::move(streamed), std::move(files), std::move(mirrors),
-                                                *parts.pool, *parts.lanes, info.threads);
+                                                *parts.pool, *parts.lanes, info.threads, config.io_timeout_s);
     return parts;
 }
 

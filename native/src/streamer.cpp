@@ -51,10 +51,10 @@ std::vector<int> experts_by_layer(const std::vector<StreamedTensor> & tensors) {
 }  // namespace
 
 Streamer::Streamer(std::vector<StreamedTensor> tensors, std::vector<SliceFile *> files, std::vector<Mirror *> mirrors,
-                   PagePool & pool, ReadLanes & lanes, int compute_threads)
+                   PagePool & pool, ReadLanes & lanes, int compute_threads, double io_timeout_s)
     : tensors_(std::move(tensors)), files_(std::move(files)), mirrors_(std::move(mirrors)), pool_(pool),
       cache_(0, expert_bytes_by_layer(tensors_), experts_by_layer(tensors_)), lanes_(lanes),
-      compute_threads_(std::max(1, compute_threads)) {
+      compute_threads_(std::max(1, compute_threads)), io_timeout_s_(io_timeout_s) {
     int max_layer = -1;
     for (const auto & t : tensors_) {
         max_layer = std::max(max_layer, t.layer);
@@ -80,10 +80,14 @@ Streamer::Streamer(std::vector<StreamedTensor> tensors, std::vector<SliceFile *>
 }
 
 Streamer::~Streamer() {
-    // Never free the mirror under a lane still writing into it.
+    // Never free the mirror under a lane still writing into it (an abandoned batch's stuck read
+    // included: closing waits for the kernel to return it).
     if (in_flight_) {
+        abandoned_.push_back(std::move(in_flight_));
+    }
+    for (const auto & batch : abandoned_) {
         try {
-            in_flight_->wait();
+            batch->wait();
         } catch (...) {
         }
     }
@@ -174,6 +178,11 @@ std::vector<ReadJob> Streamer::jobs_for(int layer, const std::vector<int> & miss
         const StreamedTensor & t = tensors_[i];
         for (int e : missing) {
             jobs.push_back({files_[t.file], t.offset + static_cast<uint64_t>(e) * t.expert_bytes, t.expert_bytes});
+            if (!t.sums.empty()) {
+                jobs.back().verify = true;
+                jobs.back().crc32c = t.sums[static_cast<size_t>(e)];
+                jobs.back().what = t.name + " expert " + std::to_string(e);
+            }
             counters_.slice_bytes += t.expert_bytes;
             if (targets != nullptr) {
                 targets->emplace_back(i, e);
@@ -191,6 +200,29 @@ void Streamer::forget(int layer, const std::vector<int> & missing) {
     cache_.evict_layer(layer, missing);
 }
 
+// A batch abandoned on its deadline may still have a read in the kernel, writing into the mirror
+// when it returns. A buffered read resolves the addresses as it copies, so it can only write the
+// file's bytes where they belong; an O_DIRECT read has pinned the pool's physical pages already,
+// and if those went back to the pool and under another range, it would write into that one. So
+// the layer's missing slices leave the cache but keep one reference on their units for the
+// engine's life: those units are never recycled, and a later read of the same slices lands on the
+// same pages with the same bytes. The cost is one layer's slices of memory per timeout.
+void Streamer::give_up(const std::shared_ptr<Batch> & batch, int layer, const std::vector<int> & missing) {
+    if (!batch->timed_out()) {
+        forget(layer, missing);
+        return;
+    }
+    cache_.evict_layer(layer, missing);
+    abandoned_.push_back(batch);
+}
+
+void Streamer::add_batch_counters(const Batch & batch) {
+    counters_.io_ms += batch.io_ms();
+    counters_.storage_bytes += batch.storage_bytes();
+    counters_.copy_bytes += batch.copy_bytes();
+    counters_.rereads += batch.rereads();
+}
+
 void Streamer::make_resident(int layer, const std::vector<int> & routed) {
     if (layer < 0 || layer >= n_layers() || by_layer_[static_cast<size_t>(layer)].empty()) {
         return;  // a layer without streamed experts (the dense layers of a mixed model)
@@ -204,15 +236,13 @@ void Streamer::make_resident(int layer, const std::vector<int> & routed) {
     const auto t0 = Clock::now();
     lanes_.submit(batch);
     try {
-        batch->wait();
+        batch->wait(io_timeout_s_);
     } catch (...) {
-        forget(layer, missing);
+        give_up(batch, layer, missing);
         throw;
     }
     counters_.stall_ms += ms_since(t0);
-    counters_.io_ms += batch->io_ms();
-    counters_.storage_bytes += batch->storage_bytes();
-    counters_.copy_bytes += batch->copy_bytes();
+    add_batch_counters(*batch);
 }
 
 void Streamer::drain() {
@@ -222,17 +252,26 @@ void Streamer::drain() {
     const auto t0 = Clock::now();
     std::shared_ptr<Batch> batch = std::move(in_flight_);
     in_flight_.reset();
+    auto take_wait_error = [this] {
+        std::lock_guard<std::mutex> lock(wait_mutex_);
+        std::string e;
+        e.swap(wait_error_);
+        return e;
+    };
     try {
-        batch->wait();
+        batch->wait(io_timeout_s_);
     } catch (...) {
-        forget(in_flight_layer_, in_flight_missing_);
+        give_up(batch, in_flight_layer_, in_flight_missing_);
         counters_.drain_ms += ms_since(t0);
+        take_wait_error();  // the batch's own error says more
         throw;
     }
     counters_.drain_ms += ms_since(t0);
-    counters_.io_ms += batch->io_ms();
-    counters_.storage_bytes += batch->storage_bytes();
-    counters_.copy_bytes += batch->copy_bytes();
+    add_batch_counters(*batch);
+    const std::string gave_up = take_wait_error();
+    if (!gave_up.empty()) {  // a compute thread stopped the graph on the deadline; the reads came later
+        throw Error(gave_up);
+    }
 }
 
 void Streamer::publish(int layer, const std::vector<int> & routed) {
@@ -269,6 +308,12 @@ void Streamer::publish(int layer, const std::vector<int> & routed) {
     lanes_.submit(in_flight_);
 }
 
+void Streamer::clear_failure() {
+    std::lock_guard<std::mutex> lock(wait_mutex_);
+    fatal_.store(false, std::memory_order_release);
+    wait_error_.clear();
+}
+
 void Streamer::mark_ready(size_t tensor, int expert, uint64_t generation) {
     ready_[tensor][static_cast<size_t>(expert)].store(generation, std::memory_order_release);
     { std::lock_guard<std::mutex> lock(wait_mutex_); }  // no waiter can miss the store below
@@ -289,6 +334,10 @@ void Streamer::wait_ready(const void * key, int expert) {
         return;
     }
     const size_t t = it->second;
+    if (expert < 0 || expert >= tensors_[t].n_expert) {  // the router checked; never index past the flags
+        mark_failed();
+        return;
+    }
     const uint64_t want = wanted_[t].load(std::memory_order_acquire);
     std::atomic<uint64_t> & flag = ready_[t][static_cast<size_t>(expert)];
     auto ready = [&] { return flag.load(std::memory_order_acquire) == want || fatal_.load(std::memory_order_acquire); };
@@ -301,7 +350,18 @@ void Streamer::wait_ready(const void * key, int expert) {
     }
     if (!ready()) {
         std::unique_lock<std::mutex> lock(wait_mutex_);
-        wait_cv_.wait(lock, ready);
+        if (io_timeout_s_ <= 0) {
+            wait_cv_.wait(lock, ready);
+        } else if (!wait_cv_.wait_for(lock, std::chrono::duration<double>(io_timeout_s_), ready)) {
+            // Stop the graph (the abort callback sees the flag); drain() says why.
+            if (wait_error_.empty()) {
+                wait_error_ = tensors_[t].name + " expert " + std::to_string(expert) +
+                              " was not read within the I/O deadline (--io-timeout): the storage is not answering";
+            }
+            fatal_.store(true, std::memory_order_release);
+            lock.unlock();
+            wait_cv_.notify_all();
+        }
     }
     stall_ns_ += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
 }

@@ -34,6 +34,8 @@ struct StreamedTensor {
     uint64_t expert_bytes = 0;  // nb[2]: one expert's slice
     int n_expert = 0;
     const void * key = nullptr; // the tensor's identity as the expert-ready hook sees it
+    std::string name;           // for messages
+    std::vector<uint32_t> sums; // CRC-32C per expert when slices are verified; empty = not checked
 };
 
 struct StreamCounters {
@@ -43,6 +45,7 @@ struct StreamCounters {
     uint64_t lookups = 0;
     uint64_t hits = 0;
     uint64_t evictions = 0;
+    uint64_t rereads = 0;  // slices read twice because the first read failed its checksum
     double io_ms = 0;
     double stall_ms = 0;  // serial: eval thread blocked; overlap: per compute thread, averaged
     double drain_ms = 0;  // overlap: waiting for the previous layer's reads before publishing
@@ -51,8 +54,9 @@ struct StreamCounters {
 class Streamer {
 public:
     // The cache starts with no budget: set_budget gives it one once memory has been measured.
+    // io_timeout_s > 0: a batch making no progress that long fails the layer (Batch::wait).
     Streamer(std::vector<StreamedTensor> tensors, std::vector<SliceFile *> files, std::vector<Mirror *> mirrors,
-             PagePool & pool, ReadLanes & lanes, int compute_threads);
+             PagePool & pool, ReadLanes & lanes, int compute_threads, double io_timeout_s = 0);
     ~Streamer();
 
     // Serial: returns once every routed slice of `layer` is resident. Throws bmoe::Error if any
@@ -62,11 +66,14 @@ public:
     // Overlap: drain the previous batch (eviction safety), publish this layer's reads, return.
     void publish(int layer, const std::vector<int> & experts);
     // The expert-ready hook: block until `expert` of the tensor with this key is resident (or the
-    // batch failed). Unknown keys (tensors we do not stream) return at once.
+    // batch failed, or the I/O deadline passed: then the decode is failed). Unknown keys (tensors
+    // we do not stream) return at once; an expert id out of range fails the decode.
     void wait_ready(const void * key, int expert);
     // Wait for the batch in flight; rethrows its error after undoing its residency.
     void drain();
     bool failed() const { return fatal_.load(std::memory_order_acquire); }
+    // Before a decode: a failure of the last one (it ended the generation) must not abort this one.
+    void clear_failure();
 
     // A new cache budget; a smaller one evicts at once and returns the freed pages to the kernel.
     // Only between decodes (no batch in flight).
@@ -85,6 +92,10 @@ private:
     std::vector<ReadJob> jobs_for(int layer, const std::vector<int> & missing,
                                   std::vector<std::pair<size_t, int>> * targets);
     void forget(int layer, const std::vector<int> & missing);
+    // After a failed wait: forget the layer's slices, or, when the batch was abandoned on its
+    // deadline, quarantine them (see streamer.cpp).
+    void give_up(const std::shared_ptr<Batch> & batch, int layer, const std::vector<int> & missing);
+    void add_batch_counters(const Batch & batch);
     void for_each_slice(int layer, int expert, bool acquire);
     void release_victims(const std::vector<ExpertKey> & victims);
     void mark_ready(size_t tensor, int expert, uint64_t generation);
@@ -99,6 +110,8 @@ private:
     ReadLanes & lanes_;
     StreamCounters counters_;
     int compute_threads_ = 1;
+    double io_timeout_s_ = 0;
+    std::vector<std::shared_ptr<Batch>> abandoned_;  // timed out, a lane may still be in their reads
 
     // Overlap state. Readiness per (tensor, expert) carries the generation of the batch that made
     // it resident, so flags are reused across layers and tokens without clearing.
@@ -113,6 +126,7 @@ private:
     std::atomic<uint64_t> stall_ns_{0};
     std::mutex wait_mutex_;
     std::condition_variable wait_cv_;
+    std::string wait_error_;  // under wait_mutex_: why a compute thread gave up waiting
 };
 
 }  // namespace bmoe::detail

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace bmoe {
 
@@ -10,11 +11,24 @@ enum class ReadPath { Pread, ODirect };
 enum class DenseMode { Mmap, Anon };
 
 // Test-only fault injection: act on the Nth slice read of the engine (1-based, counted across
-// the engine's life). Also settable with BMOE_FAULT=corrupt:N or BMOE_FAULT=fail:N.
-enum class FaultKind { None, Corrupt, Fail };
+// the engine's life). Also settable with BMOE_FAULT=<kind>:N. corrupt garbles 256 bytes of the
+// slice after the read (once: a re-read gets the file's bytes), fail fails the read, short reads
+// half the slice and reports a short read, hang stalls the read for hang_s seconds and then does it
+// (the engine sets hang_s: its I/O deadline plus 2 s, or 5 s without one).
+enum class FaultKind { None, Corrupt, Fail, Short, Hang };
 struct FaultInjection {
     FaultKind kind = FaultKind::None;
     int64_t nth = 0;
+    double hang_s = 5.0;
+};
+
+// The expected CRC-32C of one expert slice: `length` bytes at `offset` of file `file` (the shard
+// index). Written by `bmoe-edge verify-model` into the model's sidecar; checked with verify_slices.
+struct SliceSum {
+    uint32_t file = 0;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint32_t crc32c = 0;
 };
 
 constexpr double kCacheAuto = -1;
@@ -38,6 +52,10 @@ struct StreamConfig {
     std::string route_trace;          // a CSV of every token's routed experts per layer (empty = none)
     bool speculative_ngram = false;   // greedy decoding verifies prompt-lookup drafts in one batch
     int draft_max = 8;                // ... of at most this many tokens
+    double io_timeout_s = 30;         // a read making no progress this long fails the decode; 0 = wait forever
+    bool verify_slices = false;       // check every slice read against slice_sums (re-read once, then fail)
+    std::vector<SliceSum> slice_sums; // every streamed slice's sum (required with verify_slices)
+    bool parse_special = false;       // tokenize() turns special-token text (e.g. "</s>") into control tokens
     FaultInjection fault;
 };
 

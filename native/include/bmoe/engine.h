@@ -59,9 +59,13 @@ public:
     // conversation. Loading checks that the file belongs to this model and fits this context.
     void save_state(const std::string & path) const;
     void load_state(const std::string & path);
+    // Free everything now (model, context, lanes, mirrors; waits for a read stuck in the kernel).
+    // Every later call throws bmoe::Error "the engine is closed". Idempotent.
+    void close();
 
 private:
     struct Impl;
+    Impl & live() const;  // throws when closed
     std::unique_ptr<Impl> impl_;
 };
 

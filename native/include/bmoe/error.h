@@ -7,9 +7,14 @@
 
 namespace bmoe {
 
+// `text` as one line of valid UTF-8: control characters become spaces and bytes that are not
+// UTF-8 become '?'. Strings from a model file (names, keys, tokens) go through it before they
+// reach a message or Python (a hostile file must not break either).
+std::string printable(const std::string & text);
+
 class Error : public std::runtime_error {
 public:
-    explicit Error(const std::string & message) : std::runtime_error(message) {}
+    explicit Error(const std::string & message) : std::runtime_error(printable(message)) {}
 };
 
 }  // namespace bmoe

@@ -20,6 +20,7 @@ struct TokenMetrics {
     uint64_t cache_lookups = 0;
     uint64_t cache_hits = 0;
     uint64_t evictions = 0;
+    uint64_t rereads = 0;           // verify_slices: slices read again because the first read failed its checksum
     uint64_t major_faults = 0;
     uint64_t rss_bytes = 0;
     uint64_t resident_expert_bytes = 0;  // whole pages of the mirror currently holding expert bytes
@@ -67,6 +68,9 @@ struct RunInfo {
     int ubatch = 0;
     bool flash_attn = false;
     std::string fault;
+    double io_timeout_s = 0;         // the I/O deadline (0: none)
+    bool verify_slices = false;      // every slice read is checked against the model's checksums
+    bool parse_special = false;      // prompts may contain control tokens as text
     std::string warning;
     // load
     double load_ms = 0;
