@@ -3,8 +3,11 @@ there, the rest uploaded; then every file verified with sha256sum."""
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import re
+import tempfile
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +18,8 @@ from bmoe_edge.boards.profiles import BoardProfile
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import remote
 from bmoe_edge.fleet.remote import Board
-from bmoe_edge.fleet.scripts import COPY, HASH, MKDIRS, REMOVE_IN, SCAN
-from bmoe_edge.fleet.state import SITE_FACTOR, STAMP, Hooks, Layout, Log, Releases, inside, mib
+from bmoe_edge.fleet.scripts import COPY, HASH, MKDIRS, REMOVE_IN, SCAN, SITE_HASH
+from bmoe_edge.fleet.state import MARKS, SITE_FACTOR, Hooks, Layout, Log, Releases, inside, mib
 from bmoe_edge.fleet.table import HostResult
 
 
@@ -54,7 +57,7 @@ def verify_release(board: Board, rel: str, manifest: bundle.Manifest, manifest_s
     link, present = scan_release(board, rel)
     if link is not None:
         raise BmoeError(f"{board.label}: {rel} contains a symlink ({link!r}): refusing it")
-    unlisted = sorted(set(present) - set(expected) - {STAMP})
+    unlisted = sorted(set(present) - set(expected) - set(MARKS))
     if unlisted:
         raise BmoeError(f"{board.label}: {rel} holds {unlisted[0]!r}, which is not in the bundle: refusing it")
     hashes = hash_remote(board, rel, list(expected), f"verifying {rel}")
@@ -63,6 +66,43 @@ def verify_release(board: Board, rel: str, manifest: bundle.Manifest, manifest_s
         if got != want:
             state = "is missing" if got is None else f"has sha256 {got[:16]}..., the bundle says {want[:16]}..."
             raise BmoeError(f"{board.label}: {path} on the board {state}: refusing the release")
+
+
+def site_digest(bundle_dir: Path, wheels: Sequence[str]) -> str:
+    """What sh/site_hash.sh prints for site/ once the bundle's wheels are unpacked (by its launcher:
+    every wheel extracted in name order): computed here by unpacking them the same way."""
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="bmoe-site-") as tmp:
+        for wheel in sorted(wheels, key=lambda w: posixpath.basename(w).encode()):
+            with zipfile.ZipFile(bundle_dir / wheel) as zf:
+                zf.extractall(tmp)
+        root = Path(tmp)
+        for path in root.rglob("*"):
+            if path.is_file() and not path.is_symlink() and "__pycache__" not in path.relative_to(root).parts:
+                rel = "./" + path.relative_to(root).as_posix()
+                lines.append((rel.encode(), f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {rel}\n"))
+    return hashlib.sha256("".join(text for _key, text in sorted(lines)).encode()).hexdigest()
+
+
+def board_site_digest(board: Board, rel: str) -> str:
+    """sha256 of a release's site/ tree on the board (sh/site_hash.sh); BmoeError for a symlink or none."""
+    out = board.sh(SITE_HASH, rel, what=f"hashing {rel}/site", timeout=1800).stdout.strip()
+    if out.startswith("site ") and re.fullmatch(r"[0-9a-f]{64}", out[5:]):
+        return out[5:]
+    if out.startswith("symlink "):
+        raise BmoeError(f"{board.label}: {rel}/site contains a symlink ({out[8:]!r}): refusing the release")
+    raise BmoeError(f"{board.label}: {rel}/site is missing: deploy the release again")
+
+
+def verify_site(board: Board, rel: str, want: str | None) -> None:
+    """site/ (on the release's PYTHONPATH) is what its wheels unpack to; `want` None: nothing recorded
+    (a release installed by an older bmoe-edge): not checked."""
+    if want is None:
+        return
+    got = board_site_digest(board, rel)
+    if got != want:
+        raise BmoeError(f"{board.label}: {rel}/site does not match the bundle's wheels (sha256 {got[:16]}..., "
+                        f"installed as {want[:16]}...): refusing it (deploy the bundle again to repair it)")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -77,6 +117,14 @@ class LocalBundle:
     manifest: bundle.Manifest
     manifest_sha: str
     profile: BoardProfile     # its resolved profile (profile/<board>.yaml): login and emulation facts
+    _site: str | None = None
+
+    @property
+    def site_sha256(self) -> str:
+        """The sha256 of site/ once installed (see site_digest), computed once."""
+        if self._site is None:
+            self._site = site_digest(self.dir, self.manifest.wheels)
+        return self._site
 
 
 def say(log: Log, label: str, message: str) -> None:
