@@ -47,6 +47,14 @@ def deploy_cmd(
     ssh_config: SshConfigOpt = None,
     accept_new_host_key: AcceptNewOpt = False,
     as_json: JsonOpt = False,
+    max_parallel: Annotated[int | None, typer.Option("--max-parallel", min=1, help="Hosts deployed at once "
+                                                     "(default: all, up to 16).")] = None,
+    fail_fast: Annotated[bool, typer.Option("--fail-fast", help="After the first failed host, start no "
+                                            "other (those are reported as skipped).")] = False,
+    host_timeout: Annotated[float, typer.Option("--host-timeout", min=1, help="Seconds a host may take; "
+                                                "then its connection is closed and it fails.")] = 4 * 3600.0,
+    lock_timeout: Annotated[float, typer.Option("--lock-timeout", min=0, help="Seconds to wait for another "
+                                                "deploy or rollback on the same board.")] = 900.0,
 ) -> None:
     """Upload a bundle to boards over SSH, verify it there, install it, switch `current` atomically."""
     from bmoe_edge.fleet import deploy
@@ -61,7 +69,9 @@ def deploy_cmd(
             default_host = f"{ssh.host}:{ssh.port}" if ssh.port else ssh.host
     targets = deploy.resolve_targets(host or [], inventory, board, default_host)
     results = deploy.deploy(bundle_dir, targets, board=board, dist=dist, keep=keep, gates=run_gates,
-                            accept_new_host_key=accept_new_host_key, ssh_config=ssh_config, install_dir=install_dir)
+                            accept_new_host_key=accept_new_host_key, ssh_config=ssh_config, install_dir=install_dir,
+                            max_parallel=max_parallel, fail_fast=fail_fast, host_timeout=host_timeout,
+                            lock_timeout=lock_timeout)
     _fleet_output(results, as_json)
 
 

@@ -162,16 +162,17 @@ def running(lab: Path, name: str = "board") -> EmulatedBoard | None:
 
 
 def start(lab: Path, name: str = "board", *, port: int | None = None, read_only: Sequence[Path] = (),
-          known: bool = True, timeout: float = 15.0) -> EmulatedBoard:
+          known: bool = True, sftp: bool = True, timeout: float = 15.0) -> EmulatedBoard:
     """Start (or reuse, when already running with the same settings) the sshd of board `name`.
 
-    `known=False` leaves its host key out of the lab's known_hosts (an unknown host to clients).
+    `known=False` leaves its host key out of the lab's known_hosts (an unknown host to clients);
+    `sftp=False` gives it no SFTP subsystem (like a Dropbear-based image).
     """
     lab = Path(lab).absolute()
     if not Path(SSHD).is_file():
         raise BmoeError(f"{SSHD} not found (the emulated board is a real sshd): apt-get install openssh-server")
     existing = running(lab, name)
-    if existing is not None and (port is None or existing.port == port) and not read_only:
+    if existing is not None and (port is None or existing.port == port) and not read_only and sftp:
         if known:
             _write_known_host(existing)
         return existing
@@ -198,7 +199,9 @@ def start(lab: Path, name: str = "board", *, port: int | None = None, read_only:
             f"AuthorizedKeysFile {lab / 'ssh' / 'authorized_keys'}\n"
             "StrictModes no\nPubkeyAuthentication yes\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nUsePAM no\nUseDNS no\n"
-            "PrintMotd no\nPrintLastLog no\nSubsystem sftp internal-sftp\nMaxStartups 64\nMaxSessions 64\n"
+            "PrintMotd no\nPrintLastLog no\nMaxStartups 64\nMaxSessions 64\n"
+            + ("Subsystem sftp internal-sftp\n" if sftp else "")
+            + "ClientAliveInterval 15\nClientAliveCountMax 3\n"
             f"SetEnv XDG_CONFIG_HOME={bdir / 'home' / '.config'}\nLogLevel INFO\n"
         )
         argv = [SSHD, "-D", "-f", str(config), "-e"]

@@ -19,6 +19,7 @@ from bmoe_edge.fleet.state import (
     GATES_TIMEOUT,
     HEALTH_TIMEOUT,
     INSTALL_TIMEOUT,
+    JOB_RUNTIME_MAX,
     STAMP,
     UNIT_NAME,
     VERSION_TIMEOUT,
@@ -134,7 +135,8 @@ def write_board_files(board: Board, b: LocalBundle, layout: Layout, releases: Re
     board.write_bytes(f"{layout.install_dir}/bin/bmoe-edge", wrapper_script(layout.install_dir).encode(), 0o755)
     template = b.dir / UNIT_TEMPLATE
     if template.is_file():
-        unit = render_unit(template.read_text(encoding="utf-8"), layout.install_dir, board.conn.user)
+        unit = render_unit(template.read_text(encoding="utf-8"), layout.install_dir, board.conn.user,
+                           ram_mb=b.profile.ram_mb)
         board.write_bytes(f"{layout.install_dir}/systemd/{UNIT_NAME}", unit.encode())
     write_pointer(board, {"install_dir": layout.install_dir, "board": m.board, "bundle_id": m.bundle_id})
 
@@ -169,8 +171,15 @@ def systemd_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
 
 
-def render_unit(template: str, install_dir: str, user: str) -> str:
-    return template.replace("@INSTALL_DIR@", systemd_escape(install_dir)).replace("@USER@", systemd_escape(user))
+def memory_max(ram_mb: int) -> str:
+    """The job unit's MemoryMax: the board's RAM less what the OS keeps (an eighth, 256 MiB to 1 GiB)."""
+    return f"{max(64, ram_mb - min(1024, max(256, ram_mb // 8)))}M"
+
+
+def render_unit(template: str, install_dir: str, user: str, *, ram_mb: int = 4096,
+                runtime_max: str = JOB_RUNTIME_MAX) -> str:
+    return (template.replace("@INSTALL_DIR@", systemd_escape(install_dir)).replace("@USER@", systemd_escape(user))
+            .replace("@MEMORY_MAX@", memory_max(ram_mb)).replace("@RUNTIME_MAX@", runtime_max))
 
 
 def prune(board: Board, layout: Layout, keep: int, current: str, previous: str | None, log: Log) -> list[str]:

@@ -8,12 +8,17 @@ No hand-written SSH: every connection is a `fabric.Connection` (paramiko underne
   with `--ssh-config FILE` / `$BMOE_EDGE_SSH_CONFIG` (then only that one, like `ssh -F`). `User`,
   `Port`, `HostName`, `IdentityFile`, `ProxyJump`, `UserKnownHostsFile` and `StrictHostKeyChecking`
   (`accept-new`/`no` = accept unknown keys, never changed ones) are honoured; agent keys are used.
-- **Host keys**: strict by default (fabric's own default is to accept any key). An unknown host is
-  refused with the command that accepts it; `--accept-new-host-key` adds it to the known_hosts file; a
-  changed key is always refused.
-- **Remote commands**: every argument quoted with `shlex.quote`; scripts run as `sh -c SCRIPT sh ARGS…`
-  so paths and prompts are data, never shell code. Expected failures become one-line BmoeErrors naming
-  the host (unreachable, authentication, host key, a failed step with its stderr).
+- **Host keys**: strict by default (fabric's own default is to accept any key), on the board and on
+  every ProxyJump hop (the hops are built here, with the same ssh config and policy). An unknown host
+  is refused with the command that accepts it; `--accept-new-host-key` adds it to the known_hosts
+  file; a changed key is always refused. `@cert-authority`/`@revoked` lines are refused with a message
+  (paramiko would read them as plain keys).
+- **Remote commands** (channel.py): fixed scripts run as `sh -s` with `set -- ARGS…` (each quoted with
+  `shlex.quote`) on stdin, so paths and prompts are data, never shell code, and the login shell never
+  parses them; files travel over exec channels too (no SFTP). Every command has a deadline; a
+  liveness probe closes the connection of a board that stopped answering. Expected failures become
+  one-line BmoeErrors naming the host (unreachable, authentication, host key, a failed step with its
+  stderr, a deadline).
 """
 
 from __future__ import annotations
@@ -380,18 +385,6 @@ class Board:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextlib.contextmanager
-    def errors(self, what: str) -> Iterator[None]:
-        """A lost connection or SFTP failure mid-way becomes a one-line BmoeError naming the step."""
-        import paramiko
-
-        try:
-            yield
-        except BmoeError:
-            raise
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise BmoeError(f"{self.label}: {what}: {_reason(exc)}") from None
-
     # -- commands -----------------------------------------------------------------------------------
 
     def _transport(self) -> Any:
@@ -493,16 +486,6 @@ def watched(watch: Watch) -> Iterator[Watch]:
         yield watch
     finally:
         _watch.current = before
-
-
-def sh_command(script: str, *args: str) -> str:
-    return " ".join(["sh", "-c", shlex.quote(script), "sh", *(shlex.quote(a) for a in args)])
-
-
-def env_command(env: Mapping[str, str], argv: Sequence[str]) -> str:
-    """`env K=V … ARGV…`, every word quoted (the remote login shell only sees literals)."""
-    words = ["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else list(argv)
-    return " ".join(shlex.quote(w) for w in words)
 
 
 def _reason(exc: BaseException) -> str:
