@@ -415,7 +415,8 @@ def test_systemd_unit_renders_and_its_execstart_runs_a_job(deployed: dict, board
     inst = board.install_dir
     unit = (inst / "systemd" / board_state.UNIT_NAME).read_text()
     fields = dict(ln.split("=", 1) for ln in unit.splitlines() if "=" in ln and not ln.startswith("#"))
-    assert fields["User"] == "root" and fields["Type"] == "oneshot" and fields["WantedBy"] == "multi-user.target"
+    assert fields["User"] == "root" and fields["Type"] == "exec" and fields["WantedBy"] == "multi-user.target"
+    assert fields["MemoryMax"].endswith("M") and fields["ProtectSystem"] == "strict"
     job = inst / "jobs" / "hello"
     job.mkdir(parents=True)
     prompt = "The quick brown fox\njumps over 'the' \"lazy\" $(dog)\n"
@@ -550,11 +551,11 @@ def test_killed_deploy_leaves_current_valid_and_a_rerun_finishes(deployed: dict,
         assert not (inst / "current").exists() and partial.is_dir() and not (partial / "site").exists()
     else:
         assert _release_ok(inst, bundle_a) == a_id
-    if stage == "gates":   # the gates left on the board stop with the connection
+    if stage in ("install", "gates"):   # what ran on the board for the deploy stops with the connection
         deadline = time.monotonic() + 30
-        while _processes_mentioning(f"{inst}/releases/{b_id}/fixtures") and time.monotonic() < deadline:
+        while _processes_mentioning(str(partial)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not _processes_mentioning(f"{inst}/releases/{b_id}/fixtures")
+        assert not _processes_mentioning(str(partial))
     result = run_cli("deploy", "--bundle", str(new), "--host", board.target, "--install-dir", str(inst), "--json",
                      env=_env(lab), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -562,7 +563,7 @@ def test_killed_deploy_leaves_current_valid_and_a_rerun_finishes(deployed: dict,
     if stage == "upload":
         assert host["files_present"] >= 3     # resumed, not restarted (the file being written is sent again)
     if stage == "gates":
-        assert host["files_uploaded"] == 0     # the release was complete: only verified and switched
+        assert host["files_uploaded"] == 0     # the partial was complete: installed again and switched
     assert _release_ok(inst, new) == new_id
     assert not partial.exists()
 

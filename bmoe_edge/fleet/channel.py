@@ -9,7 +9,8 @@ connection.
   the script's commands off the rest of stdin; a `hangup` command keeps stdin open instead (it
   watches it to stop when the connection goes away).
 - **Data on stdin** (file uploads, state files): the framed script is first saved as a private request
-  file in the login directory, then run as `sh .cache/bmoe-edge/req/<hex>` with the data on stdin.
+  file (`${XDG_CACHE_HOME:-~/.cache}/bmoe-edge/req/<hex>`, mode 0600, deleted by itself when it runs),
+  then run as `sh <that path>` with the data on stdin.
   No SFTP subsystem is needed (Dropbear-based images have none).
 - **Deadlines**: every command has one; at the deadline its channel is closed and the step fails with
   one line. A liveness probe (`keepalive@openssh.com`, like ServerAliveInterval/CountMax) closes the
@@ -19,6 +20,7 @@ connection.
 from __future__ import annotations
 
 import codecs
+import re
 import secrets
 import select
 import shlex
@@ -34,6 +36,7 @@ from bmoe_edge.errors import BmoeError
 OPEN_TIMEOUT = 30.0
 CHUNK = 256 * 1024
 REQUEST_DIR = ".cache/bmoe-edge/req"      # relative to the login directory (where sshd starts commands)
+_PLAIN = re.compile(r"^[A-Za-z0-9/._+-]+$")
 
 
 @dataclass
@@ -59,8 +62,18 @@ def request_name() -> str:
     return secrets.token_hex(12)
 
 
-def request_command(name: str) -> str:
-    return f"sh {REQUEST_DIR}/{name}"
+def request_command(directory: str, name: str) -> str:
+    """`sh DIR/NAME`: plain words any login shell reads alike (DIR is checked plain, NAME is hex)."""
+    if not _PLAIN.match(directory) or not _PLAIN.match(name):
+        raise BmoeError(f"request path {directory}/{name} is not plain")
+    return f"sh {directory}/{name}"
+
+
+def plain_dir(text: str) -> str:
+    """The board's request directory when it is plain (an absolute path of plain characters), else the
+    login-relative default."""
+    text = text.strip()
+    return text if text.startswith("/") and _PLAIN.match(text) and ".." not in text else REQUEST_DIR
 
 
 class Deadline:

@@ -14,7 +14,7 @@ from bmoe_edge.fleet.install import gates_record, run_gates
 from bmoe_edge.fleet.lock import board_lock
 from bmoe_edge.fleet.remote import Board, SshOptions, Target
 from bmoe_edge.fleet import channel
-from bmoe_edge.fleet.scripts import HANGUP, REMOVE_IN, REQUEST_DIR
+from bmoe_edge.fleet.scripts import HANGUP
 from bmoe_edge.fleet.state import connect, current_release, read_state, release_env, write_state
 
 
@@ -52,15 +52,14 @@ def board_generate(target: Target, model: str, prompt: str, args: Sequence[str],
         if board_name and board_name != manifest.board:
             raise BmoeError(f"{board.label}: the deployed release is for board {manifest.board}, not {board_name}")
         # the prompt travels as a private file (any length, never on a command line or in `ps`)
-        prompt_file = f"{channel.REQUEST_DIR}/prompt-{channel.request_name()}"
-        board.sh(REQUEST_DIR, what="creating the request directory")
+        prompt_file = f"{board.request_dir()}/prompt-{channel.request_name()}"
         board.write_bytes(prompt_file, prompt.encode("utf-8", "surrogateescape"), 0o600, durable=False)
         try:
             result = run_release(board, rel, ["generate", "--board", manifest.board, "-m", model,
                                               "--prompt-file", prompt_file, *args],
                                  what="generate", out=out or sys.stdout, err=err or sys.stderr)
         finally:
-            board.sh(REMOVE_IN, ".", prompt_file, what="removing the prompt file", check=False, timeout=60)
+            board.sh('rm -f -- "$1"', prompt_file, what="removing the prompt file", check=False, timeout=60)
         return int(result.exited)
 
 

@@ -37,7 +37,7 @@ from typing import IO, Any
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import channel
 from bmoe_edge.fleet.channel import Result
-from bmoe_edge.fleet.scripts import READ, REQUEST, WRITE
+from bmoe_edge.fleet.scripts import READ, REQUEST, REQUEST_DIR, WRITE
 
 SSH_CONFIG_ENV = "BMOE_EDGE_SSH_CONFIG"
 CONNECT_TIMEOUT = 15.0
@@ -299,6 +299,7 @@ class Board:
         self.target = target
         self.options = options or SshOptions()
         self.liveness: channel.Liveness | None = None
+        self._request_dir: str | None = None
         path = self.options.config_path()
         if path is not None and not path.is_file():
             raise BmoeError(f"ssh config {path} does not exist")
@@ -426,11 +427,20 @@ class Board:
             return self.execute("sh -s", what=what, stdin=text.encode(), keep_stdin=hangup, check=check,
                                 timeout=timeout, out=out, err=err)
         name = channel.request_name()
+        directory = self.request_dir()
         framed = channel.frame(script, args, keep_stdin=True, prelude='rm -f -- "$0"\n')
         self.execute("sh -s", what=f"{what} (sending the request)",
-                     stdin=channel.frame(REQUEST, [name, framed]).encode(), timeout=timeout)
-        return self.execute(channel.request_command(name), what=what, stdin=data, check=check, timeout=timeout,
-                            out=out, err=err)
+                     stdin=channel.frame(REQUEST, [directory, name, framed]).encode(), timeout=timeout)
+        return self.execute(channel.request_command(directory, name), what=what, stdin=data, check=check,
+                            timeout=timeout, out=out, err=err)
+
+    def request_dir(self) -> str:
+        """The board's private directory for requests and prompt files (created once per connection)."""
+        if self._request_dir is None:
+            text = channel.frame(REQUEST_DIR, [])
+            found = self.execute("sh -s", what="creating the request directory", stdin=text.encode()).stdout
+            self._request_dir = channel.plain_dir(found)
+        return self._request_dir
 
     def put(self, local: Path, remote: str, timeout: float | None = None) -> None:
         """Upload a file over the exec channel (no SFTP needed); its mode comes along."""

@@ -1,3 +1,4 @@
-# The private directory of requests and prompt files, in the login directory.
+# Where requests and prompt files go: ${XDG_CACHE_HOME:-$HOME/.cache}/bmoe-edge/req (created, private).
+d="${XDG_CACHE_HOME:-$HOME/.cache}/bmoe-edge/req"
 umask 077
-mkdir -p .cache/bmoe-edge/req && chmod 700 .cache/bmoe-edge/req
+mkdir -p -- "$d" && chmod 700 -- "$d" && printf '%s\n' "$d"
