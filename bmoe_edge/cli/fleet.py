@@ -103,3 +103,26 @@ def _on_boards(name: str, doc: str) -> None:
 _on_boards("rollback", "Switch `current` back to the previous release on the board(s), atomically (after "
            "verifying it).")
 _on_boards("status", "What runs on the board(s): current release, bundle id, board, when deployed, last gate result.")
+
+
+@app.command("push-model")
+def push_model_cmd(
+    model: Annotated[Path, typer.Argument(help="The gguf (the first shard of a split model: all shards go).")],
+    host: HostsOpt = None,
+    inventory: InventoryOpt = None,
+    to: Annotated[str | None, typer.Option("--to", help="Where on the board: a file path, or a directory ending "
+                                           "in / (default: <install_dir>/models/).")] = None,
+    board: Annotated[str | None, typer.Option("--board", help="Profile for the login/install dir defaults.")] = None,
+    install_dir: InstallDirOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
+    as_json: JsonOpt = False,
+    max_parallel: Annotated[int | None, typer.Option("--max-parallel", min=1, help="Hosts at once.")] = None,
+) -> None:
+    """Copy a model to boards resumably, verify its sha256 there, and swap it in by rename."""
+    from bmoe_edge.fleet import deploy, models, remote
+
+    options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+    results = models.push_model(model, deploy.resolve_targets(host or [], inventory, board), options=options, to=to,
+                                board_name=board, install_dir=install_dir, max_parallel=max_parallel)
+    _fleet_output(results, as_json)

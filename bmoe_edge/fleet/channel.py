@@ -91,13 +91,26 @@ class Deadline:
         return left is not None and left <= 0
 
 
-def _send(chan: Any, data: bytes | Path, deadline: Deadline) -> None:
+@dataclass(frozen=True)
+class FileFrom:
+    """A local file from a byte offset on (a resumed upload)."""
+
+    path: Path
+    offset: int = 0
+
+
+Data = bytes | Path | FileFrom
+
+
+def _send(chan: Any, data: Data, deadline: Deadline) -> None:
     def chunks() -> Any:
         if isinstance(data, bytes | bytearray):
             for i in range(0, len(data), CHUNK):
                 yield data[i:i + CHUNK]
         else:
-            with open(data, "rb") as f:
+            source = data if isinstance(data, FileFrom) else FileFrom(data)
+            with open(source.path, "rb") as f:
+                f.seek(source.offset)
                 while block := f.read(CHUNK):
                     yield block
 
@@ -109,7 +122,7 @@ def _send(chan: Any, data: bytes | Path, deadline: Deadline) -> None:
         chan.sendall(block)
 
 
-def execute(transport: Any, command: str, *, stdin: bytes | Path | None = None, keep_stdin: bool = False,
+def execute(transport: Any, command: str, *, stdin: Data | None = None, keep_stdin: bool = False,
             timeout: float | None = None, out: IO[str] | None = None, err: IO[str] | None = None) -> Result:
     """Run `command` in one exec channel: send stdin (then EOF, unless keep_stdin), collect (and stream)
     stdout/stderr until the command exits. TimeoutError at the deadline (the channel is closed: a
@@ -119,8 +132,12 @@ def execute(transport: Any, command: str, *, stdin: bytes | Path | None = None, 
     try:
         chan.exec_command(command)
         if stdin is not None:
-            _send(chan, stdin, deadline)
-        if not keep_stdin:
+            try:
+                _send(chan, stdin, deadline)
+            except OSError:
+                if not (chan.closed or chan.exit_status_ready()):
+                    raise          # else: the command ended early; its status and stderr say why
+        if not keep_stdin and not chan.closed:
             chan.shutdown_write()
         chan.settimeout(0.0)
         outs: list[bytes] = []

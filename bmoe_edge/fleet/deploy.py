@@ -20,29 +20,26 @@ On the board (`<install_dir>`: `--install-dir`, else the inventory's, else the p
 
 A deploy of one host, in order; each step is a one-line BmoeError naming the host when it fails:
 
-1. connect (strict host keys) and **probe** the board: `uname -m`, glibc, and the board's Python run the
-   way the launcher will run it — directly on a real board, through the profile's `exec_wrapper` on
-   an emulated one (qemu-arm64: `qemu-aarch64 -cpu cortex-a76 -L <sysroot> <sysroot>/usr/bin/python3.11`
-   asked for `platform.machine()`, so the emulated board reports aarch64 although its sshd runs on
-   x86_64). Arch, Python and glibc are checked against the manifest **before anything is uploaded**;
-2. check the install dir is writable and has room;
+1. connect (strict host keys, on every ProxyJump hop too) and **probe** the board: `uname -m`, glibc,
+   and the board's Python run the way the launcher will run it — directly on a real board, through the
+   profile's `exec_wrapper` on an emulated one. Arch, Python and glibc are checked against the manifest
+   **before anything is uploaded**;
+2. take the **board lock** (lock.py) and hold it to the end: `releases/`, `current` and state.json are
+   read under it; check the install dir is writable and has room;
 3. **upload** into `releases/.<id>.partial/`, skipping files already there with the right sha256 and
-   copying (on the board) files that another release there already has: a no-change redeploy uploads
-   nothing, a changed launcher uploads one small file;
-4. **verify** every file's sha256 on the board (`sha256sum`), and that the release holds no symlink and
-   no unlisted file;
-5. **install**: `launcher/bmoe-edge.sh --install-site` (the wheels unpacked into site/, no pip, no
-   network), under `flock` so an install left running by a killed deploy and a re-run never overlap;
-   then the release must run (`bmoe-edge.sh --version` reports the bundle's arch and the hook);
-6. stamp it complete and rename `.partial` to `releases/<id>` (the commit point of an upload);
-7. with `--gates`: `gates --quick --json --fixtures <release>/fixtures` from the new release; any failing
-   cell stops here, `current` unchanged;
-8. verify again (nothing changed since step 4), then **switch** `current` atomically
-   (`ln -sfn releases/<id> current.tmp && mv -T current.tmp current`), write state.json, bin/bmoe-edge,
-   the systemd unit and the pointer file, and delete releases beyond `--keep` (never current or previous).
+   copying (on the board) files that another release there already has;
+4. **verify** every file's sha256 on the board, and that the release holds no symlink and no unlisted file;
+5. **install**: `launcher/bmoe-edge.sh --install-site` (stopped with the connection); site/ must hash to
+   what the wheels unpack to, and the release must run (`--version`: the bundle's arch and the hook);
+6. with `--gates`: the quick gates from the partial; any failing cell stops here: never stamped complete;
+7. stamp it complete (with its site/ digest and gate result) and rename it to `releases/<id>`, synced;
+8. verify again, then **switch** `current` atomically and durably (sync, one rename, sync);
+9. **health check** through `current` (`--version`); on failure switch back, mark the release failed;
+10. write state.json (synced), bin/bmoe-edge, the systemd unit and the pointer file, prune.
 
 Killing the command at any point leaves `current` on a complete, verified release (the switch is one
-rename), and running it again finishes the job.
+rename), the lock and everything the deploy ran on the board end with its connection, and running it
+again finishes the job.
 """
 
 
@@ -159,8 +156,11 @@ def _deploy_locked(board: Board, b: LocalBundle, layout: Layout, result: HostRes
         if releases.current != m.bundle_id:
             board.sh(DEMOTE, final, layout.partial(m.bundle_id), what="reopening the release")
         raise
-    if releases.current != m.bundle_id or m.bundle_id in releases.failed:
-        if releases.current != m.bundle_id:
+    switching = releases.current != m.bundle_id
+    if not switching:
+        previous = state.get("previous") if isinstance(state.get("previous"), str) else None
+    if switching or m.bundle_id in releases.failed:
+        if switching:
             board.sh(SWITCH, layout.install_dir, m.bundle_id, what="switching current")
             say(log, board.label, f"current -> releases/{m.bundle_id}")
         if "after_switch" in hooks:
@@ -172,7 +172,6 @@ def _deploy_locked(board: Board, b: LocalBundle, layout: Layout, result: HostRes
         result.action = "deployed"
     else:
         result.action = "redeployed"
-        previous = state.get("previous") if isinstance(state.get("previous"), str) else None
         say(log, board.label, f"{m.bundle_id} was already current")
     result.previous = previous
     write_board_files(board, b, layout, list_releases(board, layout, create=False), previous, gate_record, state)

@@ -81,7 +81,7 @@ def board_lock(board: Board, install_dir: str, *, action: str, wait: float = LOC
     say = say or (lambda _m: None)
     script = channel.frame(LOCK, [install_dir, str(int(wait)), owner_line(action), mode], keep_stdin=True)
     try:
-        chan = board._transport().open_session(timeout=channel.OPEN_TIMEOUT)
+        chan = board.transport().open_session(timeout=channel.OPEN_TIMEOUT)
     except (OSError, EOFError, paramiko.SSHException) as exc:
         raise BmoeError(f"{board.label}: taking the board lock of {install_dir}: {exc}") from None
     try:

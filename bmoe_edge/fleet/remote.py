@@ -388,7 +388,7 @@ class Board:
 
     # -- commands -----------------------------------------------------------------------------------
 
-    def _transport(self) -> Any:
+    def transport(self) -> Any:
         transport = self.conn.transport
         if transport is None or not transport.is_active():
             raise BmoeError(f"{self.label}: the connection is closed"
@@ -398,17 +398,18 @@ class Board:
     def _dead(self) -> bool:
         return self.liveness is not None and self.liveness.dead
 
-    def execute(self, command: str, *, what: str, stdin: bytes | Path | None = None, keep_stdin: bool = False,
+    def execute(self, command: str, *, what: str, stdin: channel.Data | None = None, keep_stdin: bool = False,
                 check: bool = True, timeout: float | None = STEP_TIMEOUT, out: IO[str] | None = None,
                 err: IO[str] | None = None) -> Result:
         """One command line on the board (fixed words only: the login shell parses it), with a deadline."""
         import paramiko
 
         try:
-            result = channel.execute(self._transport(), command, stdin=stdin, keep_stdin=keep_stdin,
+            result = channel.execute(self.transport(), command, stdin=stdin, keep_stdin=keep_stdin,
                                      timeout=timeout, out=out, err=err)
-        except TimeoutError:
-            raise BmoeError(f"{self.label}: {what}: timed out after {timeout:.0f} s") from None
+        except TimeoutError:   # the step's deadline, or a send that made no progress for 60 s
+            after = f" after {timeout:.0f} s" if timeout is not None else ""
+            raise BmoeError(f"{self.label}: {what}: timed out{after}") from None
         except (OSError, EOFError, paramiko.SSHException) as exc:
             why = "the board stopped answering (no keepalive reply)" if self._dead() else _reason(exc)
             raise BmoeError(f"{self.label}: {what}: {why}") from None
@@ -418,7 +419,7 @@ class Board:
         return result
 
     def sh(self, script: str, *args: str, what: str, check: bool = True, timeout: float | None = STEP_TIMEOUT,
-           out: IO[str] | None = None, err: IO[str] | None = None, data: bytes | Path | None = None,
+           out: IO[str] | None = None, err: IO[str] | None = None, data: channel.Data | None = None,
            hangup: bool = False) -> Result:
         """Run a fixed script with its arguments on the board's `sh` (see channel: the login shell only
         sees `sh -s`). `data` goes to the script's stdin; `hangup` keeps stdin open (scripts.HANGUP)."""

@@ -36,3 +36,6 @@ MARK_FAILED = _load("mark_failed.sh")  # $1 release dir, $2 why: rollback never 
 SITE_HASH = _load("site_hash.sh")      # $1 release dir: `site <sha256>` of its site/ tree
 REQUEST_DIR = _load("request_dir.sh")  # creates and prints the private request directory
 CONFIG_HOME = _load("config_home.sh")  # prints ${XDG_CONFIG_HOME:-$HOME/.config}
+MODEL_PART = _load("model_part.sh")     # $1 dest, $2 part, $3 n: sha of dest, size and prefix sha of part
+MODEL_APPEND = _load("model_append.sh")  # $1 part, $2 bytes kept; stdin appended
+MODEL_COMMIT = _load("model_commit.sh")  # $1 part, $2 dest, $3 sha256: verify, rename over dest

@@ -28,7 +28,7 @@ class HostResult:
     host: str
     board: str | None = None
     ok: bool = False
-    action: str = ""                  # deployed | redeployed | rolled back | status
+    action: str = ""                  # deployed | redeployed | rolled back | status | pushed
     error: str | None = None
     install_dir: str | None = None
     bundle_id: str | None = None      # the current release afterwards
@@ -40,7 +40,7 @@ class HostResult:
     bytes_uploaded: int = 0
     gates: dict[str, Any] | None = None
     deployed_at: str | None = None
-    releases: list[str] = field(default_factory=list)
+    releases: list[str] = field(default_factory=list)   # kept releases (push-model: the files in place)
     note: str | None = None
     seconds: float = 0.0
 
@@ -138,6 +138,8 @@ def format_table(results: Sequence[HostResult]) -> str:
                           + (f"; {r.note}" if r.note else ""))
             elif r.action == "rolled back":
                 detail = f"{r.previous} -> {r.bundle_id}"
+            elif r.action == "pushed":
+                detail = f"{', '.join(r.releases)}; sent {mib(r.bytes_uploaded)}; {r.seconds:.0f} s"
             else:
                 detail = (f"{r.bundle_id}; uploaded {r.files_uploaded} files ({mib(r.bytes_uploaded)}); "
                           f"gates {_gates_text(r.gates)}; {r.seconds:.0f} s")
@@ -166,6 +168,9 @@ def format_one(r: HostResult) -> str:
         return "\n".join(lines)
     if r.action == "rolled back":
         return f"{r.host}: rolled back to {r.bundle_id} (was {r.previous})"
+    if r.action == "pushed":
+        return (f"{r.host}: {', '.join(r.releases)} in place, sha256 verified; sent {r.files_uploaded} of "
+                f"{r.files} files ({mib(r.bytes_uploaded)}) in {r.seconds:.0f} s")
     moved = (f"uploaded {r.files_uploaded} of {r.files} files ({mib(r.bytes_uploaded)}), "
              f"{r.files_copied} copied on the board, {r.files_present} already there")
     return (f"{r.host}: {r.action} {r.bundle_id} in {r.install_dir} ({r.seconds:.0f} s): {moved}; "
