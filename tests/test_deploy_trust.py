@@ -405,3 +405,67 @@ def test_deploys_killed_at_random_points_always_leave_a_valid_current(boards, bu
     assert result.returncode == 0, result.stderr[-3000:]
     assert _release_ok(inst, bundle_b)
     shutil.rmtree(inst, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.emulated
+def test_push_model_resumes_verifies_and_swaps_by_rename(boards, bundle_a: Path, tmp_path: Path) -> None:
+    lab_dir, start = boards
+    b = start("models")
+    inst = tmp_path / "inst"
+    env = _env(lab_dir)
+    result = run_cli("deploy", "--bundle", str(bundle_a), "--host", b.target, "--install-dir", str(inst), env=env,
+                     timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # a split model: every shard, into <install_dir>/models/, verified
+    first = bundle_a / "fixtures" / "tiny-olmoe-Q8_0-split3-00001-of-00003.gguf"
+    pushed = _host(run_cli("push-model", str(first), "--host", b.target, "--json", env=env, timeout=300))
+    assert pushed["ok"] and pushed["files"] == 3 and pushed["files_uploaded"] == 3
+    for shard in sorted(first.parent.glob("tiny-olmoe-Q8_0-split3-*.gguf")):
+        assert (inst / "models" / shard.name).read_bytes() == shard.read_bytes()
+    again = _host(run_cli("push-model", str(first), "--host", b.target, "--json", env=env, timeout=300))
+    assert again["ok"] and again["bytes_uploaded"] == 0            # already there: nothing sent
+    # interrupted (the CLI SIGKILLed mid-transfer), then resumed: only the rest travels, same sha256
+    big = tmp_path / "big.gguf"
+    big.write_bytes(os.urandom(96 << 20))
+    dest = inst / "models" / "big.gguf"
+    part = Path(str(dest) + ".bmoe-part")
+    proc = subprocess.Popen([sys.executable, "-m", "bmoe_edge", "push-model", str(big), "--host", b.target],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (part.is_file() and part.stat().st_size > 8 << 20):
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    assert part.is_file() and not dest.exists(), "the push ended before it could be interrupted"
+    kept = part.stat().st_size
+    resumed = _host(run_cli("push-model", str(big), "--host", b.target, "--json", env=env, timeout=600))
+    assert resumed["ok"] and resumed["bytes_uploaded"] <= big.stat().st_size - kept + (1 << 20)
+    assert hashlib.sha256(dest.read_bytes()).digest() == hashlib.sha256(big.read_bytes()).digest()
+    assert not part.exists()
+    # a partial that is not the start of the file is not trusted: sent again whole
+    part.write_bytes(b"x" * 1000)
+    (inst / "models" / "big.gguf").unlink()
+    redo = _host(run_cli("push-model", str(big), "--host", b.target, "--json", env=env, timeout=600))
+    assert redo["bytes_uploaded"] == big.stat().st_size and dest.read_bytes() == big.read_bytes()
+    # a generation running while its model is replaced finishes with the file it opened
+    model = inst / "models" / "story.gguf"
+    qwen = bundle_a / "fixtures" / "tiny-qwen3moe-Q8_0.gguf"
+    assert run_cli("push-model", str(qwen), "--host", b.target, "--to", str(model), env=env,
+                   timeout=300).returncode == 0
+    args = ["generate", "--host", b.target, "-m", str(model), "-p", "Once upon a time", "-n", "24", "--json"]
+    before = run_cli(*args, env=env, timeout=600)
+    assert before.returncode == 0, before.stderr[-2000:]
+    proc = subprocess.Popen([sys.executable, "-m", "bmoe_edge", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    first_line = proc.stdout.readline()                           # the run record: the model is open
+    assert first_line.strip(), proc.stderr.read() if proc.stderr else ""
+    swapped = run_cli("push-model", str(first.with_name("tiny-olmoe-Q8_0-split3-00002-of-00003.gguf")),
+                      "--host", b.target, "--to", str(model), env=env, timeout=300)
+    assert swapped.returncode == 0, swapped.stderr
+    rest, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-2000:]
+    ids = [r["id"] for r in map(json.loads, (first_line + rest).splitlines()) if r.get("type") == "token"]
+    assert ids == [r["id"] for r in map(json.loads, before.stdout.splitlines()) if r.get("type") == "token"]
+    assert model.read_bytes() != qwen.read_bytes()
