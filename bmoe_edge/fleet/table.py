@@ -90,14 +90,20 @@ def run_fleet(targets: Sequence[Target], work: Callable[[Target], HostResult], *
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [pool.submit(one, t, w, st) for t, w, st in zip(targets, watches, starts, strict=True)]
         pending = set(futures)
-        while pending:
-            _done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
-            if host_timeout is None:
-                continue
-            now = time.monotonic()
-            for f, w, st in zip(futures, watches, starts, strict=True):
-                if f in pending and st and not w.expired and now - st[0] > host_timeout:
-                    w.expire()
+        try:
+            while pending:
+                _done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+                if host_timeout is None:
+                    continue
+                now = time.monotonic()
+                for f, w, st in zip(futures, watches, starts, strict=True):
+                    if f in pending and st and not w.expired and now - st[0] > host_timeout:
+                        w.expire()
+        except BaseException:     # Ctrl-C: every connection closed, so the workers end at once
+            stop.set()
+            for w in watches:
+                w.expire()
+            raise
         return [f.result() for f in futures]
 
 
