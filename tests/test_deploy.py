@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from bmoe_edge.boards import build, bundle, emulate
+from bmoe_edge.boards import build, bundle, emulate, signing
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import deploy, emulated_board, install, onboard, probe, remote
 from bmoe_edge.fleet import state as board_state
@@ -262,6 +262,7 @@ def changed_bundle(src: Path, dest: Path, marker: str) -> Path:
                           compilers=m.compilers, cmake_flags=m.cmake_flags, bmoe_edge_version=m.bmoe_edge_version,
                           wheel=m.wheel, dependency_wheels=m.dependency_wheels, launcher=m.launcher,
                           fixtures=m.fixtures, extra=m.extra)
+    signing.sign_bundle(dest)     # the builder signs it (the tests' builder key, under their XDG_CONFIG_HOME)
     return dest
 
 

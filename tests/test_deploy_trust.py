@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from test_deploy import (  # noqa: F401 - fixtures shared with the deploy tests
     _env,
+    changed_bundle,
     _host,
     _release_ok,
     _tree_with,
@@ -35,7 +36,7 @@ from test_deploy import (  # noqa: F401 - fixtures shared with the deploy tests
     dist,
 )
 
-from bmoe_edge.boards import bundle
+from bmoe_edge.boards import bundle, signing
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import deploy, emulated_board, lock, remote, table
 from bmoe_edge.fleet import state as board_state
@@ -469,3 +470,46 @@ def test_push_model_resumes_verifies_and_swaps_by_rename(boards, bundle_a: Path,
     ids = [r["id"] for r in map(json.loads, (first_line + rest).splitlines()) if r.get("type") == "token"]
     assert ids == [r["id"] for r in map(json.loads, before.stdout.splitlines()) if r.get("type") == "token"]
     assert model.read_bytes() != qwen.read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.emulated
+def test_boards_take_only_bundles_signed_by_a_key_they_trust(boards, bundle_a: Path, tmp_path: Path) -> None:
+    lab_dir, start = boards
+    b = start("signed")
+    inst = tmp_path / "inst"
+    env = _env(lab_dir)
+
+    def run(src: Path, *extra: str, **more: str) -> subprocess.CompletedProcess[str]:
+        return run_cli("deploy", "--bundle", str(src), "--host", b.target, "--install-dir", str(inst), *extra,
+                       env=dict(env, **more), timeout=900)
+
+    # the first deploy provisions the board's allowed_signers with the key this machine builds with
+    result = run(bundle_a)
+    assert result.returncode == 0, result.stderr[-3000:]
+    allowed = (inst / "allowed_signers").read_text()
+    assert signing.public_key().split()[1] in allowed and 'namespaces="bmoe-edge-bundle"' in allowed
+    a_id = bundle.load_manifest(bundle_a).bundle_id
+    # a manifest edited and re-hashed but not re-signed: refused on the board, before anything runs
+    forged = changed_bundle(bundle_a, tmp_path / "forged" / "qemu-arm64", "forged")
+    shutil.copyfile(bundle_a / signing.SIGNATURE_NAME, forged / signing.SIGNATURE_NAME)
+    assert_one_error(run(forged), "signature does not verify", "refusing it")
+    assert _release_ok(inst, bundle_a) == a_id
+    f_id = bundle.load_manifest(forged).bundle_id
+    assert not (inst / "releases" / f_id).exists() and not (inst / "releases" / f".{f_id}.partial" / "site").exists()
+    # unsigned: refused before any upload; --allow-unsigned takes it
+    (forged / signing.SIGNATURE_NAME).unlink()
+    assert_one_error(run(forged), "is not signed", "--allow-unsigned")
+    result = run(forged, "--allow-unsigned")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _current_ok(inst) == f_id
+    # another builder's key: refused until the board is told to trust it (--trust-key)
+    other = tmp_path / "other" / "key"
+    other_pub = signing.public_key(other)
+    signing.sign_bundle(forged, other)
+    assert_one_error(run(forged), "signature does not verify")
+    key_file = tmp_path / "other.pub"
+    key_file.write_text(other_pub + "\n")
+    result = run(forged, "--trust-key", str(key_file))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert other_pub.split()[1] in (inst / "allowed_signers").read_text()

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bmoe_edge import __version__, llama_source
-from bmoe_edge.boards import bundle, profiles, sysroot
+from bmoe_edge.boards import bundle, profiles, signing, sysroot
 from bmoe_edge.boards.checks import BuildChecks, check_build, cmake_flags
 from bmoe_edge.boards.compile import binutil, compile_wheel, compilers, locked
 from bmoe_edge.boards.plan import PROJECT_ROOT, TARGETS, BuildPlan, plan_build
@@ -247,6 +247,7 @@ def build_board(
             wheel=f"{bundle.WHEELS_DIR}/{wheel.name}", dependency_wheels=deps, fixtures=fx, extra=extra,
         )
         bundle.verify_bundle(staging)
+        signing.sign_bundle(staging)
         _replace_dir(staging, plan.bundle_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

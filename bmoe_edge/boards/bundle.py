@@ -3,6 +3,7 @@
 Layout of a bundle directory:
 
     manifest.json            this module's Manifest, as JSON (not listed in itself)
+    manifest.json.sig        the build's OpenSSH signature of manifest.json (boards.signing; not listed)
     wheels/                  the board wheel (bmoe_edge-*-cp311-cp311-linux_aarch64.whl) and the
                              wheels of its runtime dependencies for the board's platform and Python
     launcher/                files from the checkout's deploy/ (bmoe-edge.sh: runs a release)
@@ -34,6 +35,7 @@ from bmoe_edge.llama_source import sha256_file
 
 FORMAT_VERSION = 2                 # 2: the profile is a file of the bundle, not a copy in the manifest
 MANIFEST_NAME = "manifest.json"
+SIGNATURE_NAME = "manifest.json.sig"   # the build's signature of manifest.json (boards.signing), optional
 WHEELS_DIR = "wheels"
 LAUNCHER_DIR = "launcher"
 FIXTURES_DIR = "fixtures"
@@ -300,7 +302,7 @@ def verify_bundle(bundle_dir: Path) -> Manifest:
     if not bundle_dir.is_dir():
         raise BmoeError(f"bundle {bundle_dir} is not a directory")
     manifest = load_manifest(bundle_dir)
-    present = set(_walk(bundle_dir)) - {MANIFEST_NAME}
+    present = set(_walk(bundle_dir)) - {MANIFEST_NAME, SIGNATURE_NAME}
     listed = {f.path: f for f in manifest.files}
     unlisted = sorted(present - set(listed))
     if unlisted:

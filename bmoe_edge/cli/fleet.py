@@ -55,9 +55,14 @@ def deploy_cmd(
                                                 "then its connection is closed and it fails.")] = 4 * 3600.0,
     lock_timeout: Annotated[float, typer.Option("--lock-timeout", min=0, help="Seconds to wait for another "
                                                 "deploy or rollback on the same board.")] = 900.0,
+    trust_key: Annotated[Path | None, typer.Option("--trust-key", help="Make the board trust bundles signed by "
+                                                   "this public key (the builder's: ~/.config/bmoe-edge/signing/"
+                                                   "bundle_ed25519.pub).")] = None,
+    allow_unsigned: Annotated[bool, typer.Option("--allow-unsigned", help="Deploy a bundle that is not signed, "
+                                                 "or not by a key the board trusts.")] = False,
 ) -> None:
     """Upload a bundle to boards over SSH, verify it there, install it, switch `current` atomically."""
-    from bmoe_edge.fleet import deploy
+    from bmoe_edge.fleet import deploy, trust
 
     default_host = None
     if not host and inventory is None and (board or bundle_dir):
@@ -71,7 +76,7 @@ def deploy_cmd(
     results = deploy.deploy(bundle_dir, targets, board=board, dist=dist, keep=keep, gates=run_gates,
                             accept_new_host_key=accept_new_host_key, ssh_config=ssh_config, install_dir=install_dir,
                             max_parallel=max_parallel, fail_fast=fail_fast, host_timeout=host_timeout,
-                            lock_timeout=lock_timeout)
+                            lock_timeout=lock_timeout, trust=trust.TrustOptions(trust_key, allow_unsigned))
     _fleet_output(results, as_json)
 
 

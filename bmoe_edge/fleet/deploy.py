@@ -82,12 +82,14 @@ from bmoe_edge.fleet.state import (
     read_state,
 )
 from bmoe_edge.fleet.table import HOST_TIMEOUT, HostResult, run_fleet, stderr_log
+from bmoe_edge.fleet.trust import TrustOptions, check_trust, verify_signature
 from bmoe_edge.fleet.upload import LocalBundle, load_bundle, say, upload, verify_release, verify_site
 
 
 def deploy_host(b: LocalBundle, target: Target, *, options: SshOptions, install_dir: str | None = None,
                 keep: int = KEEP, gates: bool = False, log: Log, hooks: Hooks | None = None,
-                lock_timeout: float = LOCK_TIMEOUT, health: bool = True) -> HostResult:
+                lock_timeout: float = LOCK_TIMEOUT, health: bool = True,
+                trust: TrustOptions | None = None) -> HostResult:
     m = b.manifest
     hooks = hooks or {}
     started = time.monotonic()
@@ -105,7 +107,7 @@ def deploy_host(b: LocalBundle, target: Target, *, options: SshOptions, install_
             if "locked" in hooks:
                 hooks["locked"](layout.install_dir)
             state = _deploy_locked(board, b, layout, result, keep=keep, gates=gates, log=log, hooks=hooks,
-                                   health=health)
+                                   health=health, trust=trust)
     result.ok = True
     result.bundle_id = m.bundle_id
     result.deployed_at = now()
@@ -115,10 +117,11 @@ def deploy_host(b: LocalBundle, target: Target, *, options: SshOptions, install_
 
 
 def _deploy_locked(board: Board, b: LocalBundle, layout: Layout, result: HostResult, *, keep: int, gates: bool,
-                   log: Log, hooks: Hooks, health: bool) -> dict[str, Any]:
+                   log: Log, hooks: Hooks, health: bool, trust: TrustOptions | None) -> dict[str, Any]:
     """The deploy, holding the board lock: `releases/` and `current` are read here, not before."""
     m = b.manifest
     releases = list_releases(board, layout, create=True)
+    check_signature = check_trust(board, layout, b, trust or TrustOptions(), log)
     previous = releases.current
     final = layout.release(m.bundle_id)
     state = read_state(board, layout)
@@ -127,8 +130,10 @@ def _deploy_locked(board: Board, b: LocalBundle, layout: Layout, result: HostRes
         result.files = len(m.files) + 1
         result.files_present = result.files
         try:
-            verify_release(board, final, m, b.manifest_sha)
+            verify_release(board, final, m, b.manifest_sha, b.signature_sha)
             verify_site(board, final, b.site_sha256)
+            if check_signature:
+                verify_signature(board, layout, final)
         except BmoeError as exc:
             if releases.current == m.bundle_id:
                 raise BmoeError(f"{exc} (it is the current release: `bmoe-edge rollback` first, then deploy "
@@ -140,6 +145,8 @@ def _deploy_locked(board: Board, b: LocalBundle, layout: Layout, result: HostRes
     gate_record = None
     if m.bundle_id not in releases.complete:
         upload(board, b, layout, releases, result, log, hooks)
+        if check_signature:    # before anything of it runs
+            verify_signature(board, layout, layout.partial(m.bundle_id))
         install(board, b, layout, log)
         if gates:    # from the partial: a release is stamped complete only once its gates passed
             gate_record = _gates(board, layout.partial(m.bundle_id), m.bundle_id, previous, log)
@@ -151,7 +158,7 @@ def _deploy_locked(board: Board, b: LocalBundle, layout: Layout, result: HostRes
     if "before_switch" in hooks:
         hooks["before_switch"](final)
     try:
-        verify_release(board, final, m, b.manifest_sha)
+        verify_release(board, final, m, b.manifest_sha, b.signature_sha)
     except BmoeError:
         if releases.current != m.bundle_id:
             board.sh(DEMOTE, final, layout.partial(m.bundle_id), what="reopening the release")
@@ -251,6 +258,7 @@ def deploy(
     lock_timeout: float = LOCK_TIMEOUT,
     keepalive: float = remote.KEEPALIVE,
     health: bool = True,
+    trust: TrustOptions | None = None,
 ) -> list[HostResult]:
     """Deploy a bundle (or each host's board's bundle under `dist/`) to every host, in parallel.
 
@@ -294,7 +302,8 @@ def deploy(
 
     def work(target: Target) -> HostResult:
         return deploy_host(bundle_for(target), target, options=options, install_dir=install_dir, keep=keep,
-                           gates=gates, log=log, hooks=hooks, lock_timeout=lock_timeout, health=health)
+                           gates=gates, log=log, hooks=hooks, lock_timeout=lock_timeout, health=health,
+                           trust=trust)
 
     return run_fleet(targets, work, max_parallel=max_parallel, fail_fast=fail_fast, host_timeout=host_timeout,
                      what="deploy")

@@ -39,3 +39,4 @@ CONFIG_HOME = _load("config_home.sh")  # prints ${XDG_CONFIG_HOME:-$HOME/.config
 MODEL_PART = _load("model_part.sh")     # $1 dest, $2 part, $3 n: sha of dest, size and prefix sha of part
 MODEL_APPEND = _load("model_append.sh")  # $1 part, $2 bytes kept; stdin appended
 MODEL_COMMIT = _load("model_commit.sh")  # $1 part, $2 dest, $3 sha256: verify, rename over dest
+SIG_VERIFY = _load("sig_verify.sh")    # $1 allowed_signers, $2 release dir: ssh-keygen -Y verify its manifest

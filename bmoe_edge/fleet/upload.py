@@ -45,19 +45,23 @@ def scan_release(board: Board, rel: str) -> tuple[str | None, list[str]]:
     return None, [p[2:] if p.startswith("./") else p for p in parts]
 
 
-def expected_files(manifest: bundle.Manifest, manifest_sha: str) -> dict[str, str]:
+def expected_files(manifest: bundle.Manifest, manifest_sha: str, signature_sha: str | None = None) -> dict[str, str]:
     files = {f.path: f.sha256 for f in manifest.files}
     files[bundle.MANIFEST_NAME] = manifest_sha
+    if signature_sha is not None:
+        files[bundle.SIGNATURE_NAME] = signature_sha
     return files
 
 
-def verify_release(board: Board, rel: str, manifest: bundle.Manifest, manifest_sha: str) -> None:
-    """Every file of the release on the board has the bundle's sha256; no symlink, nothing unlisted."""
-    expected = expected_files(manifest, manifest_sha)
+def verify_release(board: Board, rel: str, manifest: bundle.Manifest, manifest_sha: str,
+                   signature_sha: str | None = None) -> None:
+    """Every file of the release on the board has the bundle's sha256; no symlink, nothing unlisted
+    (the signature, when not given, may be there: it is checked against allowed_signers instead)."""
+    expected = expected_files(manifest, manifest_sha, signature_sha)
     link, present = scan_release(board, rel)
     if link is not None:
         raise BmoeError(f"{board.label}: {rel} contains a symlink ({link!r}): refusing it")
-    unlisted = sorted(set(present) - set(expected) - set(MARKS))
+    unlisted = sorted(set(present) - set(expected) - set(MARKS) - {bundle.SIGNATURE_NAME})
     if unlisted:
         raise BmoeError(f"{board.label}: {rel} holds {unlisted[0]!r}, which is not in the bundle: refusing it")
     hashes = hash_remote(board, rel, list(expected), f"verifying {rel}")
@@ -117,6 +121,7 @@ class LocalBundle:
     manifest: bundle.Manifest
     manifest_sha: str
     profile: BoardProfile     # its resolved profile (profile/<board>.yaml): login and emulation facts
+    signature_sha: str | None = None   # sha256 of manifest.json.sig, when the bundle is signed
     _site: str | None = None
 
     @property
@@ -135,7 +140,7 @@ def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, res
             hooks: Hooks) -> None:
     m = b.manifest
     partial = layout.partial(m.bundle_id)
-    expected = expected_files(m, b.manifest_sha)
+    expected = expected_files(m, b.manifest_sha, b.signature_sha)
     board.sh("mkdir -p -- \"$1\"", partial, what=f"creating {partial}")
     link, present = scan_release(board, partial)
     if link is not None:
@@ -151,8 +156,10 @@ def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, res
     # files another release on the board already has: copy them there instead of uploading
     sizes = {f.path: f.size for f in m.files}
     sizes[bundle.MANIFEST_NAME] = (b.dir / bundle.MANIFEST_NAME).stat().st_size
+    if b.signature_sha is not None:
+        sizes[bundle.SIGNATURE_NAME] = (b.dir / bundle.SIGNATURE_NAME).stat().st_size
     copies: dict[str, list[str]] = {}
-    remaining = [p for p in missing if p != bundle.MANIFEST_NAME]
+    remaining = [p for p in missing if p not in (bundle.MANIFEST_NAME, bundle.SIGNATURE_NAME)]
     newest_first = releases.newest_first()
     sources = [r for r in ([releases.current] if releases.current in releases.complete else [])
                + [r for r in newest_first if r != releases.current] if r != m.bundle_id]
@@ -192,12 +199,14 @@ def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, res
     if "uploaded" in hooks:
         hooks["uploaded"](partial)
     say(log, board.label, f"verifying {len(paths)} files on the board (sha256sum)")
-    verify_release(board, partial, m, b.manifest_sha)
+    verify_release(board, partial, m, b.manifest_sha, b.signature_sha)
 
 
 def load_bundle(bundle_dir: Path) -> LocalBundle:
     manifest = bundle.verify_bundle(bundle_dir)
     remote.check_name(manifest.bundle_id, "bundle id")
     remote.check_name(manifest.board, "board")
+    sig = Path(bundle_dir) / bundle.SIGNATURE_NAME
     return LocalBundle(Path(bundle_dir), manifest, bundle.sha256_file(Path(bundle_dir) / bundle.MANIFEST_NAME),
-                       bundle_profile(bundle_dir, manifest))
+                       bundle_profile(bundle_dir, manifest),
+                       bundle.sha256_file(sig) if sig.is_file() and not sig.is_symlink() else None)
