@@ -129,11 +129,12 @@ def _deploy_locked(board: Board, b: LocalBundle, layout: Layout, result: HostRes
         say(log, board.label, f"{m.bundle_id} is already on the board: verifying it")
         result.files = len(m.files) + 1
         result.files_present = result.files
+        if check_signature:     # this bundle's signature (it may be newer than the one the release has)
+            board.put(b.dir / bundle.SIGNATURE_NAME, f"{final}/{bundle.SIGNATURE_NAME}")
+            verify_signature(board, layout, final)
         try:
-            verify_release(board, final, m, b.manifest_sha, b.signature_sha)
+            verify_release(board, final, m, b.manifest_sha)
             verify_site(board, final, b.site_sha256)
-            if check_signature:
-                verify_signature(board, layout, final)
         except BmoeError as exc:
             if releases.current == m.bundle_id:
                 raise BmoeError(f"{exc} (it is the current release: `bmoe-edge rollback` first, then deploy "
@@ -158,7 +159,7 @@ def _deploy_locked(board: Board, b: LocalBundle, layout: Layout, result: HostRes
     if "before_switch" in hooks:
         hooks["before_switch"](final)
     try:
-        verify_release(board, final, m, b.manifest_sha, b.signature_sha)
+        verify_release(board, final, m, b.manifest_sha)
     except BmoeError:
         if releases.current != m.bundle_id:
             board.sh(DEMOTE, final, layout.partial(m.bundle_id), what="reopening the release")
