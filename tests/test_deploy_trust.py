@@ -24,6 +24,12 @@ import time
 from pathlib import Path
 
 import pytest
+
+from bmoe_edge.boards import bundle, signing
+from bmoe_edge.errors import BmoeError
+from bmoe_edge.fleet import deploy, emulated_board, lock, remote, table
+from bmoe_edge.fleet import state as board_state
+from conftest import run_cli
 from test_deploy import (  # noqa: F401 - fixtures shared with the deploy tests
     _env,
     changed_bundle,
@@ -35,12 +41,6 @@ from test_deploy import (  # noqa: F401 - fixtures shared with the deploy tests
     bundle_b,
     dist,
 )
-
-from bmoe_edge.boards import bundle, signing
-from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet import deploy, emulated_board, lock, remote, table
-from bmoe_edge.fleet import state as board_state
-from conftest import run_cli
 
 HOSTILE = "a\"b $(touch /tmp/pwned-bmoe) `id` \n c 'q' ; \\ end \\\\n %s %% ${HOME} \t\r\n\x01 é ✓ "
 
