@@ -304,7 +304,7 @@ def test_failed_health_check_rolls_back_and_the_release_is_never_picked_again(bo
     assert r.ok, r.error
 
     def break_it(release: str) -> None:    # after the switch: the new release no longer starts
-        (Path(release) / "site" / "bmoe_edge" / "__init__.py").unlink()
+        shutil.rmtree(Path(release) / "site" / "bmoe_edge")
 
     [r] = deploy.deploy(bundle_b, [target], ssh_config=b.ssh_config, install_dir=str(inst), log=lambda _m: None,
                         hooks={"after_switch": break_it})
