@@ -75,10 +75,29 @@ def commit(board: Board, b: LocalBundle, layout: Layout, releases: Releases, gat
 
 
 def health_check(board: Board, layout: Layout, m: bundle.Manifest, timeout: float = HEALTH_TIMEOUT) -> None:
-    """After a switch: the release `current` points at runs (`current/launcher/bmoe-edge.sh --version`,
-    the link resolved by the launcher itself), within the deadline."""
+    """After a switch, within the deadline: the release `current` points at runs
+    (`current/launcher/bmoe-edge.sh --version`, the link resolved by the launcher itself) and passes one
+    gate cell on its own fixtures (streamed == resident)."""
     check_runs(board, f"{layout.current}/{bundle.LAUNCHER_SCRIPT}", m, {}, "health check of current (--version)",
                timeout=timeout)
+    if not m.fixtures:
+        return
+    cur = layout.current
+    fixtures = f"{cur}/{bundle.FIXTURES_DIR}"
+    result = board.sh(HANGUP, "env", f"BMOE_EDGE_FIXTURES={fixtures}", f"{cur}/{bundle.LAUNCHER_SCRIPT}",
+                      "gates", "--quick", "--json", "--limit", "1", "--fixtures", fixtures,
+                      what="health check of current (one gate cell)", check=False, timeout=timeout, hangup=True)
+    if "No such option: --limit" in result.stderr:
+        return      # a release from before the smoke cell: --version is its health check
+    try:
+        report = json.loads(result.stdout)
+    except ValueError:
+        report = None
+    if result.exited != 0 or not isinstance(report, dict) or report.get("failed") or not report.get("passed"):
+        cell = next((c for c in (report or {}).get("cells", []) if not c.get("passed")), None)
+        why = (cell or {}).get("error") or remote.tail(result.stderr or result.stdout)
+        raise BmoeError(f"{board.label}: health check of current: its gate cell failed (exit {result.exited}): "
+                        f"{why}")
 
 
 def mark_failed(board: Board, rel: str, why: str) -> None:
