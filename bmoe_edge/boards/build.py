@@ -239,6 +239,7 @@ def build_board(
             extra["sysroot"] = {"release": plan.sysroot.release, "arch": plan.sysroot.arch,
                                 "path": str(plan.sysroot.path),
                                 "packages": sysroot.package_versions(plan.sysroot)}
+        extra["site_sha256"] = bundle.site_digest(staging, [f"{bundle.WHEELS_DIR}/{wheel.name}", *deps])
         manifest = bundle.write_manifest(
             staging, board=profile.name, arch=profile.arch, profile=bundle.profile_path(profile.name),
             python=profile.python, glibc_required=checks.glibc_required, needed_libs=checks.needed_libs,

@@ -24,8 +24,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import stat
 import tempfile
+import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
@@ -328,6 +330,24 @@ def verify_bundle(bundle_dir: Path) -> Manifest:
         raise BmoeError(f"bundle {bundle_dir}: bundle_id {manifest.bundle_id} does not match its content "
                         f"({expected}): the manifest was edited")
     return manifest
+
+
+def site_digest(bundle_dir: Path, wheels: Sequence[str]) -> str:
+    """The sha256 of site/ once the bundle's wheels are unpacked (by its launcher: every wheel extracted,
+    in name order), computed by unpacking them the same way: the sha256 of the bytewise-sorted
+    `sha256sum` lines (`<hex>  ./<path>`) of every regular file outside __pycache__/. What deploy's
+    board-side check (bmoe_edge/fleet/sh/site_hash.sh) prints for an intact site/."""
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="bmoe-site-") as tmp:
+        for wheel in sorted(wheels, key=lambda w: posixpath.basename(w).encode()):
+            with zipfile.ZipFile(bundle_dir / wheel) as zf:
+                zf.extractall(tmp)
+        root = Path(tmp)
+        for path in root.rglob("*"):
+            if path.is_file() and not path.is_symlink() and "__pycache__" not in path.relative_to(root).parts:
+                rel = "./" + path.relative_to(root).as_posix()
+                lines.append((rel.encode(), f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {rel}\n"))
+    return hashlib.sha256("".join(text for _key, text in sorted(lines)).encode()).hexdigest()
 
 
 def install_site(bundle_dir: Path, site_dir: Path, manifest: Manifest | None = None) -> Path:

@@ -65,7 +65,8 @@ def rollback_host(target: Target, *, options: SshOptions, board_name: str | None
         raw, manifest = release_manifest(board, rel, "cannot roll back to it")
         say(log, board.label, f"verifying {previous} on the board")
         verify_release(board, rel, manifest, hashlib.sha256(raw).hexdigest())
-        verify_site(board, rel, releases.complete[previous].get("site_sha256"))
+        signed = manifest.extra.get("site_sha256")    # the build's, covered by the signature
+        verify_site(board, rel, signed if isinstance(signed, str) else releases.complete[previous].get("site_sha256"))
         board.sh(SWITCH, layout.install_dir, previous, what="switching current")
         try:
             health_check(board, layout, manifest)

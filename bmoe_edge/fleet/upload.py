@@ -3,11 +3,8 @@ there, the rest uploaded; then every file verified with sha256sum."""
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 import re
-import tempfile
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,22 +69,6 @@ def verify_release(board: Board, rel: str, manifest: bundle.Manifest, manifest_s
             raise BmoeError(f"{board.label}: {path} on the board {state}: refusing the release")
 
 
-def site_digest(bundle_dir: Path, wheels: Sequence[str]) -> str:
-    """What sh/site_hash.sh prints for site/ once the bundle's wheels are unpacked (by its launcher:
-    every wheel extracted in name order): computed here by unpacking them the same way."""
-    lines = []
-    with tempfile.TemporaryDirectory(prefix="bmoe-site-") as tmp:
-        for wheel in sorted(wheels, key=lambda w: posixpath.basename(w).encode()):
-            with zipfile.ZipFile(bundle_dir / wheel) as zf:
-                zf.extractall(tmp)
-        root = Path(tmp)
-        for path in root.rglob("*"):
-            if path.is_file() and not path.is_symlink() and "__pycache__" not in path.relative_to(root).parts:
-                rel = "./" + path.relative_to(root).as_posix()
-                lines.append((rel.encode(), f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {rel}\n"))
-    return hashlib.sha256("".join(text for _key, text in sorted(lines)).encode()).hexdigest()
-
-
 def board_site_digest(board: Board, rel: str) -> str:
     """sha256 of a release's site/ tree on the board (sh/site_hash.sh); BmoeError for a symlink or none."""
     out = board.sh(SITE_HASH, rel, what=f"hashing {rel}/site", timeout=1800).stdout.strip()
@@ -126,9 +107,11 @@ class LocalBundle:
 
     @property
     def site_sha256(self) -> str:
-        """The sha256 of site/ once installed (see site_digest), computed once."""
+        """The sha256 of site/ once installed: the manifest's (the build writes it, the signature covers
+        it), else computed from the wheels (bundle.site_digest), once."""
         if self._site is None:
-            self._site = site_digest(self.dir, self.manifest.wheels)
+            signed = self.manifest.extra.get("site_sha256")
+            self._site = signed if isinstance(signed, str) else bundle.site_digest(self.dir, self.manifest.wheels)
         return self._site
 
 
