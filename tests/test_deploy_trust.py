@@ -235,6 +235,24 @@ def test_unit_is_off_the_boot_path_and_sandboxed() -> None:
     assert "@" not in text.replace("generate@", "").replace("%i", "")
 
 
+def test_wheel_lock_pins_dependency_wheels_by_hash(tmp_path: Path) -> None:
+    from bmoe_edge.boards import build
+
+    lock_file = tmp_path / build.WHEEL_LOCK
+    wheels = [tmp_path / "typer-0.12.3-py3-none-any.whl", tmp_path / "PyYAML-6.0.2-cp311-manylinux.whl"]
+    for i, w in enumerate(wheels):
+        w.write_bytes(b"wheel %d" % i)
+    said: list[str] = []
+    build.check_wheel_lock(lock_file, wheels, said.append)
+    text = lock_file.read_text()
+    assert hashlib.sha256(b"wheel 0").hexdigest() + "  typer-0.12.3-py3-none-any.whl" in text and said
+    build.check_wheel_lock(lock_file, wheels, said.append)       # the same wheels: accepted, nothing written
+    assert lock_file.read_text() == text and len(said) == 1
+    wheels[0].write_bytes(b"a replaced upload")
+    with pytest.raises(BmoeError, match="typer-0.12.3-py3-none-any.whl has sha256 .* pins"):
+        build.check_wheel_lock(lock_file, wheels, said.append)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Slow: a real bundle on emulated boards.
 
