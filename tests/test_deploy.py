@@ -310,8 +310,10 @@ def test_deploy_with_gates_installs_verifies_and_switches(deployed: dict, board,
     m = bundle.load_manifest(bundle_a)
     assert deployed["ok"] and deployed["action"] == "deployed" and deployed["bundle_id"] == m.bundle_id
     assert deployed["gates"]["failed"] == 0 and deployed["gates"]["passed"] >= 10
-    total = sum(f.size for f in m.files) + (bundle_a / "manifest.json").stat().st_size
-    assert deployed["files_uploaded"] == len(m.files) + 1 and deployed["bytes_uploaded"] == total
+    total = sum(f.size for f in m.files) + sum((bundle_a / n).stat().st_size for n in ("manifest.json",
+                                                                                     signing.SIGNATURE_NAME))
+    # every file, the manifest and its signature
+    assert deployed["files_uploaded"] == len(m.files) + 2 and deployed["bytes_uploaded"] == total
     inst = board.install_dir
     assert _release_ok(inst, bundle_a) == m.bundle_id
     assert os.readlink(inst / "current") == f"releases/{m.bundle_id}"
@@ -377,8 +379,8 @@ def test_changed_bundle_moves_one_file_then_rollback(deployed: dict, board, bund
                      "--json", env=_env(lab), timeout=900)
     assert result.returncode == 0, result.stderr
     host = _host(result)
-    # the launcher and the manifest travel; everything else is copied from A on the board
-    assert host["files_uploaded"] == 2 and host["bytes_uploaded"] < 64 * 1024
+    # the launcher, the manifest and its signature travel; everything else is copied from A on the board
+    assert host["files_uploaded"] == 3 and host["bytes_uploaded"] < 64 * 1024
     assert host["files_copied"] == len(b.files) - 1
     assert host["previous"] == a.bundle_id and _release_ok(inst, bundle_b) == b.bundle_id
     assert "BMOE_EDGE_VARIANT=b" in (inst / "current" / bundle.LAUNCHER_SCRIPT).read_text()
