@@ -11,6 +11,7 @@ killed and a frozen board, a board without SFTP, deploys killed at random points
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -29,18 +30,13 @@ from bmoe_edge.boards import bundle, signing
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import deploy, emulated_board, lock, remote, table
 from bmoe_edge.fleet import state as board_state
+
+import test_deploy as shared
 from conftest import run_cli
-from test_deploy import (  # noqa: F401 - fixtures shared with the deploy tests
-    _env,
-    changed_bundle,
-    _host,
-    _release_ok,
-    _tree_with,
-    assert_one_error,
-    bundle_a,
-    bundle_b,
-    dist,
-)
+from test_deploy import _env, _host, _release_ok, assert_one_error, changed_bundle
+
+# the deploy tests' fixtures (a built bundle, a changed one), shared
+bundle_a, bundle_b, dist = shared.bundle_a, shared.bundle_b, shared.dist
 
 HOSTILE = "a\"b $(touch /tmp/pwned-bmoe) `id` \n c 'q' ; \\ end \\\\n %s %% ${HOME} \t\r\n\x01 é ✓ "
 
@@ -67,10 +63,8 @@ def _signal_board(b: emulated_board.EmulatedBoard, sig: int) -> None:
     """The board's sshd and everything it runs (sessions, their commands): a power cut (SIGKILL), a hung
     board (SIGSTOP), or back to life (SIGCONT)."""
     for pid in _descendants(b.pid):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.fixture()
@@ -200,7 +194,7 @@ def test_host_deadline_and_fail_fast(boards) -> None:
 
 
 def test_proxyjump_hops_get_the_same_strict_host_key_policy(boards, tmp_path: Path) -> None:
-    lab_dir, start = boards
+    _lab, start = boards
     jump, inner = start("jump"), start("inner")
     config = tmp_path / "ssh_config"
     known = tmp_path / "known_hosts"
@@ -249,7 +243,7 @@ def test_wheel_lock_pins_dependency_wheels_by_hash(tmp_path: Path) -> None:
     build.check_wheel_lock(lock_file, wheels, said.append)       # the same wheels: accepted, nothing written
     assert lock_file.read_text() == text and len(said) == 1
     wheels[0].write_bytes(b"a replaced upload")
-    with pytest.raises(BmoeError, match="typer-0.12.3-py3-none-any.whl has sha256 .* pins"):
+    with pytest.raises(BmoeError, match=r"typer-0\.12\.3-py3-none-any\.whl has sha256 .* pins"):
         build.check_wheel_lock(lock_file, wheels, said.append)
 
 
@@ -286,7 +280,7 @@ def test_two_deploys_at_once_one_waits_and_current_is_always_valid(boards, bundl
             seen.add(current)
         time.sleep(0.02)
     outs = [p.communicate() for p in procs]
-    for p, (out, err) in zip(procs, outs, strict=True):
+    for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     assert sum("waiting up to" in err and "board lock" in err for _out, err in outs) == 1, [e for _o, e in outs]
     ids = {bundle.load_manifest(x).bundle_id for x in (bundle_a, bundle_b)}

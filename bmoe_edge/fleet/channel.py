@@ -20,6 +20,7 @@ connection.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import re
 import secrets
 import select
@@ -204,16 +205,13 @@ class Liveness:
             if not self.transport.is_active():
                 return
             answered = threading.Event()
-
-            def ask() -> None:
-                try:
-                    self.transport.global_request("keepalive@openssh.com", wait=True)
-                except Exception:   # noqa: BLE001 - a dying transport raises assorted errors
-                    pass
-                answered.set()
-
-            threading.Thread(target=ask, name="bmoe-keepalive-ask", daemon=True).start()
+            threading.Thread(target=self._ask, args=(answered,), name="bmoe-keepalive-ask", daemon=True).start()
             if not answered.wait(self.interval * self.count) and not self.stop.is_set():
                 self.dead = True
                 self.on_dead()
                 return
+
+    def _ask(self, answered: threading.Event) -> None:
+        with contextlib.suppress(Exception):   # a dying transport raises assorted errors
+            self.transport.global_request("keepalive@openssh.com", wait=True)
+        answered.set()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Sequence
-
 from typing import Any
 
 from bmoe_edge.errors import BmoeError
