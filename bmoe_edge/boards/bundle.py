@@ -158,7 +158,7 @@ def scan_files(bundle_dir: Path) -> list[FileEntry]:
     """Size and sha256 of every file in the bundle except the manifest itself."""
     bundle_dir = Path(bundle_dir)
     return [FileEntry(rel, (bundle_dir / rel).stat().st_size, sha256_file(bundle_dir / rel))
-            for rel in _walk(bundle_dir) if rel != MANIFEST_NAME]
+            for rel in _walk(bundle_dir) if rel not in (MANIFEST_NAME, SIGNATURE_NAME)]
 
 
 # ---------------------------------------------------------------------------------------------------
