@@ -474,8 +474,8 @@ def test_push_model_resumes_verifies_and_swaps_by_rename(boards, bundle_a: Path,
     assert proc.stdout is not None
     first_line = proc.stdout.readline()                           # the run record: the model is open
     assert first_line.strip(), proc.stderr.read() if proc.stderr else ""
-    swapped = run_cli("push-model", str(first.with_name("tiny-olmoe-Q8_0-split3-00002-of-00003.gguf")),
-                      "--host", b.target, "--to", str(model), env=env, timeout=300)
+    other = next(p for p in sorted((bundle_a / "fixtures").glob("*.gguf")) if "split" not in p.name and p != qwen)
+    swapped = run_cli("push-model", str(other), "--host", b.target, "--to", str(model), env=env, timeout=300)
     assert swapped.returncode == 0, swapped.stderr
     rest, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-2000:]
