@@ -14,9 +14,7 @@ here=$(cd -P "$(dirname "$0")" && pwd)
 release=${BMOE_EDGE_RELEASE:-$(dirname "$here")}
 job=${1:?usage: bmoe-edge-job.sh JOB_DIR}
 model=$(cat "$job/model")
-prompt=$(cat "$job/prompt.txt"; printf x)
-prompt=${prompt%x}
-set -- generate --board @BOARD@ -m "$model" -p "$prompt" --json --csv "$job/telemetry.csv.new"
+set -- generate --board @BOARD@ -m "$model" --prompt-file "$job/prompt.txt" --json --csv "$job/telemetry.csv.new"
 if [ -f "$job/args" ]; then
   while IFS= read -r arg || [ -n "$arg" ]; do set -- "$@" "$arg"; done < "$job/args"
 fi

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from bmoe_edge.boards import build, bundle, emulate
+from bmoe_edge.boards import build, bundle, emulate, signing
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import deploy, emulated_board, install, onboard, probe, remote
 from bmoe_edge.fleet import state as board_state
@@ -262,6 +262,7 @@ def changed_bundle(src: Path, dest: Path, marker: str) -> Path:
                           compilers=m.compilers, cmake_flags=m.cmake_flags, bmoe_edge_version=m.bmoe_edge_version,
                           wheel=m.wheel, dependency_wheels=m.dependency_wheels, launcher=m.launcher,
                           fixtures=m.fixtures, extra=m.extra)
+    signing.sign_bundle(dest)     # the builder signs it (the tests' builder key, under their XDG_CONFIG_HOME)
     return dest
 
 
@@ -309,8 +310,10 @@ def test_deploy_with_gates_installs_verifies_and_switches(deployed: dict, board,
     m = bundle.load_manifest(bundle_a)
     assert deployed["ok"] and deployed["action"] == "deployed" and deployed["bundle_id"] == m.bundle_id
     assert deployed["gates"]["failed"] == 0 and deployed["gates"]["passed"] >= 10
-    total = sum(f.size for f in m.files) + (bundle_a / "manifest.json").stat().st_size
-    assert deployed["files_uploaded"] == len(m.files) + 1 and deployed["bytes_uploaded"] == total
+    total = sum(f.size for f in m.files) + sum((bundle_a / n).stat().st_size for n in ("manifest.json",
+                                                                                     signing.SIGNATURE_NAME))
+    # every file, the manifest and its signature
+    assert deployed["files_uploaded"] == len(m.files) + 2 and deployed["bytes_uploaded"] == total
     inst = board.install_dir
     assert _release_ok(inst, bundle_a) == m.bundle_id
     assert os.readlink(inst / "current") == f"releases/{m.bundle_id}"
@@ -376,8 +379,8 @@ def test_changed_bundle_moves_one_file_then_rollback(deployed: dict, board, bund
                      "--json", env=_env(lab), timeout=900)
     assert result.returncode == 0, result.stderr
     host = _host(result)
-    # the launcher and the manifest travel; everything else is copied from A on the board
-    assert host["files_uploaded"] == 2 and host["bytes_uploaded"] < 64 * 1024
+    # the launcher, the manifest and its signature travel; everything else is copied from A on the board
+    assert host["files_uploaded"] == 3 and host["bytes_uploaded"] < 64 * 1024
     assert host["files_copied"] == len(b.files) - 1
     assert host["previous"] == a.bundle_id and _release_ok(inst, bundle_b) == b.bundle_id
     assert "BMOE_EDGE_VARIANT=b" in (inst / "current" / bundle.LAUNCHER_SCRIPT).read_text()
@@ -415,7 +418,8 @@ def test_systemd_unit_renders_and_its_execstart_runs_a_job(deployed: dict, board
     inst = board.install_dir
     unit = (inst / "systemd" / board_state.UNIT_NAME).read_text()
     fields = dict(ln.split("=", 1) for ln in unit.splitlines() if "=" in ln and not ln.startswith("#"))
-    assert fields["User"] == "root" and fields["Type"] == "oneshot" and fields["WantedBy"] == "multi-user.target"
+    assert fields["User"] == "root" and fields["Type"] == "exec" and fields["WantedBy"] == "multi-user.target"
+    assert fields["MemoryMax"].endswith("M") and fields["ProtectSystem"] == "strict"
     job = inst / "jobs" / "hello"
     job.mkdir(parents=True)
     prompt = "The quick brown fox\njumps over 'the' \"lazy\" $(dog)\n"
@@ -550,11 +554,11 @@ def test_killed_deploy_leaves_current_valid_and_a_rerun_finishes(deployed: dict,
         assert not (inst / "current").exists() and partial.is_dir() and not (partial / "site").exists()
     else:
         assert _release_ok(inst, bundle_a) == a_id
-    if stage == "gates":   # the gates left on the board stop with the connection
+    if stage in ("install", "gates"):   # what ran on the board for the deploy stops with the connection
         deadline = time.monotonic() + 30
-        while _processes_mentioning(f"{inst}/releases/{b_id}/fixtures") and time.monotonic() < deadline:
+        while _processes_mentioning(str(partial)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not _processes_mentioning(f"{inst}/releases/{b_id}/fixtures")
+        assert not _processes_mentioning(str(partial))
     result = run_cli("deploy", "--bundle", str(new), "--host", board.target, "--install-dir", str(inst), "--json",
                      env=_env(lab), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -562,7 +566,7 @@ def test_killed_deploy_leaves_current_valid_and_a_rerun_finishes(deployed: dict,
     if stage == "upload":
         assert host["files_present"] >= 3     # resumed, not restarted (the file being written is sent again)
     if stage == "gates":
-        assert host["files_uploaded"] == 0     # the release was complete: only verified and switched
+        assert host["files_uploaded"] == 0     # the partial was complete: installed again and switched
     assert _release_ok(inst, new) == new_id
     assert not partial.exists()
 

@@ -295,12 +295,12 @@ def test_tune_host_measures_the_board_and_writes_the_profile_here_and_there(
     # there by hand (no --board: the deployed release's board) starts from the tuned values
     assert board_file.read_text() == local.read_text()
     with remote.Board(remote.parse_target(b.target), remote.SshOptions(ssh_config=lab / "ssh_config")) as conn:
-        again = conn.run(remote.env_command({}, [f"{b.install_dir}/bin/bmoe-edge", "tune", "--quick", "--no-write",
-                                                 "--json"]), what="tune on the board", timeout=600)
+        again = conn.sh('exec "$@"', f"{b.install_dir}/bin/bmoe-edge", "tune", "--quick", "--no-write", "--json",
+                        what="tune on the board", timeout=600)
         # `generate` with no --board there runs with the tuned engine settings (the machine's profile)
         fixture = f"{b.install_dir}/current/fixtures/tiny-qwen3moe-Q8_0.gguf"
-        gen = conn.run(remote.env_command({}, [f"{b.install_dir}/bin/bmoe-edge", "generate", "-m", fixture,
-                                               "-p", "Once", "-n", "1", "--json"]), what="generate", timeout=600)
+        gen = conn.sh('exec "$@"', f"{b.install_dir}/bin/bmoe-edge", "generate", "-m", fixture, "-p", "Once",
+                      "-n", "1", "--json", what="generate", timeout=600)
     on_board = json.loads(again.stdout)
     assert on_board["board"] == "qemu-arm64" and on_board["written"] == []
     for key in TUNED:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bmoe_edge import __version__, llama_source
-from bmoe_edge.boards import bundle, profiles, sysroot
+from bmoe_edge.boards import bundle, profiles, signing, sysroot
 from bmoe_edge.boards.checks import BuildChecks, check_build, cmake_flags
 from bmoe_edge.boards.compile import binutil, compile_wheel, compilers, locked
 from bmoe_edge.boards.plan import PROJECT_ROOT, TARGETS, BuildPlan, plan_build
@@ -73,8 +73,46 @@ def platform_tags(profile: BoardProfile) -> list[str]:
     return tags
 
 
+WHEEL_LOCK = "board-wheels.lock"   # at the top of the checkout: every dependency wheel a build took, by sha256
+
+
+def check_wheel_lock(lock: Path, wheels: Sequence[Path], log: Callable[[str], None] = print) -> None:
+    """Dependency wheels pinned by hash: a wheel the lock names must have its sha256 (a wheel replaced
+    on the index or in the cache is refused); a wheel it does not name yet is added (the lock is
+    written, to be committed). Lines: `<sha256>  <wheel file name>`."""
+    pinned: dict[str, str] = {}
+    if lock.is_file():
+        for n, line in enumerate(lock.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip() and not line.startswith("#"):
+                digest, _, name = line.partition("  ")
+                if len(digest) != 64 or not name:
+                    raise BmoeError(f"{lock}, line {n}: expected `<sha256>  <wheel>`")
+                pinned[name.strip()] = digest
+    added = []
+    for wheel in wheels:
+        digest = llama_source.sha256_file(wheel)
+        if wheel.name not in pinned:
+            pinned[wheel.name] = digest
+            added.append(wheel.name)
+        elif pinned[wheel.name] != digest:
+            raise BmoeError(f"dependency wheel {wheel.name} has sha256 {digest[:16]}..., {lock.name} pins "
+                            f"{pinned[wheel.name][:16]}...: refusing it (a changed upload or a tampered cache; "
+                            f"delete the wheel from {wheel.parent} to fetch it again)")
+    if added:
+        lock.write_text("# Dependency wheels of board bundles, pinned by sha256 (written by `bmoe-edge build`).\n"
+                        + "".join(f"{d}  {n}\n" for n, d in sorted(pinned.items())), encoding="utf-8")
+        log(f"{lock.name}: pinned {', '.join(added)}")
+
+
 def dependency_wheels(profile: BoardProfile, log: Callable[[str], None] = print) -> list[Path]:
-    """The board's runtime-dependency wheels (cached by requirement set, platform and Python)."""
+    """The board's runtime-dependency wheels (cached by requirement set, platform and Python), each
+    checked against (or added to) the wheel lock."""
+    wheels = _download_wheels(profile, log)
+    check_wheel_lock(PROJECT_ROOT / WHEEL_LOCK, wheels, log)
+    return wheels
+
+
+def _download_wheels(profile: BoardProfile, log: Callable[[str], None] = print) -> list[Path]:
     py = profile.python.replace(".", "")
     requirements = runtime_requirements()
     constraints = _constraints()
@@ -239,6 +277,7 @@ def build_board(
             extra["sysroot"] = {"release": plan.sysroot.release, "arch": plan.sysroot.arch,
                                 "path": str(plan.sysroot.path),
                                 "packages": sysroot.package_versions(plan.sysroot)}
+        extra["site_sha256"] = bundle.site_digest(staging, [f"{bundle.WHEELS_DIR}/{wheel.name}", *deps])
         manifest = bundle.write_manifest(
             staging, board=profile.name, arch=profile.arch, profile=bundle.profile_path(profile.name),
             python=profile.python, glibc_required=checks.glibc_required, needed_libs=checks.needed_libs,
@@ -247,6 +286,7 @@ def build_board(
             wheel=f"{bundle.WHEELS_DIR}/{wheel.name}", dependency_wheels=deps, fixtures=fx, extra=extra,
         )
         bundle.verify_bundle(staging)
+        signing.sign_bundle(staging)
         _replace_dir(staging, plan.bundle_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

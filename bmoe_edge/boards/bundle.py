@@ -3,6 +3,7 @@
 Layout of a bundle directory:
 
     manifest.json            this module's Manifest, as JSON (not listed in itself)
+    manifest.json.sig        the build's OpenSSH signature of manifest.json (boards.signing; not listed)
     wheels/                  the board wheel (bmoe_edge-*-cp311-cp311-linux_aarch64.whl) and the
                              wheels of its runtime dependencies for the board's platform and Python
     launcher/                files from the checkout's deploy/ (bmoe-edge.sh: runs a release)
@@ -23,8 +24,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import stat
 import tempfile
+import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
@@ -34,6 +37,7 @@ from bmoe_edge.llama_source import sha256_file
 
 FORMAT_VERSION = 2                 # 2: the profile is a file of the bundle, not a copy in the manifest
 MANIFEST_NAME = "manifest.json"
+SIGNATURE_NAME = "manifest.json.sig"   # the build's signature of manifest.json (boards.signing), optional
 WHEELS_DIR = "wheels"
 LAUNCHER_DIR = "launcher"
 FIXTURES_DIR = "fixtures"
@@ -154,7 +158,7 @@ def scan_files(bundle_dir: Path) -> list[FileEntry]:
     """Size and sha256 of every file in the bundle except the manifest itself."""
     bundle_dir = Path(bundle_dir)
     return [FileEntry(rel, (bundle_dir / rel).stat().st_size, sha256_file(bundle_dir / rel))
-            for rel in _walk(bundle_dir) if rel != MANIFEST_NAME]
+            for rel in _walk(bundle_dir) if rel not in (MANIFEST_NAME, SIGNATURE_NAME)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -300,7 +304,7 @@ def verify_bundle(bundle_dir: Path) -> Manifest:
     if not bundle_dir.is_dir():
         raise BmoeError(f"bundle {bundle_dir} is not a directory")
     manifest = load_manifest(bundle_dir)
-    present = set(_walk(bundle_dir)) - {MANIFEST_NAME}
+    present = set(_walk(bundle_dir)) - {MANIFEST_NAME, SIGNATURE_NAME}
     listed = {f.path: f for f in manifest.files}
     unlisted = sorted(present - set(listed))
     if unlisted:
@@ -326,6 +330,24 @@ def verify_bundle(bundle_dir: Path) -> Manifest:
         raise BmoeError(f"bundle {bundle_dir}: bundle_id {manifest.bundle_id} does not match its content "
                         f"({expected}): the manifest was edited")
     return manifest
+
+
+def site_digest(bundle_dir: Path, wheels: Sequence[str]) -> str:
+    """The sha256 of site/ once the bundle's wheels are unpacked (by its launcher: every wheel extracted,
+    in name order), computed by unpacking them the same way: the sha256 of the bytewise-sorted
+    `sha256sum` lines (`<hex>  ./<path>`) of every regular file outside __pycache__/. What deploy's
+    board-side check (bmoe_edge/fleet/sh/site_hash.sh) prints for an intact site/."""
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="bmoe-site-") as tmp:
+        for wheel in sorted(wheels, key=lambda w: posixpath.basename(w).encode()):
+            with zipfile.ZipFile(bundle_dir / wheel) as zf:
+                zf.extractall(tmp)
+        root = Path(tmp)
+        for path in root.rglob("*"):
+            if path.is_file() and not path.is_symlink() and "__pycache__" not in path.relative_to(root).parts:
+                rel = "./" + path.relative_to(root).as_posix()
+                lines.append((rel.encode(), f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {rel}\n"))
+    return hashlib.sha256("".join(text for _key, text in sorted(lines)).encode()).hexdigest()
 
 
 def install_site(bundle_dir: Path, site_dir: Path, manifest: Manifest | None = None) -> Path:

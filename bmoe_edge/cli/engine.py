@@ -170,7 +170,9 @@ def archs_cmd() -> None:
 @engine_options()
 def generate_cmd(
     model: Annotated[Path, typer.Option("-m", "--model", help="The gguf model (first shard of a split model).")],
-    prompt: Annotated[str, typer.Option("-p", "--prompt")],
+    prompt: Annotated[str | None, typer.Option("-p", "--prompt", help="The prompt text.")] = None,
+    prompt_file: Annotated[Path | None, typer.Option("--prompt-file", help="Read the prompt from this file "
+                                                     "(verbatim, any length).")] = None,
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1)] = 64,
     board: Annotated[str | None, typer.Option("--board", help="Take the defaults from this board profile "
                                               "(default: this machine's: the deployed board's, else host).")] = None,
@@ -196,6 +198,15 @@ def generate_cmd(
 
     With --host, it runs on the board through its current release (-m is a path on the board, the
     deployed board profile gives the defaults) and the tokens stream back as they come."""
+    if (prompt is None) == (prompt_file is None):
+        fail("give the prompt with -p TEXT or --prompt-file FILE (one of them)")
+    if prompt is None:
+        try:
+            prompt = Path(prompt_file).read_text(encoding="utf-8")  # type: ignore[arg-type]
+        except OSError as exc:
+            fail(f"cannot read the prompt file {prompt_file}: {exc.strerror}")
+        except UnicodeDecodeError:
+            fail(f"the prompt file {prompt_file} is not UTF-8 text")
     if host:
         from bmoe_edge.fleet import onboard, remote
 

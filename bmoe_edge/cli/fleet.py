@@ -47,9 +47,22 @@ def deploy_cmd(
     ssh_config: SshConfigOpt = None,
     accept_new_host_key: AcceptNewOpt = False,
     as_json: JsonOpt = False,
+    max_parallel: Annotated[int | None, typer.Option("--max-parallel", min=1, help="Hosts deployed at once "
+                                                     "(default: all, up to 16).")] = None,
+    fail_fast: Annotated[bool, typer.Option("--fail-fast", help="After the first failed host, start no "
+                                            "other (those are reported as skipped).")] = False,
+    host_timeout: Annotated[float, typer.Option("--host-timeout", min=1, help="Seconds a host may take; "
+                                                "then its connection is closed and it fails.")] = 4 * 3600.0,
+    lock_timeout: Annotated[float, typer.Option("--lock-timeout", min=0, help="Seconds to wait for another "
+                                                "deploy or rollback on the same board.")] = 900.0,
+    trust_key: Annotated[Path | None, typer.Option("--trust-key", help="Make the board trust bundles signed by "
+                                                   "this public key (the builder's: ~/.config/bmoe-edge/signing/"
+                                                   "bundle_ed25519.pub).")] = None,
+    allow_unsigned: Annotated[bool, typer.Option("--allow-unsigned", help="Deploy a bundle that is not signed, "
+                                                 "or not by a key the board trusts.")] = False,
 ) -> None:
     """Upload a bundle to boards over SSH, verify it there, install it, switch `current` atomically."""
-    from bmoe_edge.fleet import deploy
+    from bmoe_edge.fleet import deploy, trust
 
     default_host = None
     if not host and inventory is None and (board or bundle_dir):
@@ -61,7 +74,9 @@ def deploy_cmd(
             default_host = f"{ssh.host}:{ssh.port}" if ssh.port else ssh.host
     targets = deploy.resolve_targets(host or [], inventory, board, default_host)
     results = deploy.deploy(bundle_dir, targets, board=board, dist=dist, keep=keep, gates=run_gates,
-                            accept_new_host_key=accept_new_host_key, ssh_config=ssh_config, install_dir=install_dir)
+                            accept_new_host_key=accept_new_host_key, ssh_config=ssh_config, install_dir=install_dir,
+                            max_parallel=max_parallel, fail_fast=fail_fast, host_timeout=host_timeout,
+                            lock_timeout=lock_timeout, trust=trust.TrustOptions(trust_key, allow_unsigned))
     _fleet_output(results, as_json)
 
 
@@ -93,3 +108,26 @@ def _on_boards(name: str, doc: str) -> None:
 _on_boards("rollback", "Switch `current` back to the previous release on the board(s), atomically (after "
            "verifying it).")
 _on_boards("status", "What runs on the board(s): current release, bundle id, board, when deployed, last gate result.")
+
+
+@app.command("push-model")
+def push_model_cmd(
+    model: Annotated[Path, typer.Argument(help="The gguf (the first shard of a split model: all shards go).")],
+    host: HostsOpt = None,
+    inventory: InventoryOpt = None,
+    to: Annotated[str | None, typer.Option("--to", help="Where on the board: a file path, or a directory ending "
+                                           "in / (default: <install_dir>/models/).")] = None,
+    board: Annotated[str | None, typer.Option("--board", help="Profile for the login/install dir defaults.")] = None,
+    install_dir: InstallDirOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
+    as_json: JsonOpt = False,
+    max_parallel: Annotated[int | None, typer.Option("--max-parallel", min=1, help="Hosts at once.")] = None,
+) -> None:
+    """Copy a model to boards resumably, verify its sha256 there, and swap it in by rename."""
+    from bmoe_edge.fleet import deploy, models, remote
+
+    options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+    results = models.push_model(model, deploy.resolve_targets(host or [], inventory, board), options=options, to=to,
+                                board_name=board, install_dir=install_dir, max_parallel=max_parallel)
+    _fleet_output(results, as_json)

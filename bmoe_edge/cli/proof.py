@@ -22,6 +22,8 @@ def gates_cmd(
         help="Use a bundle's fixtures directory (then the quick matrix unless --full).")] = None,
     board: Annotated[str | None, typer.Option("--board", help="Run dist/<board>'s build under qemu (quick).")] = None,
     full: Annotated[bool, typer.Option("--full", help="The whole matrix (with --host or --fixtures).")] = False,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N cells (a smoke check: "
+                                              "deploy's health check runs one).")] = None,
     host: HostOpt = None,
     install_dir: InstallDirOpt = None,
     ssh_config: SshConfigOpt = None,
@@ -47,6 +49,7 @@ def gates_cmd(
         result = emulate.run_bundle(Path("dist") / board, gates.emulated_gate_args(Path("dist") / board, as_json))
         raise typer.Exit(emulate.exit_code(result.returncode))
     cells = gates.quick_matrix() if quick else gates.full_matrix()
+    cells = cells[:limit] if limit else cells
     steps = gates.QUICK_STEPS if quick else gates.STEPS
     results = []
     for result in gates.run_gates(cells, gates.fixture_resolver(fixtures), steps):

@@ -20,29 +20,26 @@ On the board (`<install_dir>`: `--install-dir`, else the inventory's, else the p
 
 A deploy of one host, in order; each step is a one-line BmoeError naming the host when it fails:
 
-1. connect (strict host keys) and **probe** the board: `uname -m`, glibc, and the board's Python run the
-   way the launcher will run it — directly on a real board, through the profile's `exec_wrapper` on
-   an emulated one (qemu-arm64: `qemu-aarch64 -cpu cortex-a76 -L <sysroot> <sysroot>/usr/bin/python3.11`
-   asked for `platform.machine()`, so the emulated board reports aarch64 although its sshd runs on
-   x86_64). Arch, Python and glibc are checked against the manifest **before anything is uploaded**;
-2. check the install dir is writable and has room;
+1. connect (strict host keys, on every ProxyJump hop too) and **probe** the board: `uname -m`, glibc,
+   and the board's Python run the way the launcher will run it — directly on a real board, through the
+   profile's `exec_wrapper` on an emulated one. Arch, Python and glibc are checked against the manifest
+   **before anything is uploaded**;
+2. take the **board lock** (lock.py) and hold it to the end: `releases/`, `current` and state.json are
+   read under it; check the install dir is writable and has room;
 3. **upload** into `releases/.<id>.partial/`, skipping files already there with the right sha256 and
-   copying (on the board) files that another release there already has: a no-change redeploy uploads
-   nothing, a changed launcher uploads one small file;
-4. **verify** every file's sha256 on the board (`sha256sum`), and that the release holds no symlink and
-   no unlisted file;
-5. **install**: `launcher/bmoe-edge.sh --install-site` (the wheels unpacked into site/, no pip, no
-   network), under `flock` so an install left running by a killed deploy and a re-run never overlap;
-   then the release must run (`bmoe-edge.sh --version` reports the bundle's arch and the hook);
-6. stamp it complete and rename `.partial` to `releases/<id>` (the commit point of an upload);
-7. with `--gates`: `gates --quick --json --fixtures <release>/fixtures` from the new release; any failing
-   cell stops here, `current` unchanged;
-8. verify again (nothing changed since step 4), then **switch** `current` atomically
-   (`ln -sfn releases/<id> current.tmp && mv -T current.tmp current`), write state.json, bin/bmoe-edge,
-   the systemd unit and the pointer file, and delete releases beyond `--keep` (never current or previous).
+   copying (on the board) files that another release there already has;
+4. **verify** every file's sha256 on the board, and that the release holds no symlink and no unlisted file;
+5. **install**: `launcher/bmoe-edge.sh --install-site` (stopped with the connection); site/ must hash to
+   what the wheels unpack to, and the release must run (`--version`: the bundle's arch and the hook);
+6. with `--gates`: the quick gates from the partial; any failing cell stops here: never stamped complete;
+7. stamp it complete (with its site/ digest and gate result) and rename it to `releases/<id>`, synced;
+8. verify again, then **switch** `current` atomically and durably (sync, one rename, sync);
+9. **health check** through `current` (`--version`); on failure switch back, mark the release failed;
+10. write state.json (synced), bin/bmoe-edge, the systemd unit and the pointer file, prune.
 
 Killing the command at any point leaves `current` on a complete, verified release (the switch is one
-rename), and running it again finishes the job.
+rename), the lock and everything the deploy ran on the board end with its connection, and running it
+again finishes the job.
 """
 
 
@@ -52,21 +49,47 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bmoe_edge.boards import bundle
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import remote
-from bmoe_edge.fleet.install import gates_record, install, prune, run_gates, write_board_files
+from bmoe_edge.fleet.install import (
+    commit,
+    gates_record,
+    health_check,
+    install,
+    mark_failed,
+    prune,
+    record_failure,
+    run_gates,
+    write_board_files,
+)
+from bmoe_edge.fleet.lock import LOCK_TIMEOUT, board_lock
 from bmoe_edge.fleet.probe import check_facts, probe
 from bmoe_edge.fleet.remote import Board, SshOptions, Target
-from bmoe_edge.fleet.scripts import DEMOTE, SWITCH
-from bmoe_edge.fleet.state import KEEP, Hooks, Layout, Log, list_releases, now, read_gates, read_state
-from bmoe_edge.fleet.table import HostResult, run_fleet, stderr_log
-from bmoe_edge.fleet.upload import LocalBundle, load_bundle, say, upload, verify_release
+from bmoe_edge.fleet.scripts import DEMOTE, REMOVE_IN, SWITCH
+from bmoe_edge.fleet.state import (
+    FAILED,
+    KEEP,
+    Hooks,
+    Layout,
+    Log,
+    Releases,
+    list_releases,
+    now,
+    read_gates,
+    read_state,
+)
+from bmoe_edge.fleet.table import HOST_TIMEOUT, HostResult, run_fleet, stderr_log
+from bmoe_edge.fleet.trust import TrustOptions, check_trust, verify_signature
+from bmoe_edge.fleet.upload import LocalBundle, load_bundle, say, upload, verify_release, verify_site
 
 
 def deploy_host(b: LocalBundle, target: Target, *, options: SshOptions, install_dir: str | None = None,
-                keep: int = KEEP, gates: bool = False, log: Log, hooks: Hooks | None = None) -> HostResult:
+                keep: int = KEEP, gates: bool = False, log: Log, hooks: Hooks | None = None,
+                lock_timeout: float = LOCK_TIMEOUT, health: bool = True,
+                trust: TrustOptions | None = None) -> HostResult:
     m = b.manifest
     hooks = hooks or {}
     started = time.monotonic()
@@ -79,71 +102,129 @@ def deploy_host(b: LocalBundle, target: Target, *, options: SshOptions, install_
         facts = probe(board, m, b.profile.exec_wrapper or ())
         say(log, board.label, f"board: {facts.arch} via {facts.via}; Python {facts.python}; glibc {facts.glibc}")
         check_facts(facts, m, board.label)
-        releases = list_releases(board, layout, create=True)
-        previous = releases.current
-        final = layout.release(m.bundle_id)
-        state = read_state(board, layout)
-        if m.bundle_id in releases.complete:
-            say(log, board.label, f"{m.bundle_id} is already on the board: verifying it")
-            result.files = len(m.files) + 1
-            result.files_present = result.files
-            try:
-                verify_release(board, final, m, b.manifest_sha)
-            except BmoeError as exc:
-                if releases.current == m.bundle_id:
-                    raise BmoeError(f"{exc} (it is the current release: `bmoe-edge rollback` first, then deploy "
-                                    "again to repair it)") from None
-                say(log, board.label, f"{exc}; re-uploading it")
-                board.sh(DEMOTE, final, layout.partial(m.bundle_id), what="reopening the release")
-                releases.complete.pop(m.bundle_id)
-                result.files_present = 0
-        if m.bundle_id not in releases.complete:
-            upload(board, b, layout, releases, result, log, hooks)
-            install(board, b, layout, releases, log)
-        gate_record = None
-        if gates:
-            say(log, board.label, "running the gates on the board (quick matrix) before switching")
-            t0 = time.monotonic()
-            code, out, report = run_gates(board, final)
-            if report is None:
-                raise BmoeError(f"{board.label}: the gates did not run (exit {code}): {remote.tail(out)}")
-            gate_record = gates_record(report, m.bundle_id, quick=True)
-            result.gates = gate_record
-            say(log, board.label, f"gates: {gate_record['passed']} passed, {gate_record['failed']} failed "
-                 f"({time.monotonic() - t0:.0f} s)")
-            if code != 0 or gate_record["failed"]:
-                shown = "; ".join(gate_record["failing"][:3]) or f"exit {code}"
-                more = len(gate_record["failing"]) - 3
-                raise BmoeError(f"{board.label}: gates failed on the board ({gate_record['failed']} of "
-                                f"{gate_record['failed'] + gate_record['passed']} cells): {shown}"
-                                + (f" (and {more} more)" if more > 0 else "")
-                                + f"; `current` left at {previous or 'nothing'}")
-        if "before_switch" in hooks:
-            hooks["before_switch"](final)
-        try:
-            verify_release(board, final, m, b.manifest_sha)
-        except BmoeError:
-            if releases.current != m.bundle_id:
-                board.sh(DEMOTE, final, layout.partial(m.bundle_id), what="reopening the release")
-            raise
-        if releases.current != m.bundle_id:
-            board.sh(SWITCH, layout.install_dir, m.bundle_id, what="switching current")
-            say(log, board.label, f"current -> releases/{m.bundle_id}")
-            result.action = "deployed"
-        else:
-            result.action = "redeployed"
-            previous = state.get("previous") if isinstance(state.get("previous"), str) else None
-            say(log, board.label, f"{m.bundle_id} was already current")
-        write_board_files(board, b, layout, list_releases(board, layout, create=False), previous, gate_record,
-                           state)
-        result.releases = prune(board, layout, keep, m.bundle_id, previous, log)
+        with board_lock(board, layout.install_dir, action=f"deploy of {m.bundle_id}", wait=lock_timeout,
+                        say=lambda text: say(log, board.label, text)):
+            if "locked" in hooks:
+                hooks["locked"](layout.install_dir)
+            state = _deploy_locked(board, b, layout, result, keep=keep, gates=gates, log=log, hooks=hooks,
+                                   health=health, trust=trust)
     result.ok = True
     result.bundle_id = m.bundle_id
-    result.previous = previous
     result.deployed_at = now()
     result.gates = result.gates or (read_gates(state, m.bundle_id))
     result.seconds = time.monotonic() - started
     return result
+
+
+def _deploy_locked(board: Board, b: LocalBundle, layout: Layout, result: HostResult, *, keep: int, gates: bool,
+                   log: Log, hooks: Hooks, health: bool, trust: TrustOptions | None) -> dict[str, Any]:
+    """The deploy, holding the board lock: `releases/` and `current` are read here, not before."""
+    m = b.manifest
+    releases = list_releases(board, layout, create=True)
+    check_signature = check_trust(board, layout, b, trust or TrustOptions(), log)
+    previous = releases.current
+    final = layout.release(m.bundle_id)
+    state = read_state(board, layout)
+    if m.bundle_id in releases.complete:
+        say(log, board.label, f"{m.bundle_id} is already on the board: verifying it")
+        result.files = len(m.files) + 1
+        result.files_present = result.files
+        if check_signature:     # this bundle's signature (it may be newer than the one the release has)
+            board.put(b.dir / bundle.SIGNATURE_NAME, f"{final}/{bundle.SIGNATURE_NAME}")
+            verify_signature(board, layout, final)
+        try:
+            verify_release(board, final, m, b.manifest_sha)
+            verify_site(board, final, b.site_sha256)
+        except BmoeError as exc:
+            if releases.current == m.bundle_id:
+                raise BmoeError(f"{exc} (it is the current release: `bmoe-edge rollback` first, then deploy "
+                                "again to repair it)") from None
+            say(log, board.label, f"{exc}; re-uploading it")
+            board.sh(DEMOTE, final, layout.partial(m.bundle_id), what="reopening the release")
+            releases.complete.pop(m.bundle_id)
+            result.files_present = 0
+    gate_record = None
+    if m.bundle_id not in releases.complete:
+        upload(board, b, layout, releases, result, log, hooks)
+        if check_signature:    # before anything of it runs
+            verify_signature(board, layout, layout.partial(m.bundle_id))
+        install(board, b, layout, log)
+        if gates:    # from the partial: a release is stamped complete only once its gates passed
+            gate_record = _gates(board, layout.partial(m.bundle_id), m.bundle_id, previous, log)
+            result.gates = gate_record
+        commit(board, b, layout, releases, gate_record)
+    elif gates:
+        gate_record = _gates(board, final, m.bundle_id, previous, log)
+        result.gates = gate_record
+    if "before_switch" in hooks:
+        hooks["before_switch"](final)
+    try:
+        verify_release(board, final, m, b.manifest_sha)
+    except BmoeError:
+        if releases.current != m.bundle_id:
+            board.sh(DEMOTE, final, layout.partial(m.bundle_id), what="reopening the release")
+        raise
+    switching = releases.current != m.bundle_id
+    if not switching:
+        previous = state.get("previous") if isinstance(state.get("previous"), str) else None
+    if switching or m.bundle_id in releases.failed:
+        if switching:
+            board.sh(SWITCH, layout.install_dir, m.bundle_id, what="switching current")
+            say(log, board.label, f"current -> releases/{m.bundle_id}")
+        if "after_switch" in hooks:
+            hooks["after_switch"](final)
+        if health:
+            _health_or_undo(board, layout, m, previous, releases, state, log)
+        if m.bundle_id in releases.failed:
+            board.sh(REMOVE_IN, final, FAILED, what="clearing the failed mark")
+        result.action = "deployed"
+    else:
+        result.action = "redeployed"
+        say(log, board.label, f"{m.bundle_id} was already current")
+    result.previous = previous
+    write_board_files(board, b, layout, list_releases(board, layout, create=False), previous, gate_record, state)
+    result.releases = prune(board, layout, keep, m.bundle_id, previous, log)
+    return state
+
+
+def _gates(board: Board, rel: str, bundle_id: str, previous: str | None, log: Log) -> dict[str, Any]:
+    say(log, board.label, "running the gates on the board (quick matrix) before switching")
+    t0 = time.monotonic()
+    code, out, report = run_gates(board, rel)
+    if report is None:
+        raise BmoeError(f"{board.label}: the gates did not run (exit {code}): {remote.tail(out)}")
+    record = gates_record(report, bundle_id, quick=True)
+    say(log, board.label, f"gates: {record['passed']} passed, {record['failed']} failed "
+         f"({time.monotonic() - t0:.0f} s)")
+    if code != 0 or record["failed"]:
+        shown = "; ".join(record["failing"][:3]) or f"exit {code}"
+        more = len(record["failing"]) - 3
+        raise BmoeError(f"{board.label}: gates failed on the board ({record['failed']} of "
+                        f"{record['failed'] + record['passed']} cells): {shown}"
+                        + (f" (and {more} more)" if more > 0 else "")
+                        + f"; `current` left at {previous or 'nothing'}")
+    return record
+
+
+def _health_or_undo(board: Board, layout: Layout, m: bundle.Manifest, previous: str | None, releases: Releases,
+                    state: dict[str, Any], log: Log) -> None:
+    """The smoke check after the switch; on failure `current` goes back to the release it replaced (when
+    that one is not itself marked failed), the new one is marked failed, and the deploy fails."""
+    try:
+        health_check(board, layout, m)
+        return
+    except BmoeError as exc:
+        why = str(exc).removeprefix(f"{board.label}: ")
+    mark_failed(board, layout.release(m.bundle_id), why)
+    record_failure(board, layout, state, m.bundle_id, why)
+    back = previous if previous and previous != m.bundle_id and previous not in releases.failed else None
+    if back is None:
+        raise BmoeError(f"{board.label}: health check failed after the switch ({why}); no earlier good release "
+                        f"to go back to: {m.bundle_id} is marked failed")
+    board.sh(SWITCH, layout.install_dir, back, what="switching current back")
+    say(log, board.label, f"health check failed: current -> releases/{back} again")
+    raise BmoeError(f"{board.label}: health check failed after the switch ({why}); rolled back to {back}, "
+                    f"{m.bundle_id} is marked failed")
 
 
 def resolve_targets(hosts: Sequence[str], inventory: Path | None, board: str | None,
@@ -172,16 +253,24 @@ def deploy(
     install_dir: str | None = None,
     log: Log | None = None,
     hooks: Hooks | None = None,
-    jobs: int | None = None,
+    max_parallel: int | None = None,
+    fail_fast: bool = False,
+    host_timeout: float | None = HOST_TIMEOUT,
+    lock_timeout: float = LOCK_TIMEOUT,
+    keepalive: float = remote.KEEPALIVE,
+    health: bool = True,
+    trust: TrustOptions | None = None,
 ) -> list[HostResult]:
     """Deploy a bundle (or each host's board's bundle under `dist/`) to every host, in parallel.
 
-    A host's failure is its HostResult (ok False, error set); it never stops the others.
+    A host's failure is its HostResult (ok False, error set); it never stops the others (with
+    `fail_fast`, hosts not started yet are skipped). A host still at work after `host_timeout` seconds
+    has its connections closed and fails with a deadline error.
     """
     if keep < 1:
         raise BmoeError(f"--keep must be at least 1 (got {keep})")
     log = log or stderr_log()
-    options = SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+    options = SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key, keepalive=keepalive)
     targets = [remote.parse_target(h, board=board) if isinstance(h, str) else h for h in hosts]
     if not targets:
         raise BmoeError("no host to deploy to")
@@ -199,7 +288,9 @@ def deploy(
                     if not (path / bundle.MANIFEST_NAME).is_file():
                         raise BmoeError(f"no bundle in {path}: build it with `bmoe-edge build --board "
                                         f"{name or '<board>'}`")
-                    bundles[path] = load_bundle(path)
+                    loaded = load_bundle(path)
+                    _ = loaded.site_sha256      # once, here (it unpacks the wheels)
+                    bundles[path] = loaded
                 except BmoeError as exc:
                     bundles[path] = exc
             found = bundles[path]
@@ -212,6 +303,8 @@ def deploy(
 
     def work(target: Target) -> HostResult:
         return deploy_host(bundle_for(target), target, options=options, install_dir=install_dir, keep=keep,
-                           gates=gates, log=log, hooks=hooks)
+                           gates=gates, log=log, hooks=hooks, lock_timeout=lock_timeout, health=health,
+                           trust=trust)
 
-    return run_fleet(targets, work, jobs=jobs, what="deploy")
+    return run_fleet(targets, work, max_parallel=max_parallel, fail_fast=fail_fast, host_timeout=host_timeout,
+                     what="deploy")

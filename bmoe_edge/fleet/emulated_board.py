@@ -14,10 +14,13 @@ A *lab* directory holds what every client needs and one directory per board:
     <lab>/ssh_config                       for clients: IdentityFile + UserKnownHostsFile (pass it with
                                            --ssh-config or $BMOE_EDGE_SSH_CONFIG; ~/.ssh is not touched)
     <lab>/boards/<name>/                   sshd_config, ssh_host_ed25519_key, sshd.log, board.json (pid, port)
-    <lab>/boards/<name>/home/              $XDG_CONFIG_HOME of the board's sessions (its ~/.config)
+    <lab>/boards/<name>/home/              .config and .cache of the board's sessions ($XDG_CONFIG_HOME,
+                                           $XDG_CACHE_HOME)
 
 sshd runs as the current user (root here: `/run/sshd` must exist, it is created when missing), with
-`StrictModes no`, no passwords, no PAM. `read_only=[dirs]` starts it in a private mount namespace
+`StrictModes yes` (the lab's authorized key is read by `AuthorizedKeysCommand /usr/bin/cat …`, so the
+lab may live under /tmp; its directories must be private, 0700, and the current user's), no passwords,
+no PAM. `read_only=[dirs]` starts it in a private mount namespace
 (`unshare --mount`) where those directories are bind-mounted read-only: a board whose install dir
 cannot be written, without changing anything outside that namespace (needs root / CAP_SYS_ADMIN).
 
@@ -34,6 +37,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -44,6 +48,7 @@ from pathlib import Path
 from bmoe_edge.errors import BmoeError
 
 SSHD = "/usr/sbin/sshd"
+CAT = "/usr/bin/cat"
 HOST = "127.0.0.1"
 STATE = "board.json"
 
@@ -110,9 +115,19 @@ def _keygen(path: Path, comment: str) -> None:
                    check=True, capture_output=True)
 
 
+def _private_dir(path: Path) -> None:
+    """Create `path` (0700) or check an existing one is ours and private: keys are never taken from a
+    directory someone else could have written."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise BmoeError(f"lab directory {path} is not a private directory of yours (0700): use a fresh --lab")
+
+
 def _prepare_lab(lab: Path) -> None:
     ssh = lab / "ssh"
-    ssh.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _private_dir(lab)
+    _private_dir(ssh)
     _keygen(ssh / "id_ed25519", "bmoe-edge emulated board user")
     pub = (ssh / "id_ed25519.pub").read_text()
     if not (ssh / "authorized_keys").is_file() or (ssh / "authorized_keys").read_text() != pub:
@@ -162,16 +177,17 @@ def running(lab: Path, name: str = "board") -> EmulatedBoard | None:
 
 
 def start(lab: Path, name: str = "board", *, port: int | None = None, read_only: Sequence[Path] = (),
-          known: bool = True, timeout: float = 15.0) -> EmulatedBoard:
+          known: bool = True, sftp: bool = True, timeout: float = 15.0) -> EmulatedBoard:
     """Start (or reuse, when already running with the same settings) the sshd of board `name`.
 
-    `known=False` leaves its host key out of the lab's known_hosts (an unknown host to clients).
+    `known=False` leaves its host key out of the lab's known_hosts (an unknown host to clients);
+    `sftp=False` gives it no SFTP subsystem (like a Dropbear-based image).
     """
     lab = Path(lab).absolute()
     if not Path(SSHD).is_file():
         raise BmoeError(f"{SSHD} not found (the emulated board is a real sshd): apt-get install openssh-server")
     existing = running(lab, name)
-    if existing is not None and (port is None or existing.port == port) and not read_only:
+    if existing is not None and (port is None or existing.port == port) and not read_only and sftp:
         if known:
             _write_known_host(existing)
         return existing
@@ -179,6 +195,8 @@ def start(lab: Path, name: str = "board", *, port: int | None = None, read_only:
         stop(lab, name)
     _prepare_lab(lab)
     bdir = board_dir(lab, name)
+    _private_dir(bdir.parent)
+    _private_dir(bdir)
     (bdir / "home" / ".config").mkdir(parents=True, exist_ok=True)
     _keygen(bdir / "ssh_host_ed25519_key", f"bmoe-edge emulated board {name}")
     try:
@@ -195,11 +213,16 @@ def start(lab: Path, name: str = "board", *, port: int | None = None, read_only:
             "# Written by bmoe_edge.fleet.emulated_board: the emulated board's sshd (loopback only).\n"
             f"Port {chosen}\nListenAddress {HOST}\n"
             f"HostKey {bdir / 'ssh_host_ed25519_key'}\nPidFile {bdir / 'sshd.pid'}\n"
-            f"AuthorizedKeysFile {lab / 'ssh' / 'authorized_keys'}\n"
-            "StrictModes no\nPubkeyAuthentication yes\nPasswordAuthentication no\n"
+            # the lab's key, read by a root-owned command: StrictModes stays on, the lab may live under /tmp
+            f"AuthorizedKeysFile none\nAuthorizedKeysCommand {CAT} {lab / 'ssh' / 'authorized_keys'}\n"
+            f"AuthorizedKeysCommandUser {user}\n"
+            "StrictModes yes\nPubkeyAuthentication yes\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nUsePAM no\nUseDNS no\n"
-            "PrintMotd no\nPrintLastLog no\nSubsystem sftp internal-sftp\nMaxStartups 64\nMaxSessions 64\n"
-            f"SetEnv XDG_CONFIG_HOME={bdir / 'home' / '.config'}\nLogLevel INFO\n"
+            "PrintMotd no\nPrintLastLog no\nMaxStartups 64\nMaxSessions 64\n"
+            + ("Subsystem sftp internal-sftp\n" if sftp else "")
+            + "ClientAliveInterval 15\nClientAliveCountMax 3\n"
+            f"SetEnv XDG_CONFIG_HOME={bdir / 'home' / '.config'} XDG_CACHE_HOME={bdir / 'home' / '.cache'}\n"
+            "LogLevel INFO\n"
         )
         argv = [SSHD, "-D", "-f", str(config), "-e"]
         if read_only:

@@ -14,13 +14,16 @@ from bmoe_edge.boards import bundle
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import remote
 from bmoe_edge.fleet.remote import Board
-from bmoe_edge.fleet.scripts import COMMIT, HANGUP, INSTALL, REMOVE_IN
+from bmoe_edge.fleet.scripts import COMMIT, HANGUP, INSTALL, MARK_FAILED, REMOVE_IN
 from bmoe_edge.fleet.state import (
     GATES_TIMEOUT,
+    HEALTH_TIMEOUT,
     INSTALL_TIMEOUT,
+    JOB_RUNTIME_MAX,
     STAMP,
     UNIT_NAME,
     UNIT_TEMPLATE,
+    VERSION_TIMEOUT,
     Layout,
     Log,
     Releases,
@@ -30,29 +33,75 @@ from bmoe_edge.fleet.state import (
     write_pointer,
     write_state,
 )
-from bmoe_edge.fleet.upload import LocalBundle, say
+from bmoe_edge.fleet.upload import LocalBundle, say, verify_site
 
 
-def install(board: Board, b: LocalBundle, layout: Layout, releases: Releases, log: Log) -> None:
-    m = b.manifest
-    partial = layout.partial(m.bundle_id)
-    say(log, board.label, "installing (unpacking the wheels into site/ on the board)")
-    board.sh(INSTALL, layout.lock, partial, what="installing the release (launcher --install-site)",
-             timeout=INSTALL_TIMEOUT)
-    check = board.run(remote.env_command({"BMOE_EDGE_RELEASE": partial}, [f"{partial}/{bundle.LAUNCHER_SCRIPT}",
-                                                                          "--version"]),
-                      what="running the installed release (--version)", check=False, timeout=600)
+def check_runs(board: Board, launcher: str, m: bundle.Manifest, env: dict[str, str], what: str,
+               timeout: float = VERSION_TIMEOUT) -> None:
+    """`launcher --version` on the board reports the bundle's arch (and the hook, when it has one)."""
+    check = board.sh(HANGUP, "env", *(f"{k}={v}" for k, v in env.items()), launcher, "--version",
+                     what=what, check=False, timeout=timeout, hangup=True)
     if check.exited != 0 or f"machine: {m.arch}" not in check.stdout:
         raise BmoeError(f"{board.label}: the installed release does not run on the board (exit {check.exited}): "
                         f"{remote.tail(check.stderr or check.stdout)}")
     if m.extra.get("hook") and "hook: yes" not in check.stdout:
         raise BmoeError(f"{board.label}: the installed release says it has no expert-ready hook")
+
+
+def install(board: Board, b: LocalBundle, layout: Layout, log: Log) -> None:
+    """Unpack the wheels into the partial's site/ (under the board lock; stopped with the connection),
+    check site/ is exactly what the wheels hold and that the release runs."""
+    m = b.manifest
+    partial = layout.partial(m.bundle_id)
+    say(log, board.label, "installing (unpacking the wheels into site/ on the board)")
+    board.sh(INSTALL, partial, what="installing the release (launcher --install-site)", timeout=INSTALL_TIMEOUT,
+             hangup=True)
+    verify_site(board, partial, b.site_sha256)
+    check_runs(board, f"{partial}/{bundle.LAUNCHER_SCRIPT}", m, {"BMOE_EDGE_RELEASE": partial},
+               "running the installed release (--version)")
+
+
+def commit(board: Board, b: LocalBundle, layout: Layout, releases: Releases, gates: dict[str, Any] | None) -> None:
+    """Stamp the checked partial complete (its site/ digest, its gate result) and rename it into place."""
+    m = b.manifest
+    partial = layout.partial(m.bundle_id)
     stamp = {"bundle_id": m.bundle_id, "board": m.board, "arch": m.arch, "installed_at": now(),
-             "files": len(m.files), "bmoe_edge_version": m.bmoe_edge_version}
+             "files": len(m.files), "bmoe_edge_version": m.bmoe_edge_version, "site_sha256": b.site_sha256,
+             "gates": None if gates is None else {k: gates[k] for k in ("passed", "failed", "quick", "at")}}
     board.write_bytes(f"{partial}/{STAMP}", (json.dumps(stamp) + "\n").encode())
     board.sh(COMMIT, partial, layout.release(m.bundle_id),
              layout.release(releases.current) if releases.current else "",
              what="committing the release")
+
+
+def health_check(board: Board, layout: Layout, m: bundle.Manifest, timeout: float = HEALTH_TIMEOUT) -> None:
+    """After a switch, within the deadline: the release `current` points at runs
+    (`current/launcher/bmoe-edge.sh --version`, the link resolved by the launcher itself) and passes one
+    gate cell on its own fixtures (streamed == resident)."""
+    check_runs(board, f"{layout.current}/{bundle.LAUNCHER_SCRIPT}", m, {}, "health check of current (--version)",
+               timeout=timeout)
+    if not m.fixtures:
+        return
+    cur = layout.current
+    fixtures = f"{cur}/{bundle.FIXTURES_DIR}"
+    result = board.sh(HANGUP, "env", f"BMOE_EDGE_FIXTURES={fixtures}", f"{cur}/{bundle.LAUNCHER_SCRIPT}",
+                      "gates", "--quick", "--json", "--limit", "1", "--fixtures", fixtures,
+                      what="health check of current (one gate cell)", check=False, timeout=timeout, hangup=True)
+    if "No such option: --limit" in result.stderr:
+        return      # a release from before the smoke cell: --version is its health check
+    try:
+        report = json.loads(result.stdout)
+    except ValueError:
+        report = None
+    if result.exited != 0 or not isinstance(report, dict) or report.get("failed") or not report.get("passed"):
+        cell = next((c for c in (report or {}).get("cells", []) if not c.get("passed")), None)
+        why = (cell or {}).get("error") or remote.tail(result.stderr or result.stdout)
+        raise BmoeError(f"{board.label}: health check of current: its gate cell failed (exit {result.exited}): "
+                        f"{why}")
+
+
+def mark_failed(board: Board, rel: str, why: str) -> None:
+    board.sh(MARK_FAILED, rel, " ".join(why.split())[:500], what="marking the release failed")
 
 
 def run_gates(board: Board, rel: str, *, full: bool = False, json_out: bool = True,
@@ -62,7 +111,8 @@ def run_gates(board: Board, rel: str, *, full: bool = False, json_out: bool = Tr
             "--fixtures", f"{rel}/{bundle.FIXTURES_DIR}", *(["--json"] if json_out else [])]
     env = release_env(rel)
     result = board.sh(HANGUP, "env", *(f"{k}={v}" for k, v in env.items()), *args, what="running the gates",
-                      check=False, timeout=GATES_TIMEOUT, out=out, err=sys.stderr if out is not None else None)
+                      check=False, timeout=GATES_TIMEOUT, out=out, err=sys.stderr if out is not None else None,
+                      hangup=True)
     report = None
     if json_out:
         with contextlib.suppress(ValueError):
@@ -88,6 +138,7 @@ def write_board_files(board: Board, b: LocalBundle, layout: Layout, releases: Re
     history = state.get("releases") if isinstance(state.get("releases"), dict) else {}
     entry = dict(history.get(m.bundle_id) or {})
     entry["deployed_at"] = at
+    entry.pop("failed", None)    # it passed its health check now
     if gates is not None:
         entry["gates"] = gates
     history[m.bundle_id] = entry
@@ -103,9 +154,20 @@ def write_board_files(board: Board, b: LocalBundle, layout: Layout, releases: Re
     board.write_bytes(f"{layout.install_dir}/bin/bmoe-edge", wrapper_script(layout.install_dir).encode(), 0o755)
     template = b.dir / UNIT_TEMPLATE
     if template.is_file():
-        unit = render_unit(template.read_text(encoding="utf-8"), layout.install_dir, board.conn.user)
+        unit = render_unit(template.read_text(encoding="utf-8"), layout.install_dir, board.conn.user,
+                           ram_mb=b.profile.ram_mb)
         board.write_bytes(f"{layout.install_dir}/systemd/{UNIT_NAME}", unit.encode())
     write_pointer(board, {"install_dir": layout.install_dir, "board": m.board, "bundle_id": m.bundle_id})
+
+
+def record_failure(board: Board, layout: Layout, state: dict[str, Any], bundle_id: str, why: str) -> None:
+    """state.json: the release failed its health check (the rest of the state unchanged)."""
+    history = state.get("releases") if isinstance(state.get("releases"), dict) else {}
+    entry = dict(history.get(bundle_id) or {})
+    entry["failed"] = {"at": now(), "why": why}
+    history[bundle_id] = entry
+    state["releases"] = history
+    write_state(board, layout, state)
 
 
 def wrapper_script(install_dir: str) -> str:
@@ -128,8 +190,15 @@ def systemd_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
 
 
-def render_unit(template: str, install_dir: str, user: str) -> str:
-    return template.replace("@INSTALL_DIR@", systemd_escape(install_dir)).replace("@USER@", systemd_escape(user))
+def memory_max(ram_mb: int) -> str:
+    """The job unit's MemoryMax: the board's RAM less what the OS keeps (an eighth, 256 MiB to 1 GiB)."""
+    return f"{max(64, ram_mb - min(1024, max(256, ram_mb // 8)))}M"
+
+
+def render_unit(template: str, install_dir: str, user: str, *, ram_mb: int = 4096,
+                runtime_max: str = JOB_RUNTIME_MAX) -> str:
+    return (template.replace("@INSTALL_DIR@", systemd_escape(install_dir)).replace("@USER@", systemd_escape(user))
+            .replace("@MEMORY_MAX@", memory_max(ram_mb)).replace("@RUNTIME_MAX@", runtime_max))
 
 
 def prune(board: Board, layout: Layout, keep: int, current: str, previous: str | None, log: Log) -> list[str]:

@@ -10,7 +10,9 @@ from typing import Any
 from bmoe_edge.boards import bundle
 from bmoe_edge.engine.settings import BY_NAME
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.fleet import channel
 from bmoe_edge.fleet.install import gates_record, run_gates
+from bmoe_edge.fleet.lock import board_lock
 from bmoe_edge.fleet.remote import Board, SshOptions, Target
 from bmoe_edge.fleet.scripts import HANGUP
 from bmoe_edge.fleet.state import connect, current_release, read_state, release_env, write_state
@@ -49,8 +51,15 @@ def board_generate(target: Target, model: str, prompt: str, args: Sequence[str],
         _rid, rel, manifest = current_release(board, layout)
         if board_name and board_name != manifest.board:
             raise BmoeError(f"{board.label}: the deployed release is for board {manifest.board}, not {board_name}")
-        result = run_release(board, rel, ["generate", "--board", manifest.board, "-m", model, "-p", prompt, *args],
-                             what="generate", out=out or sys.stdout, err=err or sys.stderr)
+        # the prompt travels as a private file (any length, never on a command line or in `ps`)
+        prompt_file = f"{board.request_dir()}/prompt-{channel.request_name()}"
+        board.write_bytes(prompt_file, prompt.encode("utf-8", "surrogateescape"), 0o600, durable=False)
+        try:
+            result = run_release(board, rel, ["generate", "--board", manifest.board, "-m", model,
+                                              "--prompt-file", prompt_file, *args],
+                                 what="generate", out=out or sys.stdout, err=err or sys.stderr)
+        finally:
+            board.sh('rm -f -- "$1"', prompt_file, what="removing the prompt file", check=False, timeout=60)
         return int(result.exited)
 
 
@@ -61,7 +70,7 @@ def run_release(board: Board, rel: str, args: Sequence[str], *, what: str, timeo
     never raises on the command's own exit code)."""
     env = [f"{k}={v}" for k, v in release_env(rel).items()]
     return board.sh(HANGUP, "env", *env, f"{rel}/{bundle.LAUNCHER_SCRIPT}", *args, what=what, check=False,
-                    timeout=timeout, out=out, err=err)
+                    timeout=timeout, out=out, err=err, hangup=True)
 
 
 def _text_report(text: str) -> dict[str, Any] | None:
@@ -87,15 +96,18 @@ def board_gates(target: Target, *, options: SshOptions, full: bool = False, as_j
         if not as_json:
             report = _text_report(stdout)
         if report is not None:
-            state = read_state(board, layout)
-            if state.get("bundle_id") == rid:
-                record = gates_record(report, rid, quick=not full)
-                if not as_json:
-                    record["failing"] = [c["error"] for c in report.get("cells", [])]
+            record = gates_record(report, rid, quick=not full)
+            if not as_json:
+                record["failing"] = [c["error"] for c in report.get("cells", [])]
+            with board_lock(board, layout.install_dir, action="recording gate results"):
+                state = read_state(board, layout)      # read again under the lock: a deploy may have run
                 history = state.get("releases") if isinstance(state.get("releases"), dict) else {}
-                history.setdefault(rid, {})["gates"] = record
-                state.update(gates=record, releases=history)
-                write_state(board, layout, state)
+                if isinstance(history.get(rid), dict) or state.get("bundle_id") == rid:
+                    history.setdefault(rid, {})["gates"] = record
+                    state["releases"] = history
+                    if state.get("bundle_id") == rid:
+                        state["gates"] = record
+                    write_state(board, layout, state)
         elif code == 0:
             code = 1
         return code, stdout

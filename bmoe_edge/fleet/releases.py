@@ -1,57 +1,81 @@
-"""`bmoe-edge rollback` and `status`: switch `current` back (after verifying it), or report it."""
+"""`bmoe-edge rollback` and `status`: switch `current` back (after verifying it, under the board lock,
+health-checked after), or report it (its site/ verified)."""
 
 from __future__ import annotations
 
 import hashlib
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet.remote import SshOptions, Target
+from bmoe_edge.fleet.install import health_check, mark_failed, record_failure
+from bmoe_edge.fleet.lock import LOCK_TIMEOUT, board_lock
+from bmoe_edge.fleet.remote import Board, SshOptions, Target
 from bmoe_edge.fleet.scripts import SWITCH
 from bmoe_edge.fleet.state import (
-    Install,
+    Layout,
     Log,
+    Releases,
+    connect,
+    list_releases,
     now,
     opened,
     read_gates,
+    read_state,
     release_manifest,
     write_pointer,
     write_state,
 )
 from bmoe_edge.fleet.table import HostResult, run_fleet, stderr_log
-from bmoe_edge.fleet.upload import say, verify_release
+from bmoe_edge.fleet.upload import say, verify_release, verify_site
 
 
-def _previous(install: Install) -> str:
-    """The release to roll back to: the one state.json records, else the newest other complete one."""
-    releases, state = install.releases, install.state
+def _previous(board: Board, layout: Layout, releases: Releases, state: dict[str, Any]) -> str:
+    """The release to roll back to: the one state.json records, else the newest other complete one;
+    never one marked failed."""
     current = releases.current
     previous = state.get("previous") if state.get("bundle_id") == current else None
-    if not isinstance(previous, str) or previous not in releases.complete or previous == current:
-        older = [r for r in releases.newest_first() if r != current]
+    if (not isinstance(previous, str) or previous not in releases.complete or previous == current
+            or previous in releases.failed):
+        older = [r for r in releases.good_newest_first() if r != current]
         previous = older[0] if older else None
     if previous is None:
-        raise BmoeError(f"{install.board.label}: no previous release in {install.layout.install_dir} to roll "
-                        f"back to (current: {current})")
+        failed = sorted(releases.failed - {current})
+        raise BmoeError(f"{board.label}: no previous release in {layout.install_dir} to roll back to "
+                        f"(current: {current}" + (f"; marked failed: {', '.join(failed)}" if failed else "") + ")")
     return previous
 
 
 def rollback_host(target: Target, *, options: SshOptions, board_name: str | None = None,
-                  install_dir: str | None = None, log: Log) -> HostResult:
+                  install_dir: str | None = None, log: Log, lock_timeout: float = LOCK_TIMEOUT) -> HostResult:
     started = time.monotonic()
-    with opened(target, options, board_name, install_dir) as install:
-        board, layout, state = install.board, install.layout, install.state
+    board, layout = connect(target, options, board_name, install_dir)
+    with board, board_lock(board, layout.install_dir, action="rollback", wait=lock_timeout,
+                           say=lambda text: say(log, board.label, text)):
+        releases = list_releases(board, layout, create=False)     # read under the lock
+        state = read_state(board, layout)
         result = HostResult(host=board.label, install_dir=layout.install_dir, action="rolled back")
-        current = install.releases.current
+        current = releases.current
         if current is None:
             raise BmoeError(f"{board.label}: nothing is deployed in {layout.install_dir}")
-        previous = _previous(install)
+        previous = _previous(board, layout, releases, state)
         rel = layout.release(previous)
         raw, manifest = release_manifest(board, rel, "cannot roll back to it")
         say(log, board.label, f"verifying {previous} on the board")
         verify_release(board, rel, manifest, hashlib.sha256(raw).hexdigest())
+        signed = manifest.extra.get("site_sha256")    # the build's, covered by the signature
+        verify_site(board, rel, signed if isinstance(signed, str) else releases.complete[previous].get("site_sha256"))
         board.sh(SWITCH, layout.install_dir, previous, what="switching current")
+        try:
+            health_check(board, layout, manifest)
+        except BmoeError as exc:
+            why = str(exc).removeprefix(f"{board.label}: ")
+            mark_failed(board, rel, why)
+            record_failure(board, layout, state, previous, why)
+            board.sh(SWITCH, layout.install_dir, current, what="switching current back")
+            raise BmoeError(f"{board.label}: health check of {previous} failed after the switch ({why}); "
+                            f"current is {current} again, {previous} is marked failed") from None
         say(log, board.label, f"current -> releases/{previous} (was {current})")
         history = state.get("releases") if isinstance(state.get("releases"), dict) else {}
         entry = dict(history.get(previous) or {})
@@ -94,6 +118,8 @@ def status_host(target: Target, *, options: SshOptions, board_name: str | None =
             result.note = "the current release has no completeness stamp"
         result.gates = read_gates(state, releases.current)
         result.releases = releases.newest_first()
+        if stamp is not None:     # what runs from site/ (on PYTHONPATH) is still what was installed
+            verify_site(install.board, install.layout.release(releases.current), stamp.get("site_sha256"))
     result.ok = True
     result.seconds = time.monotonic() - started
     return result

@@ -8,36 +8,46 @@ No hand-written SSH: every connection is a `fabric.Connection` (paramiko underne
   with `--ssh-config FILE` / `$BMOE_EDGE_SSH_CONFIG` (then only that one, like `ssh -F`). `User`,
   `Port`, `HostName`, `IdentityFile`, `ProxyJump`, `UserKnownHostsFile` and `StrictHostKeyChecking`
   (`accept-new`/`no` = accept unknown keys, never changed ones) are honoured; agent keys are used.
-- **Host keys**: strict by default (fabric's own default is to accept any key). An unknown host is
-  refused with the command that accepts it; `--accept-new-host-key` adds it to the known_hosts file; a
-  changed key is always refused.
-- **Remote commands**: every argument quoted with `shlex.quote`; scripts run as `sh -c SCRIPT sh ARGS…`
-  so paths and prompts are data, never shell code. Expected failures become one-line BmoeErrors naming
-  the host (unreachable, authentication, host key, a failed step with its stderr).
+- **Host keys**: strict by default (fabric's own default is to accept any key), on the board and on
+  every ProxyJump hop (the hops are built here, with the same ssh config and policy). An unknown host
+  is refused with the command that accepts it; `--accept-new-host-key` adds it to the known_hosts
+  file; a changed key is always refused. `@cert-authority`/`@revoked` lines are refused with a message
+  (paramiko would read them as plain keys).
+- **Remote commands** (channel.py): fixed scripts run as `sh -s` with `set -- ARGS…` (each quoted with
+  `shlex.quote`) on stdin, so paths and prompts are data, never shell code, and the login shell never
+  parses them; files travel over exec channels too (no SFTP). Every command has a deadline; a
+  liveness probe closes the connection of a board that stopped answering. Expected failures become
+  one-line BmoeErrors naming the host (unreachable, authentication, host key, a failed step with its
+  stderr, a deadline).
 """
 
 from __future__ import annotations
 
-import codecs
 import contextlib
-import functools
-import io
 import os
 import re
 import shlex
 import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.fleet import channel
+from bmoe_edge.fleet.channel import Result
+from bmoe_edge.fleet.scripts import READ, REQUEST, REQUEST_DIR, WRITE
 
 SSH_CONFIG_ENV = "BMOE_EDGE_SSH_CONFIG"
 CONNECT_TIMEOUT = 15.0
+KEEPALIVE = 15.0          # seconds between liveness probes (ServerAliveInterval)
+KEEPALIVE_COUNT = 3       # unanswered probes before the board counts as dead (ServerAliveCountMax)
+STEP_TIMEOUT = 600.0      # default deadline of one remote step
+MIN_RATE = 256 * 1024     # bytes/s an upload is allowed before its deadline (plus STEP_TIMEOUT)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 _known_hosts_lock = threading.Lock()
+_watch = threading.local()   # the fleet Watch of this worker thread (table.run_fleet), if any
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -169,6 +179,8 @@ class SshOptions:
     ssh_config: Path | None = None       # None: $BMOE_EDGE_SSH_CONFIG, else ~/.ssh/config + /etc/ssh/ssh_config
     accept_new_host_key: bool = False
     connect_timeout: float = CONNECT_TIMEOUT
+    keepalive: float = KEEPALIVE            # 0: no liveness probe
+    keepalive_count: int = KEEPALIVE_COUNT
 
     def config_path(self) -> Path | None:
         if self.ssh_config is not None:
@@ -219,6 +231,64 @@ def _show_home(path: Path) -> str:
     return "~" + text[len(home):] if text == home or text.startswith(home + "/") else text
 
 
+def _known_hosts_files(lookup: Mapping[str, Any]) -> list[Path]:
+    files = str(lookup.get("userknownhostsfile", "~/.ssh/known_hosts")).split()
+    return [Path(os.path.expanduser(f)) for f in files]
+
+
+def _strict(client: Any, lookup: Mapping[str, Any], options: SshOptions) -> list[Path]:
+    """Host keys of an SSH client checked strictly: the known_hosts files (markers refused with a clear
+    message), unknown keys refused (or recorded when accept-new), changed keys always refused."""
+    known = _known_hosts_files(lookup)
+    for f in known:
+        if f.is_file():
+            check_known_hosts(f)
+            try:
+                client.load_host_keys(str(f))
+            except Exception as exc:   # a malformed line
+                raise BmoeError(f"known hosts file {f}: {exc}") from None
+    system = Path("/etc/ssh/ssh_known_hosts")
+    if system.is_file():
+        with contextlib.suppress(Exception):
+            client.load_system_host_keys(str(system))
+    strict = str(lookup.get("stricthostkeychecking", "yes")).lower()
+    accept_new = options.accept_new_host_key or strict in ("accept-new", "no", "off")
+    client.set_missing_host_key_policy(_HostKeyPolicy(accept_new, known[0]))
+    return known
+
+
+def check_known_hosts(path: Path) -> None:
+    """paramiko reads `@cert-authority` and `@revoked` lines as plain keys (a revoked key would be
+    trusted): refuse such a file with what to do instead."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return
+    for n, line in enumerate(lines, 1):
+        word = line.strip().split(" ", 1)[0]
+        if word in ("@cert-authority", "@revoked"):
+            raise BmoeError(f"known hosts file {path}, line {n}: {word} lines are not supported by bmoe-edge's "
+                            "SSH client (host certificates and revocations would be misread): list the boards' "
+                            "host keys in a known_hosts file of their own (`UserKnownHostsFile` in the ssh "
+                            "config for those hosts)")
+
+
+def _jump_chain(spec: str, config: Any, options: SshOptions) -> Any:
+    """The fabric Connection of a ProxyJump chain (`a,b`: through a then b), every hop with the same
+    strict host-key policy and the same ssh config as the board (fabric's own hops accept any key)."""
+    from fabric import Connection
+
+    gateway = None
+    for hop in spec.split(","):
+        t = parse_target(hop.strip().removeprefix("ssh://"))
+        lookup = config.base_ssh_config.lookup(t.host)
+        conn = Connection(t.host, user=t.user, port=t.port, config=config, gateway=gateway,
+                          connect_timeout=int(options.connect_timeout))
+        _strict(conn.client, lookup, options)
+        gateway = conn
+    return gateway
+
+
 class Board:
     """An SSH connection to one board (a fabric Connection with strict host keys), with helpers."""
 
@@ -228,6 +298,8 @@ class Board:
 
         self.target = target
         self.options = options or SshOptions()
+        self.liveness: channel.Liveness | None = None
+        self._request_dir: str | None = None
         path = self.options.config_path()
         if path is not None and not path.is_file():
             raise BmoeError(f"ssh config {path} does not exist")
@@ -235,30 +307,16 @@ class Board:
             config = Config(runtime_ssh_path=str(path)) if path else Config()
         except Exception as exc:   # paramiko's config parser raises assorted errors
             raise BmoeError(f"ssh config {path or '~/.ssh/config'}: {exc}") from None
-        config.runners.remote = _utf8_remote_class()
         lookup = config.base_ssh_config.lookup(target.host)
         user = target.user or (None if "user" in lookup else default_user)
         port = target.port or (None if "port" in lookup else default_port)
-        self.conn = Connection(target.host, user=user, port=port, config=config,
+        jump = str(lookup.get("proxyjump", "none"))
+        gateway = None if jump.lower() == "none" else _jump_chain(jump, config, self.options)
+        self.conn = Connection(target.host, user=user, port=port, config=config, gateway=gateway,
                                connect_timeout=int(self.options.connect_timeout))
         host = f"[{target.host}]" if ":" in target.host else target.host
         self.label = f"{self.conn.user}@{host}:{self.conn.port}"
-        files = lookup.get("userknownhostsfile", "~/.ssh/known_hosts").split()
-        self.known_hosts = [Path(os.path.expanduser(f)) for f in files]
-        strict = lookup.get("stricthostkeychecking", "yes").lower()
-        accept_new = self.options.accept_new_host_key or strict in ("accept-new", "no", "off")
-        client = self.conn.client
-        for f in self.known_hosts:
-            if f.is_file():
-                try:
-                    client.load_host_keys(str(f))
-                except Exception as exc:   # a malformed line
-                    raise BmoeError(f"known hosts file {f}: {exc}") from None
-        system = Path("/etc/ssh/ssh_known_hosts")
-        if system.is_file():
-            with contextlib.suppress(Exception):
-                client.load_system_host_keys(str(system))
-        client.set_missing_host_key_policy(_HostKeyPolicy(accept_new, self.known_hosts[0]))
+        self.known_hosts = _strict(self.conn.client, lookup, self.options)
         self.opened = False
 
     # -- connection ---------------------------------------------------------------------------------
@@ -271,12 +329,16 @@ class Board:
     def open(self) -> Board:
         import paramiko
 
+        if self.opened:
+            return self
         where = f"{self.conn.user}@{self.conn.host}:{self.conn.port}"
         try:
             self.conn.open()
         except UnknownHostKey as exc:
+            hop = "" if exc.name in (self.conn.host, f"[{self.conn.host}]:{self.conn.port}") else \
+                f" of jump host {exc.name}"
             raise BmoeError(
-                f"{self.label}: unknown host key ({exc.key_type} {exc.fingerprint}, not in "
+                f"{self.label}: unknown host key{hop} ({exc.key_type} {exc.fingerprint}, not in "
                 f"{_show_home(self.known_hosts[0])}); check it, then accept it with "
                 f"`{self.accept_command()}` or run again with --accept-new-host-key") from None
         except paramiko.BadHostKeyException as exc:
@@ -292,11 +354,31 @@ class Board:
                 ConnectionError, OSError, EOFError, paramiko.SSHException) as exc:
             raise BmoeError(f"{self.label}: cannot reach {where}: {_reason(exc)}") from None
         self.opened = True
+        if self.options.keepalive > 0:
+            self.liveness = channel.Liveness(self.conn.transport, self.options.keepalive,
+                                             self.options.keepalive_count, self.abort)
+        watching = getattr(_watch, "current", None)
+        if watching is not None:
+            watching.add(self)
         return self
 
+    def abort(self) -> None:
+        """Close the connection from another thread (a dead board, a host deadline): whatever waits on
+        it fails at once."""
+        transport = self.conn.transport
+        if transport is not None:
+            with contextlib.suppress(Exception):
+                transport.close()
+
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.conn.close()
+        if self.liveness is not None:
+            self.liveness.stop.set()
+        self.opened = False
+        gateway = self.conn
+        while gateway is not None and not isinstance(gateway, str):
+            with contextlib.suppress(Exception):
+                gateway.close()
+            gateway = gateway.gateway
 
     def __enter__(self) -> Board:
         return self.open()
@@ -304,89 +386,117 @@ class Board:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextlib.contextmanager
-    def errors(self, what: str) -> Iterator[None]:
-        """A lost connection or SFTP failure mid-way becomes a one-line BmoeError naming the step."""
+    # -- commands -----------------------------------------------------------------------------------
+
+    def transport(self) -> Any:
+        transport = self.conn.transport
+        if transport is None or not transport.is_active():
+            raise BmoeError(f"{self.label}: the connection is closed"
+                            + (" (the board stopped answering keepalives)" if self._dead() else ""))
+        return transport
+
+    def _dead(self) -> bool:
+        return self.liveness is not None and self.liveness.dead
+
+    def execute(self, command: str, *, what: str, stdin: channel.Data | None = None, keep_stdin: bool = False,
+                check: bool = True, timeout: float | None = STEP_TIMEOUT, out: IO[str] | None = None,
+                err: IO[str] | None = None) -> Result:
+        """One command line on the board (fixed words only: the login shell parses it), with a deadline."""
         import paramiko
 
         try:
-            yield
-        except BmoeError:
-            raise
+            result = channel.execute(self.transport(), command, stdin=stdin, keep_stdin=keep_stdin,
+                                     timeout=timeout, out=out, err=err)
+        except TimeoutError:   # the step's deadline, or a send that made no progress for 60 s
+            after = f" after {timeout:.0f} s" if timeout is not None else ""
+            raise BmoeError(f"{self.label}: {what}: timed out{after}") from None
         except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise BmoeError(f"{self.label}: {what}: {_reason(exc)}") from None
-
-    # -- commands -----------------------------------------------------------------------------------
-
-    def run(self, command: str, *, what: str, check: bool = True, timeout: float | None = None,
-            out: IO[str] | None = None, err: IO[str] | None = None) -> Any:
-        """Run a shell command line on the board (its arguments already quoted); returns fabric's Result.
-
-        With `out`/`err` the output is streamed there as it arrives (no pty), and still captured.
-        """
-        from invoke.exceptions import CommandTimedOut
-
-        kwargs: dict[str, Any] = {"warn": True, "pty": False, "in_stream": False, "timeout": timeout}
-        if out is None and err is None:
-            kwargs["hide"] = True
-        else:
-            kwargs.update(out_stream=out or io.StringIO(), err_stream=err or io.StringIO(), hide=False)
-        with self.errors(what):
-            try:
-                result = self.conn.run(command, **kwargs)
-            except CommandTimedOut:
-                raise BmoeError(f"{self.label}: {what}: timed out after {timeout:.0f} s") from None
+            why = "the board stopped answering (no keepalive reply)" if self._dead() else _reason(exc)
+            raise BmoeError(f"{self.label}: {what}: {why}") from None
         if check and result.exited != 0:
             why = tail(result.stderr or result.stdout)
             raise BmoeError(f"{self.label}: {what} failed (exit {result.exited}): {why}")
         return result
 
-    def sh(self, script: str, *args: str, what: str, check: bool = True, timeout: float | None = None,
-           out: IO[str] | None = None, err: IO[str] | None = None) -> Any:
-        """`sh -c SCRIPT sh ARGS…`: the script is fixed text, the arguments are data ($1, $2, …)."""
-        return self.run(sh_command(script, *args), what=what, check=check, timeout=timeout, out=out, err=err)
+    def sh(self, script: str, *args: str, what: str, check: bool = True, timeout: float | None = STEP_TIMEOUT,
+           out: IO[str] | None = None, err: IO[str] | None = None, data: channel.Data | None = None,
+           hangup: bool = False) -> Result:
+        """Run a fixed script with its arguments on the board's `sh` (see channel: the login shell only
+        sees `sh -s`). `data` goes to the script's stdin; `hangup` keeps stdin open (scripts.HANGUP)."""
+        if data is None:
+            text = channel.frame(script, args, keep_stdin=hangup)
+            return self.execute("sh -s", what=what, stdin=text.encode(), keep_stdin=hangup, check=check,
+                                timeout=timeout, out=out, err=err)
+        name = channel.request_name()
+        directory = self.request_dir()
+        framed = channel.frame(script, args, keep_stdin=True, prelude='rm -f -- "$0"\n')
+        self.execute("sh -s", what=f"{what} (sending the request)",
+                     stdin=channel.frame(REQUEST, [directory, name, framed]).encode(), timeout=timeout)
+        return self.execute(channel.request_command(directory, name), what=what, stdin=data, check=check,
+                            timeout=timeout, out=out, err=err)
 
-    def put(self, local: Path, remote: str) -> None:
-        with self.errors(f"upload of {local.name} to {remote}"):
-            self.conn.put(str(local), remote=remote, preserve_mode=True)
+    def request_dir(self) -> str:
+        """The board's private directory for requests and prompt files (created once per connection)."""
+        if self._request_dir is None:
+            text = channel.frame(REQUEST_DIR, [])
+            found = self.execute("sh -s", what="creating the request directory", stdin=text.encode()).stdout
+            self._request_dir = channel.plain_dir(found)
+        return self._request_dir
+
+    def put(self, local: Path, remote: str, timeout: float | None = None) -> None:
+        """Upload a file over the exec channel (no SFTP needed); its mode comes along."""
+        size = local.stat().st_size
+        limit = timeout if timeout is not None else STEP_TIMEOUT + size / MIN_RATE
+        mode = f"{local.stat().st_mode & 0o777:o}"
+        self.sh(WRITE, remote, mode, "plain", what=f"upload of {local.name} to {remote}", data=local,
+                timeout=limit)
 
     def read_bytes(self, remote: str) -> bytes | None:
         """A file's content, or None when it does not exist."""
-        sftp = self._sftp()
-        with self.errors(f"reading {remote}"):
-            try:
-                with sftp.open(remote, "rb") as f:
-                    return f.read()
-            except FileNotFoundError:
-                return None
+        result = self.sh(READ, remote, what=f"reading {remote}", check=False)
+        if result.exited == 3:
+            return None
+        if result.exited != 0:
+            raise BmoeError(f"{self.label}: reading {remote} failed (exit {result.exited}): {tail(result.stderr)}")
+        return result.raw
 
-    def write_bytes(self, remote: str, data: bytes, mode: int = 0o644) -> None:
-        """Write a file atomically (a temporary name, then rename over the target)."""
-        sftp = self._sftp()
-        tmp = f"{remote}.tmp.{os.getpid()}.{threading.get_ident()}"
-        with self.errors(f"writing {remote}"):
-            try:
-                sftp.putfo(io.BytesIO(data), tmp)
-                sftp.chmod(tmp, mode)
-                sftp.posix_rename(tmp, remote)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    sftp.remove(tmp)
-                raise
-
-    def _sftp(self) -> Any:
-        with self.errors("opening SFTP"):
-            return self.conn.sftp()
+    def write_bytes(self, remote: str, data: bytes, mode: int = 0o644, *, durable: bool = True) -> None:
+        """Write a file atomically (a temporary name, then a rename over the target); durable: synced
+        before the rename, its directory after."""
+        self.sh(WRITE, remote, f"{mode:o}", "durable" if durable else "plain", what=f"writing {remote}",
+                data=data)
 
 
-def sh_command(script: str, *args: str) -> str:
-    return " ".join(["sh", "-c", shlex.quote(script), "sh", *(shlex.quote(a) for a in args)])
+class Watch:
+    """The connections one fleet worker opened (table.run_fleet): aborted together at its deadline."""
+
+    def __init__(self) -> None:
+        self.boards: list[Board] = []
+        self.expired = False
+        self.lock = threading.Lock()
+
+    def add(self, board: Board) -> None:
+        with self.lock:
+            self.boards.append(board)
+            if self.expired:
+                board.abort()
+
+    def expire(self) -> None:
+        with self.lock:
+            self.expired = True
+            for board in self.boards:
+                board.abort()
 
 
-def env_command(env: Mapping[str, str], argv: Sequence[str]) -> str:
-    """`env K=V … ARGV…`, every word quoted (the remote login shell only sees literals)."""
-    words = ["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else list(argv)
-    return " ".join(shlex.quote(w) for w in words)
+@contextlib.contextmanager
+def watched(watch: Watch) -> Iterator[Watch]:
+    """Boards opened by this thread inside the block register with `watch`."""
+    before = getattr(_watch, "current", None)
+    _watch.current = watch
+    try:
+        yield watch
+    finally:
+        _watch.current = before
 
 
 def _reason(exc: BaseException) -> str:
@@ -399,27 +509,3 @@ def _reason(exc: BaseException) -> str:
 def tail(text: str, n: int = 1) -> str:
     lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
     return " | ".join(lines[-n:]) if lines else "(no output)"
-
-
-@functools.cache
-def _utf8_remote_class() -> type:
-    from fabric.runners import Remote
-
-    class Utf8Remote(Remote):
-        """fabric's Remote runner, decoding each stream incrementally: a UTF-8 character split across
-        two reads (a token's text streamed from the board) is not turned into U+FFFD."""
-
-        def read_proc_output(self, reader: Callable[[int], bytes]) -> Iterator[str]:
-            decoder = codecs.getincrementaldecoder(self.encoding or "utf-8")("replace")
-            while True:
-                data = reader(self.read_chunk_size)
-                if not data:
-                    break
-                text = decoder.decode(data)
-                if text:
-                    yield text
-            rest = decoder.decode(b"", final=True)
-            if rest:
-                yield rest
-
-    return Utf8Remote

@@ -1,123 +1,42 @@
-"""The fixed shell scripts deploy runs on a board (`sh -c SCRIPT sh ARGS...`): every path and name is
-an argument, never part of the script text."""
+"""The fixed shell scripts deploy runs on a board, kept as files beside this module (`sh/*.sh`).
+
+Each runs as `sh -s` with the script on stdin (remote.Board.sh): its data — paths, names, prompts — are
+its positional arguments ($1, $2, …), set by the framing, never part of the script text, and the
+board's login shell (sh, bash, fish, …) sees only the fixed words `sh -s`."""
 
 from __future__ import annotations
+
+from importlib import resources
+
+
+def _load(name: str) -> str:
+    return resources.files(__package__).joinpath("sh", name).read_text(encoding="utf-8")
+
 
 PY_PROBE = ("import json, os, platform, sys; print('python=' + json.dumps({'machine': platform.machine(), "
              "'version': '%d.%d.%d' % sys.version_info[:3], 'glibc': os.confstr('CS_GNU_LIBC_VERSION') or ''}))")
 
-# $1 sysroot default, $2 python (may contain {sysroot}), $3.. the exec wrapper (may contain {sysroot});
-# $BMOE_EDGE_SYSROOT / $BMOE_EDGE_PYTHON override like in the launcher.
-PROBE = r"""
-printf 'uname=%s\n' "$(uname -m)"
-printf 'getconf=%s\n' "$(getconf GNU_LIBC_VERSION 2>/dev/null)"
-sysroot=${BMOE_EDGE_SYSROOT:-$1}
-sub() {
-  case $1 in *'{sysroot}'*) printf '%s' "${1%%\{sysroot\}*}$sysroot${1#*\{sysroot\}}";; *) printf '%s' "$1";; esac
-}
-python=${BMOE_EDGE_PYTHON:-$(sub "$2")}
-code=$3
-shift 3
-n=$#
-for w in "$@"; do set -- "$@" "$(sub "$w")"; done
-shift "$n"
-if [ $# -gt 0 ] && ! command -v "$1" >/dev/null 2>&1; then printf 'missing=%s\n' "$1"; exit 0; fi
-case $python in
-  */*) [ -x "$python" ] || { printf 'missing=%s\n' "$python"; exit 0; } ;;
-  *) command -v "$python" >/dev/null 2>&1 || { printf 'missing=%s\n' "$python"; exit 0; } ;;
-esac
-"$@" "$python" -c "$code" 2>&1
-printf 'python_rc=%s\n' "$?"
-"""
-
-
-# ---------------------------------------------------------------------------------------------------
-# Remote scripts (fixed text; every path and name is an argument).
-
-PREPARE = r"""
-dir=$1; id=$2
-mkdir -p -- "$dir/releases" || exit 10
-[ ! -L "$dir/releases" ] || { echo "$dir/releases is a symlink" >&2; exit 11; }
-t="$dir/releases/.write-test.$$"
-( : > "$t" ) || exit 10
-rm -f -- "$t"
-printf 'avail_kb=%s\n' "$(df -Pk -- "$dir/releases" | awk 'NR==2 {print $4}')"
-printf 'current=%s\n' "$(readlink -- "$dir/current" 2>/dev/null)"
-cd -- "$dir/releases" || exit 10
-for d in * .*.partial; do
-  case $d in '*'|'.*.partial') continue;; esac
-  [ -L "$d" ] && { printf 'symlink %s\n' "$d"; continue; }
-  if [ -f "$d/.bmoe-release.json" ]; then
-    printf 'release %s %s\n' "$d" "$(head -c 4096 -- "$d/.bmoe-release.json" | tr -d '\n')"
-  elif [ -d "$d" ]; then printf 'other %s\n' "$d"; fi
-done
-"""
-
-# $1 = base dir, then relative paths; prints "<index> <sha256>" or "<index> -" (missing / not a regular file)
-HASH = r"""
-base=$1; shift; i=0
-for f in "$@"; do
-  if [ -f "$base/$f" ] && [ ! -L "$base/$f" ]; then
-    if h=$(sha256sum < "$base/$f"); then printf '%s %s\n' "$i" "${h%% *}"; else printf '%s !\n' "$i"; fi
-  else printf '%s -\n' "$i"; fi
-  i=$((i+1))
-done
-"""
-
-# $1 = release dir: its symlinks (first one) and every non-directory outside site* (NUL-separated)
-SCAN = r"""
-rel=$1
-l=$(find "$rel" -type l -print 2>/dev/null | head -n 1)
-[ -z "$l" ] || { printf 'SYMLINK\0%s\0' "${l#"$rel"/}"; exit 0; }
-cd -- "$rel" || exit 1
-find . \( -path ./site -o -path './site.new.*' -o -path ./site.old \) -prune -o ! -type d -print0
-"""
-
-MKDIRS = r"""base=$1; shift; cd -- "$base" && mkdir -p -- "$@" """
-
-COPY = r"""src=$1; dst=$2; shift 2; for f; do cp -p -- "$src/$f" "$dst/$f" || exit 1; done"""
-
-REMOVE_IN = r"""base=$1; shift; cd -- "$base" || exit 0; for f; do rm -rf -- "./$f"; done"""
-
-INSTALL = r"""
-lock=$1; rel=$2
-if command -v flock >/dev/null 2>&1; then
-  exec flock "$lock" env BMOE_EDGE_RELEASE="$rel" "$rel/launcher/bmoe-edge.sh" --install-site
-fi
-exec env BMOE_EDGE_RELEASE="$rel" "$rel/launcher/bmoe-edge.sh" --install-site
-"""
-
-COMMIT = r"""
-partial=$1; final=$2; cur=$3
-if [ -e "$final" ] || [ -L "$final" ]; then
-  [ "$cur" != "$final" ] || { echo "$final is current but incomplete" >&2; exit 12; }
-  rm -rf -- "$final"
-fi
-mv -- "$partial" "$final"
-"""
-
-DEMOTE = r"""
-final=$1; partial=$2
-rm -rf -- "$partial"; rm -f -- "$final/.bmoe-release.json"; mv -- "$final" "$partial"
-"""
-
-SWITCH = r"""dir=$1; id=$2; cd -- "$dir" && ln -sfn -- "releases/$id" current.tmp && mv -T -- current.tmp current"""
-
-# `sh -c HANGUP sh ARGV…`: run ARGV, and stop it (SIGTERM) when the SSH connection goes away — a
-# Ctrl-C or a killed `generate --host` / `gates --host` does not leave it running on the board. The
-# remote stdin stays open while the client lives (nothing is ever sent on it); `cat` sees EOF when the
-# connection closes (it reads a copy of stdin: an asynchronous command's own stdin is /dev/null).
-HANGUP = r"""
-exec 3<&0
-"$@" < /dev/null 3<&- &
-pid=$!
-( cat <&3 > /dev/null 2>&1; kill -TERM "$pid" 2>/dev/null ) > /dev/null 2>&1 &
-exec 3<&-
-watcher=$!
-wait "$pid"
-rc=$?
-kill "$watcher" 2>/dev/null
-exit "$rc"
-"""
-
-CONFIG_HOME = r"""printf '%s' "${XDG_CONFIG_HOME:-$HOME/.config}" """
+PROBE = _load("probe.sh")              # $1 sysroot default, $2 python, $3 code, $4.. the exec wrapper
+PREPARE = _load("prepare.sh")          # $1 install dir, $2 create|read: releases, current, free space
+HASH = _load("hash.sh")                # $1 base, then relative paths: "<index> <sha256>" or "<index> -"
+SCAN = _load("scan.sh")                # $1 release dir: its first symlink, or every file outside site*
+MKDIRS = _load("mkdirs.sh")            # $1 base, then relative directories
+COPY = _load("copy.sh")                # $1 source release, $2 destination, then relative paths
+REMOVE_IN = _load("remove_in.sh")      # $1 base, then names to delete under it
+INSTALL = _load("install.sh")          # $1 release dir: unpack the wheels into site/
+COMMIT = _load("commit.sh")            # $1 partial, $2 final, $3 current: rename into place, synced
+DEMOTE = _load("demote.sh")            # $1 final, $2 partial: turn a bad release back into a partial
+SWITCH = _load("switch.sh")            # $1 install dir, $2 id: current -> releases/<id>, synced
+HANGUP = _load("hangup.sh")            # ARGV…: run it, stop it when the connection goes away
+LOCK = _load("lock.sh")                # $1 install dir, $2 wait s, $3 owner, $4 auto|dir: the board lock
+WRITE = _load("write.sh")              # $1 path, $2 mode, $3 durable|plain; content on stdin
+READ = _load("read.sh")                # $1 path: content on stdout, exit 3 when missing
+REQUEST = _load("request.sh")          # $1 dir, $2 name, $3 framed script: saved for `sh DIR/NAME`
+MARK_FAILED = _load("mark_failed.sh")  # $1 release dir, $2 why: rollback never picks it
+SITE_HASH = _load("site_hash.sh")      # $1 release dir: `site <sha256>` of its site/ tree
+REQUEST_DIR = _load("request_dir.sh")  # creates and prints the private request directory
+CONFIG_HOME = _load("config_home.sh")  # prints ${XDG_CONFIG_HOME:-$HOME/.config}
+MODEL_PART = _load("model_part.sh")     # $1 dest, $2 part, $3 n: sha of dest, size and prefix sha of part
+MODEL_APPEND = _load("model_append.sh")  # $1 part, $2 bytes kept; stdin appended
+MODEL_COMMIT = _load("model_commit.sh")  # $1 part, $2 dest, $3 sha256: verify, rename over dest
+SIG_VERIFY = _load("sig_verify.sh")    # $1 allowed_signers, $2 release dir: ssh-keygen -Y verify its manifest

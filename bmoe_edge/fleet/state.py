@@ -8,7 +8,7 @@ import json
 import posixpath
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,10 +31,12 @@ UNIT_NAME = "bmoe-edge-generate@.service"
 KEEP = 5
 GATES_TIMEOUT = 3 * 3600.0
 INSTALL_TIMEOUT = 1800.0
+VERSION_TIMEOUT = 600.0
+HEALTH_TIMEOUT = 300.0
+JOB_RUNTIME_MAX = "6h"    # the systemd job unit's RuntimeMaxSec
 SITE_FACTOR = 4          # unpacked wheels take up to ~4x their size (site/): free-space estimate
-
-Log = Callable[[str], None]
-Hooks = Mapping[str, Callable[[str], None]]
+FAILED = ".bmoe-failed"  # a release whose health check failed after its switch: never rolled back to
+MARKS = (STAMP, FAILED)  # the deploy's own files in a release (not in the bundle)
 
 
 def now() -> str:
@@ -111,25 +113,26 @@ class Releases:
     current_link: str                    # what `current` holds (readlink)
     complete: dict[str, dict[str, Any]]  # id -> stamp
     others: list[str]                    # partials and stray directories
+    failed: set[str] = field(default_factory=set)   # complete releases marked failed (never rolled back to)
 
     def newest_first(self) -> list[str]:
         """Complete release ids, the most recently installed first."""
         return sorted(self.complete, key=lambda r: str(self.complete[r].get("installed_at", "")), reverse=True)
 
+    def good_newest_first(self) -> list[str]:
+        """Complete releases not marked failed, the most recently installed first."""
+        return [r for r in self.newest_first() if r not in self.failed]
+
 
 def list_releases(board: Board, layout: Layout, *, create: bool) -> Releases:
-    if create:
-        result = board.sh(PREPARE, layout.install_dir, "", what=f"preparing {layout.install_dir}", check=False)
-        if result.exited in (10, 11):
-            raise BmoeError(f"{board.label}: install dir {layout.install_dir} is not writable: "
-                            f"{remote.tail(result.stderr)}")
-        if result.exited != 0:
-            raise BmoeError(f"{board.label}: preparing {layout.install_dir} failed: {remote.tail(result.stderr)}")
-    else:
-        script = PREPARE.replace('mkdir -p -- "$dir/releases" || exit 10', '[ -d "$dir/releases" ] || exit 0')
-        script = script.replace('( : > "$t" ) || exit 10\nrm -f -- "$t"\n', "")
-        result = board.sh(script, layout.install_dir, "", what=f"reading {layout.install_dir}")
-    avail, link, complete, others = None, "", {}, []
+    result = board.sh(PREPARE, layout.install_dir, "create" if create else "read",
+                      what=f"reading {layout.install_dir}", check=False)
+    if result.exited in (10, 11):
+        raise BmoeError(f"{board.label}: install dir {layout.install_dir} is not writable: "
+                        f"{remote.tail(result.stderr)}")
+    if result.exited != 0:
+        raise BmoeError(f"{board.label}: reading {layout.install_dir} failed: {remote.tail(result.stderr)}")
+    avail, link, complete, others, failed = None, "", {}, [], set()
     for line in result.stdout.splitlines():
         if line.startswith("avail_kb="):
             avail = int(line[9:]) if line[9:].isdigit() else None
@@ -144,9 +147,11 @@ def list_releases(board: Board, layout: Layout, *, create: bool) -> Releases:
                 continue
             if isinstance(stamp, dict) and stamp.get("bundle_id") == name:
                 complete[name] = stamp
+        elif line.startswith("failed "):
+            failed.add(line[7:])
         elif line.startswith(("other ", "symlink ")):
             others.append(line.split(" ", 1)[1])
-    return Releases(avail, release_name(link), link, complete, others)
+    return Releases(avail, release_name(link), link, complete, others, failed & set(complete))
 
 
 def write_pointer(board: Board, data: dict[str, Any]) -> None:

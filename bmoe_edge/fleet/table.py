@@ -9,13 +9,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet.remote import Target
+from bmoe_edge.fleet.remote import Target, Watch, watched
 from bmoe_edge.fleet.state import Log, mib
+
+HOST_TIMEOUT = 4 * 3600.0     # a host still at work after this is cut off (--host-timeout)
 
 # ---------------------------------------------------------------------------------------------------
 # Results.
@@ -26,7 +28,7 @@ class HostResult:
     host: str
     board: str | None = None
     ok: bool = False
-    action: str = ""                  # deployed | redeployed | rolled back | status
+    action: str = ""                  # deployed | redeployed | rolled back | status | pushed
     error: str | None = None
     install_dir: str | None = None
     bundle_id: str | None = None      # the current release afterwards
@@ -38,7 +40,7 @@ class HostResult:
     bytes_uploaded: int = 0
     gates: dict[str, Any] | None = None
     deployed_at: str | None = None
-    releases: list[str] = field(default_factory=list)
+    releases: list[str] = field(default_factory=list)   # kept releases (push-model: the files in place)
     note: str | None = None
     seconds: float = 0.0
 
@@ -50,24 +52,59 @@ class HostResult:
 # Fleets: many hosts in parallel; one failing host never stops the others.
 
 
-def run_fleet(targets: Sequence[Target], work: Callable[[Target], HostResult], *, jobs: int | None = None,
+def run_fleet(targets: Sequence[Target], work: Callable[[Target], HostResult], *, max_parallel: int | None = None,
+              fail_fast: bool = False, host_timeout: float | None = HOST_TIMEOUT,
               what: str = "deploy") -> list[HostResult]:
-    def one(target: Target) -> HostResult:
-        started = time.monotonic()
-        try:
-            return work(target)
-        except BmoeError as exc:
-            return HostResult(host=target.label, board=target.board, error=str(exc),
-                              seconds=time.monotonic() - started, action=what)
-        except Exception as exc:   # a bug must not take the other hosts down; report it
-            return HostResult(host=target.label, board=target.board, action=what,
-                              error=f"{target.label}: unexpected {type(exc).__name__}: {exc}",
-                              seconds=time.monotonic() - started)
+    """`work` for every target on a pool of `max_parallel` threads (default: all, up to 16).
 
-    if len(targets) == 1:
-        return [one(targets[0])]
-    with ThreadPoolExecutor(max_workers=jobs or min(len(targets), 16)) as pool:
-        return list(pool.map(one, targets))
+    Every host is one row: a BmoeError (or a bug) is that host's failure, never the others'. A host
+    still at work `host_timeout` seconds after it started has its SSH connections closed (whatever it
+    waits on fails at once) and is reported as past its deadline. With `fail_fast` hosts not started
+    when one fails are skipped."""
+    stop = threading.Event()
+
+    def one(target: Target, watch: Watch, started: list[float]) -> HostResult:
+        started.append(time.monotonic())
+        if stop.is_set():
+            return HostResult(host=target.label, board=target.board, action=what,
+                              error=f"{target.label}: skipped: another host failed first (--fail-fast)")
+        try:
+            with watched(watch):
+                result = work(target)
+        except BmoeError as exc:
+            result = HostResult(host=target.label, board=target.board, error=str(exc), action=what)
+        except Exception as exc:   # a bug must not take the other hosts down; report it
+            result = HostResult(host=target.label, board=target.board, action=what,
+                                error=f"{target.label}: unexpected {type(exc).__name__}: {exc}")
+        if watch.expired and not result.ok:
+            result.error = (f"{target.label}: no result within the host deadline of {host_timeout:.0f} s "
+                            f"(--host-timeout); the connection was closed ({_strip_host(result)})")
+        result.seconds = result.seconds or time.monotonic() - started[0]
+        if not result.ok and fail_fast:
+            stop.set()
+        return result
+
+    watches = [Watch() for _ in targets]
+    starts: list[list[float]] = [[] for _ in targets]
+    workers = max(1, min(len(targets), max_parallel or 16))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(one, t, w, st) for t, w, st in zip(targets, watches, starts, strict=True)]
+        pending = set(futures)
+        try:
+            while pending:
+                _done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+                if host_timeout is None:
+                    continue
+                now = time.monotonic()
+                for f, w, st in zip(futures, watches, starts, strict=True):
+                    if f in pending and st and not w.expired and now - st[0] > host_timeout:
+                        w.expire()
+        except BaseException:     # Ctrl-C: every connection closed, so the workers end at once
+            stop.set()
+            for w in watches:
+                w.expire()
+            raise
+        return [f.result() for f in futures]
 
 
 def stderr_log() -> Log:
@@ -107,6 +144,8 @@ def format_table(results: Sequence[HostResult]) -> str:
                           + (f"; {r.note}" if r.note else ""))
             elif r.action == "rolled back":
                 detail = f"{r.previous} -> {r.bundle_id}"
+            elif r.action == "pushed":
+                detail = f"{', '.join(r.releases)}; sent {mib(r.bytes_uploaded)}; {r.seconds:.0f} s"
             else:
                 detail = (f"{r.bundle_id}; uploaded {r.files_uploaded} files ({mib(r.bytes_uploaded)}); "
                           f"gates {_gates_text(r.gates)}; {r.seconds:.0f} s")
@@ -135,6 +174,9 @@ def format_one(r: HostResult) -> str:
         return "\n".join(lines)
     if r.action == "rolled back":
         return f"{r.host}: rolled back to {r.bundle_id} (was {r.previous})"
+    if r.action == "pushed":
+        return (f"{r.host}: {', '.join(r.releases)} in place, sha256 verified; sent {r.files_uploaded} of "
+                f"{r.files} files ({mib(r.bytes_uploaded)}) in {r.seconds:.0f} s")
     moved = (f"uploaded {r.files_uploaded} of {r.files} files ({mib(r.bytes_uploaded)}), "
              f"{r.files_copied} copied on the board, {r.files_present} already there")
     return (f"{r.host}: {r.action} {r.bundle_id} in {r.install_dir} ({r.seconds:.0f} s): {moved}; "

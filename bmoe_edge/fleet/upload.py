@@ -15,8 +15,8 @@ from bmoe_edge.boards.profiles import BoardProfile
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import remote
 from bmoe_edge.fleet.remote import Board
-from bmoe_edge.fleet.scripts import COPY, HASH, MKDIRS, REMOVE_IN, SCAN
-from bmoe_edge.fleet.state import SITE_FACTOR, STAMP, Hooks, Layout, Log, Releases, inside, mib
+from bmoe_edge.fleet.scripts import COPY, HASH, MKDIRS, REMOVE_IN, SCAN, SITE_HASH
+from bmoe_edge.fleet.state import MARKS, SITE_FACTOR, Hooks, Layout, Log, Releases, inside, mib
 from bmoe_edge.fleet.table import HostResult
 
 
@@ -42,19 +42,23 @@ def scan_release(board: Board, rel: str) -> tuple[str | None, list[str]]:
     return None, [p[2:] if p.startswith("./") else p for p in parts]
 
 
-def expected_files(manifest: bundle.Manifest, manifest_sha: str) -> dict[str, str]:
+def expected_files(manifest: bundle.Manifest, manifest_sha: str, signature_sha: str | None = None) -> dict[str, str]:
     files = {f.path: f.sha256 for f in manifest.files}
     files[bundle.MANIFEST_NAME] = manifest_sha
+    if signature_sha is not None:
+        files[bundle.SIGNATURE_NAME] = signature_sha
     return files
 
 
-def verify_release(board: Board, rel: str, manifest: bundle.Manifest, manifest_sha: str) -> None:
-    """Every file of the release on the board has the bundle's sha256; no symlink, nothing unlisted."""
-    expected = expected_files(manifest, manifest_sha)
+def verify_release(board: Board, rel: str, manifest: bundle.Manifest, manifest_sha: str,
+                   signature_sha: str | None = None) -> None:
+    """Every file of the release on the board has the bundle's sha256; no symlink, nothing unlisted
+    (the signature, when not given, may be there: it is checked against allowed_signers instead)."""
+    expected = expected_files(manifest, manifest_sha, signature_sha)
     link, present = scan_release(board, rel)
     if link is not None:
         raise BmoeError(f"{board.label}: {rel} contains a symlink ({link!r}): refusing it")
-    unlisted = sorted(set(present) - set(expected) - {STAMP})
+    unlisted = sorted(set(present) - set(expected) - set(MARKS) - {bundle.SIGNATURE_NAME})
     if unlisted:
         raise BmoeError(f"{board.label}: {rel} holds {unlisted[0]!r}, which is not in the bundle: refusing it")
     hashes = hash_remote(board, rel, list(expected), f"verifying {rel}")
@@ -63,6 +67,27 @@ def verify_release(board: Board, rel: str, manifest: bundle.Manifest, manifest_s
         if got != want:
             state = "is missing" if got is None else f"has sha256 {got[:16]}..., the bundle says {want[:16]}..."
             raise BmoeError(f"{board.label}: {path} on the board {state}: refusing the release")
+
+
+def board_site_digest(board: Board, rel: str) -> str:
+    """sha256 of a release's site/ tree on the board (sh/site_hash.sh); BmoeError for a symlink or none."""
+    out = board.sh(SITE_HASH, rel, what=f"hashing {rel}/site", timeout=1800).stdout.strip()
+    if out.startswith("site ") and re.fullmatch(r"[0-9a-f]{64}", out[5:]):
+        return out[5:]
+    if out.startswith("symlink "):
+        raise BmoeError(f"{board.label}: {rel}/site contains a symlink ({out[8:]!r}): refusing the release")
+    raise BmoeError(f"{board.label}: {rel}/site is missing: deploy the release again")
+
+
+def verify_site(board: Board, rel: str, want: str | None) -> None:
+    """site/ (on the release's PYTHONPATH) is what its wheels unpack to; `want` None: nothing recorded
+    (a release installed by an older bmoe-edge): not checked."""
+    if want is None:
+        return
+    got = board_site_digest(board, rel)
+    if got != want:
+        raise BmoeError(f"{board.label}: {rel}/site does not match the bundle's wheels (sha256 {got[:16]}..., "
+                        f"installed as {want[:16]}...): refusing it (deploy the bundle again to repair it)")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -77,6 +102,17 @@ class LocalBundle:
     manifest: bundle.Manifest
     manifest_sha: str
     profile: BoardProfile     # its resolved profile (profile/<board>.yaml): login and emulation facts
+    signature_sha: str | None = None   # sha256 of manifest.json.sig, when the bundle is signed
+    _site: str | None = None
+
+    @property
+    def site_sha256(self) -> str:
+        """The sha256 of site/ once installed: the manifest's (the build writes it, the signature covers
+        it), else computed from the wheels (bundle.site_digest), once."""
+        if self._site is None:
+            signed = self.manifest.extra.get("site_sha256")
+            self._site = signed if isinstance(signed, str) else bundle.site_digest(self.dir, self.manifest.wheels)
+        return self._site
 
 
 def say(log: Log, label: str, message: str) -> None:
@@ -87,7 +123,7 @@ def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, res
             hooks: Hooks) -> None:
     m = b.manifest
     partial = layout.partial(m.bundle_id)
-    expected = expected_files(m, b.manifest_sha)
+    expected = expected_files(m, b.manifest_sha, b.signature_sha)
     board.sh("mkdir -p -- \"$1\"", partial, what=f"creating {partial}")
     link, present = scan_release(board, partial)
     if link is not None:
@@ -103,8 +139,10 @@ def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, res
     # files another release on the board already has: copy them there instead of uploading
     sizes = {f.path: f.size for f in m.files}
     sizes[bundle.MANIFEST_NAME] = (b.dir / bundle.MANIFEST_NAME).stat().st_size
+    if b.signature_sha is not None:
+        sizes[bundle.SIGNATURE_NAME] = (b.dir / bundle.SIGNATURE_NAME).stat().st_size
     copies: dict[str, list[str]] = {}
-    remaining = [p for p in missing if p != bundle.MANIFEST_NAME]
+    remaining = [p for p in missing if p not in (bundle.MANIFEST_NAME, bundle.SIGNATURE_NAME)]
     newest_first = releases.newest_first()
     sources = [r for r in ([releases.current] if releases.current in releases.complete else [])
                + [r for r in newest_first if r != releases.current] if r != m.bundle_id]
@@ -144,12 +182,14 @@ def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, res
     if "uploaded" in hooks:
         hooks["uploaded"](partial)
     say(log, board.label, f"verifying {len(paths)} files on the board (sha256sum)")
-    verify_release(board, partial, m, b.manifest_sha)
+    verify_release(board, partial, m, b.manifest_sha, b.signature_sha)
 
 
 def load_bundle(bundle_dir: Path) -> LocalBundle:
     manifest = bundle.verify_bundle(bundle_dir)
     remote.check_name(manifest.bundle_id, "bundle id")
     remote.check_name(manifest.board, "board")
+    sig = Path(bundle_dir) / bundle.SIGNATURE_NAME
     return LocalBundle(Path(bundle_dir), manifest, bundle.sha256_file(Path(bundle_dir) / bundle.MANIFEST_NAME),
-                       bundle_profile(bundle_dir, manifest))
+                       bundle_profile(bundle_dir, manifest),
+                       bundle.sha256_file(sig) if sig.is_file() and not sig.is_symlink() else None)

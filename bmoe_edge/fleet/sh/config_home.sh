@@ -1,0 +1,1 @@
+printf '%s' "${XDG_CONFIG_HOME:-$HOME/.config}" 

@@ -1,0 +1,1 @@
+base=$1; shift; cd -- "$base" && mkdir -p -- "$@" 
