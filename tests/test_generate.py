@@ -206,3 +206,33 @@ def test_speculative_decoding_gives_the_same_tokens_in_fewer_decodes(model: Path
 ])
 def test_bad_speculative_settings_are_one_line(model: Path, flags: list[str], needle: str) -> None:
     assert_clean_error(run_cli("generate", "-m", str(model), "-p", "Hi", "-n", "2", *flags), needle)
+
+
+def test_fewer_experts_per_token_is_lossy_and_says_so(model: Path) -> None:
+    runs = {}
+    for k in ("2", "1"):  # the fixture routes to 2 of 8 experts
+        result = run_cli("generate", "-m", str(model), "-p", "Once upon a time", "-n", "12", "-t", "1", "--json",
+                         "--n-expert-used", k, "--cache-mb", "0")
+        assert result.returncode == 0, result.stderr
+        runs[k] = json_lines(result.stdout)
+    assert runs["1"][0]["lossy"] == "n_expert_used=1" and runs["1"][0]["n_expert_used"] == 1
+    assert runs["2"][0]["lossy"] == "n_expert_used=2"
+    # One expert per token reads half the expert bytes (the cache off: every routed slice is read).
+    per_token = {k: lines[-1]["bytes_read_per_token"] for k, lines in runs.items()}
+    assert 0.4 < per_token["1"] / per_token["2"] < 0.6, per_token
+    default = run_cli("generate", "-m", str(model), "-p", "Once upon a time", "-n", "2", "-t", "1", "--json")
+    assert json_lines(default.stdout)[0]["lossy"] == ""
+    # ... and computes another model: the logits move (the fixture's clear margins keep the tokens).
+    from bmoe_edge.engine import Engine, StreamConfig
+
+    logits = {}
+    for k in ("auto", 1):
+        with Engine(model, StreamConfig(threads=1, n_expert_used=k)) as e:
+            logits[k] = e.run("Once upon a time", 4, logits=True).logits
+    assert logits[1] != logits["auto"]
+
+
+@pytest.mark.parametrize("k", ["0", "9"])
+def test_an_impossible_expert_count_is_one_line_before_loading(model: Path, k: str) -> None:
+    assert_clean_error(run_cli("generate", "-m", str(model), "-p", "Hi", "-n", "2", "--n-expert-used", k),
+                       "n_expert_used")

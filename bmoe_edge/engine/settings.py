@@ -182,6 +182,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("batch", int, 512, "Logical batch size.", minimum=1),
     Setting("ubatch", int, 512, "Physical batch size.", minimum=1),
     Setting("flash_attn", bool, False, "Flash attention."),
+    Setting("n_expert_used", int, "auto", "LOSSY: route every token to K experts instead of the model's count "
+            "(auto = the model's). The output is not the model's; the run info says so and gates refuse it.",
+            flags=("--n-expert-used",), minimum=1, auto=True,
+            native=lambda v, n: {"n_expert_used": 0 if v == "auto" else v}),
     Setting("speculative", str, "off", "Speculative decoding: ngram verifies prompt-lookup drafts in one batch "
             "(greedy decoding only; identical tokens). A model's own MTP heads are not used: the pinned "
             "llama.cpp has no API to run them.", flags=("--speculative",), choices=("off", "ngram"),

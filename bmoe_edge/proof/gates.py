@@ -124,6 +124,9 @@ def quick_matrix() -> list[GateCell]:
 
 
 def stream_config(case: StreamCase, expert_bytes: int) -> StreamConfig:
+    if case.overrides.get("n_expert_used", "auto") != "auto":
+        raise BmoeError(f"gate case {case.name}: lossy settings (n_expert_used) have no place in the gates: "
+                        "they compare against the lossless model")
     if case.cache == "auto":
         cache_mb: float | str = "auto"
         extra = {"cache_floor_mb": 0, "cache_ceil_mb": 64}

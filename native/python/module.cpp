@@ -126,6 +126,7 @@ NB_MODULE(_native, m) {
         .def_rw("ubatch", &bmoe::StreamConfig::ubatch)
         .def_rw("flash_attn", &bmoe::StreamConfig::flash_attn)
         .def_rw("route_trace", &bmoe::StreamConfig::route_trace)
+        .def_rw("n_expert_used", &bmoe::StreamConfig::n_expert_used)
         .def_rw("speculative_ngram", &bmoe::StreamConfig::speculative_ngram)
         .def_rw("draft_max", &bmoe::StreamConfig::draft_max)
         .def_rw("io_timeout_s", &bmoe::StreamConfig::io_timeout_s)
@@ -172,7 +173,7 @@ NB_MODULE(_native, m) {
         BMOE_RO(RunInfo, flash_attn) BMOE_RO(RunInfo, fault) BMOE_RO(RunInfo, io_timeout_s)
         BMOE_RO(RunInfo, verify_slices) BMOE_RO(RunInfo, parse_special) BMOE_RO(RunInfo, warning) BMOE_RO(RunInfo, load_ms)
         BMOE_RO(RunInfo, load_bytes_read) BMOE_RO(RunInfo, load_major_faults) BMOE_RO(RunInfo, rss_after_load)
-        BMOE_RO(RunInfo, routed_bytes_per_token) BMOE_RO(RunInfo, speculative);
+        BMOE_RO(RunInfo, routed_bytes_per_token) BMOE_RO(RunInfo, speculative) BMOE_RO(RunInfo, lossy);
 #undef BMOE_RO
 
     nb::class_<bmoe::StepResult>(m, "StepResult")

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -100,6 +101,20 @@ std::vector<std::string> lazy_suffixes(const Recipe & recipe) {
 }
 #endif
 
+// The model's expert count from its tensor table: known before llama.cpp loads (and would assert
+// on an expert_used_count override above it).
+int64_t experts_in_file(const detail::GgufMap & gguf, const std::string & architecture) {
+    const Recipe * recipe = find_recipe(architecture);
+    for (int il = 0; recipe != nullptr && il < 4096; ++il) {
+        for (const std::string & suffix : recipe->expert_suffixes) {
+            if (const detail::TensorLocation * t = gguf.find("blk." + std::to_string(il) + "." + suffix + ".weight")) {
+                return static_cast<int64_t>(t->n_slices);
+            }
+        }
+    }
+    return 0;
+}
+
 }  // namespace
 
 void Engine::Impl::open(const std::string & path) {
@@ -139,6 +154,18 @@ void Engine::Impl::open(const std::string & path) {
     info.n_files = static_cast<int>(gguf->files().size());
     info.file_bytes = gguf->total_bytes();
 
+    if (config.n_expert_used != 0) {
+        const int64_t n_expert = experts_in_file(*gguf, info.architecture);
+        if (n_expert == 0) {
+            throw Error(path + ": --n-expert-used needs a MoE model of an architecture the engine knows ('" +
+                        info.architecture + "' is not one)");
+        }
+        if (config.n_expert_used < 1 || config.n_expert_used > n_expert) {
+            throw Error("n_expert_used must be between 1 and " + std::to_string(n_expert) +
+                        " (the model's experts), got " + std::to_string(config.n_expert_used));
+        }
+        info.lossy = "n_expert_used=" + std::to_string(config.n_expert_used);
+    }
     const Recipe * recipe = nullptr;
     if (config.stream) {
         recipe = find_recipe(info.architecture);
@@ -154,7 +181,9 @@ void Engine::Impl::open(const std::string & path) {
     load_model(path, recipe);
     info.n_layer = llama_model_n_layer(model.get());
     info.n_expert = static_cast<int>(meta_int(model.get(), info.architecture + ".expert_count"));
-    info.n_expert_used = static_cast<int>(meta_int(model.get(), info.architecture + ".expert_used_count"));
+    info.n_expert_used = config.n_expert_used > 0  // the file's count, unless overridden (lossy)
+                             ? config.n_expert_used
+                             : static_cast<int>(meta_int(model.get(), info.architecture + ".expert_used_count"));
     if (config.stream && info.n_expert == 0) {
         throw Error(path + ": '" + info.architecture +
                     "' model without experts (dense): nothing to stream; run it with --no-stream");
@@ -215,6 +244,16 @@ void Engine::Impl::load_model(const std::string & path, const Recipe * recipe) {
 #else
     (void) recipe;
 #endif
+    std::vector<llama_model_kv_override> overrides;
+    if (config.n_expert_used > 0) {  // lossy: fewer experts per token, through llama.cpp's own override
+        llama_model_kv_override o{};
+        o.tag = LLAMA_KV_OVERRIDE_TYPE_INT;
+        std::snprintf(o.key, sizeof(o.key), "%s.expert_used_count", info.architecture.c_str());
+        o.val_i64 = config.n_expert_used;
+        overrides.push_back(o);
+        overrides.push_back(llama_model_kv_override{});  // an empty key ends the list
+        params.kv_overrides = overrides.data();
+    }
     const uint64_t read0 = detail::storage_read_bytes();
     const uint64_t faults0 = detail::major_faults();
     const auto t0 = Clock::now();

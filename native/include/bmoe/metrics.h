@@ -32,7 +32,8 @@ struct TokenMetrics {
 
 struct RunInfo {
     std::string model;
-    std::string speculative = "off";  // "ngram" when greedy decoding verifies drafts
+    std::string speculative = "off";
+    std::string lossy;                // what makes this run's output differ from the model's ("" = lossless)  // "ngram" when greedy decoding verifies drafts
     std::string architecture;
     int n_layer = 0;
     int n_expert = 0;
