@@ -317,3 +317,17 @@ def test_fault_campaign_full(qwen3: Path, tmp_path: Path) -> None:
 def test_fuzz_campaign_full(tmp_path: Path) -> None:
     results = list(fuzz.run_campaign(fuzz.seed_model(tmp_path), tmp_path / "work", count=2000))
     assert not [r for r in results if r.outcome not in fuzz.PASSING]
+
+
+@pytest.mark.slow
+def test_a_long_run_with_constant_eviction_keeps_rss_flat(qwen3: Path) -> None:
+    """2000 tokens with a cache of a third of the experts (evictions in every layer of every token):
+    RSS after warm-up stays within 5%."""
+    expert_bytes = info.model_summary(qwen3).expert_bytes
+    config = replace(BASE, cache_mb=0.3 * expert_bytes / 2**20, ctx=2100, overlap=True)
+    with Engine(qwen3, config) as engine:
+        gen = engine.run(PROMPT, 2000)
+    assert len(gen.tokens) == 2000 and sum(m.evictions for m in gen.metrics) > 2000
+    warm = gen.metrics[200].rss_bytes
+    assert all(abs(m.rss_bytes - warm) <= 0.05 * warm for m in gen.metrics[200:]), \
+        (warm, max(m.rss_bytes for m in gen.metrics[200:]))
