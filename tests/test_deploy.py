@@ -355,6 +355,53 @@ def test_remote_generate_streams_the_resident_ids_back(deployed: dict, board, la
     assert text.returncode == 0 and text.stdout.strip() and "tok/s decode" in text.stderr, text.stderr
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.emulated
+def test_serve_on_the_board_through_a_forwarded_port(deployed: dict, board, lab: Path) -> None:
+    import openai
+
+    model = str(board.install_dir / "current" / QWEN3)
+    port, local = _free_port(), _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "bmoe_edge", "serve", "--host", board.target, "-m", model, "--port", str(port),
+         "--local-port", str(local), "--api-key", "board-key", "--ctx", "512"],
+        env=_env(lab), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stderr is not None
+        deadline = time.monotonic() + 600
+        seen = ""
+        while "serving" not in seen:
+            line = server.stderr.readline()
+            assert line or server.poll() is None, seen
+            assert time.monotonic() < deadline, seen
+            seen += line
+        threading.Thread(target=server.stderr.read, daemon=True).start()
+        assert f"127.0.0.1:{port}" in seen and "forwarding" in seen
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{local}/v1", api_key="board-key", max_retries=0,
+                               timeout=300)
+        reply = client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=4, temperature=0,
+                                               messages=[{"role": "user", "content": "The quick brown fox"}])
+        assert reply.choices[0].message.content and reply.usage.completion_tokens == 4
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"http://127.0.0.1:{local}/v1", api_key="wrong", max_retries=0).models.list()
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    # The server on the board went with the connection.
+    deadline = time.monotonic() + 60
+    while subprocess.run(["pgrep", "-f", f"serve --board qemu-arm64 -m {model}"], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "the board's server outlived its connection"
+        time.sleep(1)
+
+
 @pytest.mark.slow
 @pytest.mark.emulated
 def test_no_change_redeploy_uploads_nothing(deployed: dict, board, bundle_a: Path, lab: Path) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from bmoe_edge.cli.common import app, engine_options
+from bmoe_edge.cli.common import AcceptNewOpt, HostOpt, InstallDirOpt, SshConfigOpt, app, engine_options, fail
 from bmoe_edge.engine import settings
 from bmoe_edge.engine.session import Sampling
 
@@ -66,16 +66,44 @@ def serve_cmd(
     port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8080,
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="BMOE_EDGE_API_KEY", help="Every request needs "
                                                 "'Authorization: Bearer KEY' (/health excepted).")] = None,
+    api_key_file: Annotated[Path | None, typer.Option("--api-key-file", help="Read the API key from this file "
+                                                      "(a service's secret; never in `ps`).")] = None,
+    local_port: Annotated[int | None, typer.Option(
+        "--local-port", min=0, max=65535,
+        help="With --host: this machine's port forwarded to the board's (default: --port).")] = None,
     queue: Annotated[int, typer.Option("--queue", min=1, help="Requests that may wait; more get 429.")] = 8,
     model_id: Annotated[str | None, typer.Option("--model-id", help="The name clients use (default: the "
                                                  "file's name).")] = None,
     chat_template: TemplateOpt = None,
     board: BoardOpt = None,
+    host: HostOpt = None,
+    install_dir: InstallDirOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
     *,
     engine: dict[str, Any],
 ) -> None:
     """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health,
-    /metrics) over one engine that streams the model's experts."""
+    /metrics) over one engine that streams the model's experts.
+
+    With --host it runs on the board through its current release (-m is a path there), listening on
+    the board's loopback only, and this machine's 127.0.0.1:--local-port is forwarded to it over SSH."""
+    if api_key_file is not None:
+        try:
+            api_key = api_key_file.read_text().strip()
+        except OSError as exc:
+            fail(f"cannot read the API key file {api_key_file}: {exc.strerror}")
+    if host:
+        from bmoe_edge.fleet import onboard, remote
+
+        if port == 0 or local_port == 0:
+            fail("with --host, give fixed ports: --port (the board's) and --local-port (this machine's)")
+        args = onboard.serve_args(overrides=engine, queue=queue, model_id=model_id, chat_template=chat_template)
+        options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+        forwarded = port if local_port is None else local_port
+        raise typer.Exit(onboard.board_serve(
+            remote.parse_target(host), str(model), args, port=port, local_port=forwarded, options=options,
+            api_key=api_key, board_name=board, install_dir=install_dir, say=lambda s: typer.echo(s, err=True)))
     from bmoe_edge.serve import server
 
     config = _config(board, engine)

@@ -63,6 +63,51 @@ def board_generate(target: Target, model: str, prompt: str, args: Sequence[str],
         return int(result.exited)
 
 
+def serve_args(*, overrides: Mapping[str, object], queue: int, model_id: str | None,
+               chat_template: str | None) -> list[str]:
+    """`bmoe-edge serve` options for the board (the engine settings only where given)."""
+    args = generate_args(max_tokens=1, overrides=overrides, temp=0.0, top_k=40, top_p=0.95, seed=0,
+                         as_json=False, progress=False, csv_path=None)[2:]
+    args = args[: args.index("--temp")]  # sampling comes with each request, not on the command line
+    args += ["--queue", str(queue)]
+    if model_id:
+        args += ["--model-id", model_id]
+    if chat_template:
+        args += ["--chat-template", chat_template]
+    return args
+
+
+def board_serve(target: Target, model: str, args: Sequence[str], *, port: int, local_port: int,
+                options: SshOptions, api_key: str | None = None, board_name: str | None = None,
+                install_dir: str | None = None, say: Any = print, out: Any = None, err: Any = None) -> int:
+    """`serve` on the board through its current release, bound to the board's loopback, and this
+    machine's 127.0.0.1:local_port forwarded to it over the same SSH connection (fabric's local
+    forwarding): the server never listens on the board's network. It stops with the connection
+    (Ctrl-C here). An API key travels as a private file (never on a command line or in `ps`)."""
+    board, layout = connect(target, options, board_name, install_dir)
+    with board:
+        _rid, rel, manifest = current_release(board, layout)
+        if board_name and board_name != manifest.board:
+            raise BmoeError(f"{board.label}: the deployed release is for board {manifest.board}, not {board_name}")
+        extra: list[str] = []
+        key_file = None
+        if api_key:
+            key_file = f"{board.request_dir()}/api-key-{channel.request_name()}"
+            board.write_bytes(key_file, api_key.encode(), 0o600, durable=False)
+            extra = ["--api-key-file", key_file]
+        try:
+            with board.conn.forward_local(local_port, remote_port=port, remote_host="127.0.0.1",
+                                          local_host="127.0.0.1"):
+                say(f"forwarding http://127.0.0.1:{local_port} to {board.label} 127.0.0.1:{port}")
+                result = run_release(board, rel, ["serve", "--board", manifest.board, "-m", model, "--bind",
+                                                  "127.0.0.1", "--port", str(port), *extra, *args],
+                                     what="serve", out=out or sys.stdout, err=err or sys.stderr)
+        finally:
+            if key_file:
+                board.sh('rm -f -- "$1"', key_file, what="removing the API key file", check=False, timeout=60)
+        return int(result.exited)
+
+
 def run_release(board: Board, rel: str, args: Sequence[str], *, what: str, timeout: float | None = None,
                 out: Any = None, err: Any = None) -> Any:
     """`bmoe-edge ARGS…` through a release's launcher on the board (its profiles and fixtures), stopped
