@@ -17,7 +17,7 @@
 #
 #   scripts/sanitize.sh                  # engine (native/) instrumented, llama.cpp as usual
 #   BMOE_SANITIZE_LLAMA=ON scripts/sanitize.sh   # llama.cpp and ggml too (build/asan-all; a cold
-#                                                # build takes long)
+#                                                # build: 23 of 118 steps in 15 min on 2 busy cores)
 #   BMOE_SAN_FUZZ_COUNT=50 scripts/sanitize.sh   # a smaller fuzz sample
 #   scripts/sanitize.sh --build-only
 set -euo pipefail
@@ -30,12 +30,10 @@ llama=${BMOE_SANITIZE_LLAMA:-OFF}
 fuzz_count=${BMOE_SAN_FUZZ_COUNT:-200}
 build_dir=build/asan
 [[ $llama == ON ]] && build_dir=build/asan-all
-venv=${BMOE_SAN_VENV:-.venv-asan}  # another venv of this checkout only when it may take the sanitized build
+venv=${BMOE_SAN_VENV:-.venv-asan}  # BMOE_SAN_VENV: another venv (it gets the sanitized build installed)
 
 asan_rt=$(cc -print-file-name=libasan.so)
 [[ -e $asan_rt ]] || { echo "error: no libasan.so for cc (apt-get install libasan8 or gcc)" >&2; exit 1; }
-# libstdc++ preloaded too: python does not link it, and ASan resolves its __cxa_throw interceptor at
-# start-up; without it the first C++ throw dies with "CHECK failed: real___cxa_throw != 0".
 cxx_rt=$(c++ -print-file-name=libstdc++.so)
 
 [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
