@@ -231,12 +231,16 @@ class ReasoningSplit:
 
 def reply(engine: Engine, messages: Sequence[Message | Mapping[str, Any]], max_tokens: int,
           sampling: Sampling | None = None, *, think: bool | None = None, template: str | Template | None = None,
-          stop: Sequence[str] = (), parse_special: bool = False, result: Reply | None = None) -> Iterator[Delta]:
+          stop: Sequence[str] = (), parse_special: bool = False, result: Reply | None = None,
+          prompt_ids: Sequence[int] | None = None) -> Iterator[Delta]:
     """Answer the conversation, yielding the answer as it comes. The context keeps its longest common
-    prefix with the rendered conversation, so a conversation's next turn decodes only its new tokens."""
+    prefix with the rendered conversation, so a conversation's next turn decodes only its new tokens.
+    `prompt_ids`: the conversation already rendered and tokenized (`prompt_tokens`), not done again."""
     tmpl = template if isinstance(template, Template) else template_for(engine, template)
-    msgs = [as_message(m) for m in messages]
-    ids = prompt_tokens(engine, tmpl, msgs, think=think, parse_special=parse_special)
+    if prompt_ids is None:
+        msgs = [as_message(m) for m in messages]
+        prompt_ids = prompt_tokens(engine, tmpl, msgs, think=think, parse_special=parse_special)
+    ids = list(prompt_ids)
     out = result if result is not None else Reply()
     out.prompt_tokens = len(ids)
     from bmoe_edge.engine.session import Generation

@@ -18,17 +18,23 @@ from bmoe_edge.fleet.scripts import HANGUP
 from bmoe_edge.fleet.state import connect, current_release, read_state, release_env, write_state
 
 
-def generate_args(*, max_tokens: int, overrides: Mapping[str, object], temp: float, top_k: int, top_p: float,
-                  seed: int, as_json: bool, progress: bool, csv_path: str | None) -> list[str]:
-    """`bmoe-edge generate` options for the board: only what was given (None = the profile's default)."""
-    args = ["-n", str(max_tokens)]
+def engine_flags(overrides: Mapping[str, object]) -> list[str]:
+    """The engine settings that were given, as the board's command-line flags (None = the profile's)."""
+    args: list[str] = []
     for key, value in overrides.items():
         if value is None:
             continue
         setting = BY_NAME.get(key)
         if setting is None or not setting.flags:
-            raise BmoeError(f"generate option {key} cannot be passed to the board")
+            raise BmoeError(f"engine option {key} cannot be passed to the board")
         args += setting.as_flag(value)
+    return args
+
+
+def generate_args(*, max_tokens: int, overrides: Mapping[str, object], temp: float, top_k: int, top_p: float,
+                  seed: int, as_json: bool, progress: bool, csv_path: str | None) -> list[str]:
+    """`bmoe-edge generate` options for the board: only what was given (None = the profile's default)."""
+    args = ["-n", str(max_tokens), *engine_flags(overrides)]
     args += ["--temp", repr(temp), "--top-k", str(top_k), "--top-p", repr(top_p), "--seed", str(seed)]
     if as_json:
         args.append("--json")
@@ -66,10 +72,7 @@ def board_generate(target: Target, model: str, prompt: str, args: Sequence[str],
 def serve_args(*, overrides: Mapping[str, object], queue: int, model_id: str | None,
                chat_template: str | None) -> list[str]:
     """`bmoe-edge serve` options for the board (the engine settings only where given)."""
-    args = generate_args(max_tokens=1, overrides=overrides, temp=0.0, top_k=40, top_p=0.95, seed=0,
-                         as_json=False, progress=False, csv_path=None)[2:]
-    args = args[: args.index("--temp")]  # sampling comes with each request, not on the command line
-    args += ["--queue", str(queue)]
+    args = [*engine_flags(overrides), "--queue", str(queue)]  # sampling comes with each request
     if model_id:
         args += ["--model-id", model_id]
     if chat_template:

@@ -146,8 +146,8 @@ class Worker:
             ids = chat.prompt_tokens(self.engine, self.template, r.messages, think=r.think,
                                      parse_special=self.parse_special)
             self._fits(len(ids), r.max_tokens)
-            return chat.reply(self.engine, r.messages, r.max_tokens, r.sampling, think=r.think,
-                              template=self.template, stop=r.stop, parse_special=self.parse_special, result=reply)
+            return chat.reply(self.engine, r.messages, r.max_tokens, r.sampling, template=self.template, stop=r.stop,
+                              result=reply, prompt_ids=ids)
         ids = self.engine.tokenize(r.prompt, True, self.parse_special)
         self._fits(len(ids), r.max_tokens)
         return _complete(self.engine, ids, r, reply)
