@@ -72,3 +72,12 @@ def engine_options(settings: Sequence[Setting] = FLAG_SETTINGS) -> Callable[[Cal
         return run
 
     return wrap
+
+
+def machine_config(board: str | None, given: dict[str, Any]) -> Any:
+    """The engine settings of a run here: the flags that were given over the profile of `board`, else of
+    the machine this runs on (the deployed board's, else host). No knobs is the fast path."""
+    from bmoe_edge.boards import profiles
+    from bmoe_edge.engine import settings
+
+    return settings.resolve(profiles.load_profile(board or profiles.machine_board()).engine, given)

@@ -11,8 +11,17 @@ from typing import Annotated, Any
 import typer
 
 from bmoe_edge import __version__, doctor, llama_source
-from bmoe_edge.cli.common import AcceptNewOpt, HostOpt, InstallDirOpt, SshConfigOpt, app, engine_options, fail
-from bmoe_edge.engine import checksums, info, runner, settings
+from bmoe_edge.cli.common import (
+    AcceptNewOpt,
+    HostOpt,
+    InstallDirOpt,
+    SshConfigOpt,
+    app,
+    engine_options,
+    fail,
+    machine_config,
+)
+from bmoe_edge.engine import checksums, info, runner
 from bmoe_edge.engine.session import Sampling
 from bmoe_edge.errors import BmoeError, show_path
 from bmoe_edge.fixtures import tinymoe
@@ -216,10 +225,6 @@ def generate_cmd(
         options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
         raise typer.Exit(onboard.board_generate(remote.parse_target(host), str(model), prompt, args, options=options,
                                                 board_name=board, install_dir=install_dir))
-    from bmoe_edge.boards import profiles
-
-    # No knobs is the fast path: the profile of the machine this runs on gives every default.
-    defaults = profiles.load_profile(board or profiles.machine_board()).engine
-    config = settings.resolve(defaults, engine)
+    config = machine_config(board, engine)
     outputs = runner.Outputs(as_json=as_json, progress=progress, csv_path=csv_path)
     runner.generate(model, prompt, max_tokens, config, Sampling(temp, top_k, top_p, seed), outputs)

@@ -7,8 +7,16 @@ from typing import Annotated, Any
 
 import typer
 
-from bmoe_edge.cli.common import AcceptNewOpt, HostOpt, InstallDirOpt, SshConfigOpt, app, engine_options, fail
-from bmoe_edge.engine import settings
+from bmoe_edge.cli.common import (
+    AcceptNewOpt,
+    HostOpt,
+    InstallDirOpt,
+    SshConfigOpt,
+    app,
+    engine_options,
+    fail,
+    machine_config,
+)
 from bmoe_edge.engine.session import Sampling
 
 ModelOpt = Annotated[Path, typer.Option("-m", "--model", help="The gguf model (first shard of a split model).")]
@@ -17,12 +25,6 @@ BoardOpt = Annotated[str | None, typer.Option("--board", help="Take the defaults
 TemplateOpt = Annotated[str | None, typer.Option(
     "--chat-template", help="A llama.cpp built-in template name (chatml, llama3, gpt-oss, ...) or a file with a "
     "model's Jinja template (default: the model's own; ChatML when it has none).")]
-
-
-def _config(board: str | None, engine: dict[str, Any]) -> settings.StreamConfig:
-    from bmoe_edge.boards import profiles
-
-    return settings.resolve(profiles.load_profile(board or profiles.machine_board()).engine, engine)
 
 
 @app.command("chat")
@@ -49,7 +51,7 @@ def chat_cmd(
     from bmoe_edge.engine.session import Engine
     from bmoe_edge.serve import terminal
 
-    config = _config(board, engine)
+    config = machine_config(board, engine)
     with Engine(model, config) as e:
         # --parse-special (an engine setting): message text may spell control tokens; off, it is refused.
         session = chat.Session(e, system=system, template=chat_template, think=think,
@@ -106,7 +108,7 @@ def serve_cmd(
             api_key=api_key, board_name=board, install_dir=install_dir, say=lambda s: typer.echo(s, err=True)))
     from bmoe_edge.serve import server
 
-    config = _config(board, engine)
+    config = machine_config(board, engine)
     server.serve(model, config, bind=bind, port=port, api_key=api_key, queue_size=queue,
                  template=chat_template, parse_special=config.parse_special, model_id=model_id,
                  say=lambda s: typer.echo(s, err=True))
