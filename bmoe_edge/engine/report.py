@@ -62,6 +62,12 @@ def summary(gen: Generation, run_info: dict[str, object]) -> dict[str, object]:
         "drafted": sum(m.drafted for m in gen.metrics),
         "accepted": sum(m.accepted for m in gen.metrics),
         "decodes": sum(1 for m in decode if m.n_tokens > 0),
+        # Read-ahead (--prefetch): decodes that guessed, slots guessed and right, bytes read for guesses.
+        "read_ahead_decodes": sum(1 for m in decode if m.read_ahead),
+        "predicted": sum(m.predicted for m in gen.metrics),
+        "predicted_correct": sum(m.predicted_correct for m in gen.metrics),
+        "ahead_bytes": sum(m.ahead_bytes for m in gen.metrics),
+        "ahead_wasted_bytes": sum(m.ahead_wasted_bytes for m in gen.metrics),
         "run": run_info,
     }
 
@@ -107,9 +113,22 @@ def summary_text(s: dict[str, object]) -> str:
         per_decode = int(s["generated_tokens"]) / max(1, int(s["decodes"]) + 1)
         lines.append(f"speculative: {s['accepted']} of {s['drafted']} drafted tokens accepted, "
                      f"{per_decode:.2f} tokens per decode")
+    if run.get("prefetch", "off") != "off":
+        lines.append(prefetch_line(s, run))
     if run.get("warning"):
         lines.append(f"warning: {run['warning']}")
     return "\n".join(lines)
+
+
+def prefetch_line(s: dict[str, object], run: dict[str, object]) -> str:
+    """How read-ahead did: guesses right, bytes it read in vain, and in how many decodes it ran."""
+    if run.get("prefetch_note"):
+        return f"prefetch {run['prefetch']}: off, {run['prefetch_note']}"
+    predicted = int(str(s["predicted"]))
+    right = 100.0 * int(str(s["predicted_correct"])) / predicted if predicted else 0.0
+    return (f"prefetch {run['prefetch']}: read ahead in {s['read_ahead_decodes']} of {s['decodes']} decodes; "
+            f"{right:.1f}% of {predicted} guessed slots right; read ahead {int(str(s['ahead_bytes'])) / 2**20:.1f} MiB, "
+            f"{int(str(s['ahead_wasted_bytes'])) / 2**20:.1f} MiB of it for wrong guesses")
 
 
 def json_line(record: dict[str, object]) -> str:

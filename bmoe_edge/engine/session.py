@@ -44,6 +44,11 @@ class TokenMetrics:
     pool_bytes: int          # memory the expert page pool holds
     drafted: int = 0         # speculative decoding: draft tokens decoded with this one
     accepted: int = 0        # ... that the model agreed with (the next tokens, without a decode)
+    read_ahead: bool = False     # --prefetch: this step guessed each next layer's experts and read them ahead
+    predicted: int = 0           # expert slots guessed ahead
+    predicted_correct: int = 0   # ... that the router then chose
+    ahead_bytes: int = 0         # bytes read for guesses
+    ahead_wasted_bytes: int = 0  # ... for guesses the router did not choose
 
 
 @dataclass(frozen=True)

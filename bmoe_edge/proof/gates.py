@@ -68,6 +68,9 @@ CASES: dict[str, StreamCase] = {c.name: c for c in (
     StreamCase("page-64k-dense-anon", cache=0.3, overrides={"page_kb": 64, "dense": "anon"}),
     # Speculative decoding verifies drafts in batched decodes: greedy output must not change.
     StreamCase("speculative-ngram", cache=0.3, echo=True, overrides={"overlap": True, "speculative": "ngram"}),
+    # Read-ahead: guesses adopted while landing (overlap, nothing cached), or waited for (serial).
+    StreamCase("prefetch-overlap", overrides={"overlap": True, "prefetch": "predict"}),
+    StreamCase("prefetch-serial-cache-small", cache=0.3, overrides={"prefetch": "predict"}),
 )}
 
 

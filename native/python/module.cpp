@@ -89,6 +89,10 @@ NB_MODULE(_native, m) {
 
     nb::enum_<bmoe::ReadPath>(m, "ReadPath").value("pread", bmoe::ReadPath::Pread).value("odirect", bmoe::ReadPath::ODirect);
     nb::enum_<bmoe::DenseMode>(m, "DenseMode").value("mmap", bmoe::DenseMode::Mmap).value("anon", bmoe::DenseMode::Anon);
+    nb::enum_<bmoe::Prefetch>(m, "Prefetch")
+        .value("off", bmoe::Prefetch::Off)
+        .value("predict", bmoe::Prefetch::Predict)
+        .value("auto", bmoe::Prefetch::Auto);
     nb::enum_<bmoe::FaultKind>(m, "FaultKind")
         .value("none", bmoe::FaultKind::None)
         .value("corrupt", bmoe::FaultKind::Corrupt)
@@ -120,6 +124,7 @@ NB_MODULE(_native, m) {
         .def_rw("read_path", &bmoe::StreamConfig::read_path)
         .def_rw("dense", &bmoe::StreamConfig::dense)
         .def_rw("overlap", &bmoe::StreamConfig::overlap)
+        .def_rw("prefetch", &bmoe::StreamConfig::prefetch)
         .def_rw("threads", &bmoe::StreamConfig::threads)
         .def_rw("ctx", &bmoe::StreamConfig::ctx)
         .def_rw("batch", &bmoe::StreamConfig::batch)
@@ -156,7 +161,9 @@ NB_MODULE(_native, m) {
         BMOE_RO(TokenMetrics, cache_lookups) BMOE_RO(TokenMetrics, cache_hits) BMOE_RO(TokenMetrics, evictions) BMOE_RO(TokenMetrics, rereads)
         BMOE_RO(TokenMetrics, major_faults) BMOE_RO(TokenMetrics, rss_bytes)
         BMOE_RO(TokenMetrics, resident_expert_bytes) BMOE_RO(TokenMetrics, cache_budget_bytes)
-        BMOE_RO(TokenMetrics, pool_bytes) BMOE_RO(TokenMetrics, drafted) BMOE_RO(TokenMetrics, accepted);
+        BMOE_RO(TokenMetrics, pool_bytes) BMOE_RO(TokenMetrics, drafted) BMOE_RO(TokenMetrics, accepted)
+        BMOE_RO(TokenMetrics, read_ahead) BMOE_RO(TokenMetrics, predicted) BMOE_RO(TokenMetrics, predicted_correct)
+        BMOE_RO(TokenMetrics, ahead_bytes) BMOE_RO(TokenMetrics, ahead_wasted_bytes);
 
     nb::class_<bmoe::RunInfo>(m, "RunInfo")
         BMOE_RO(RunInfo, model) BMOE_RO(RunInfo, architecture) BMOE_RO(RunInfo, n_layer) BMOE_RO(RunInfo, n_expert)
@@ -168,7 +175,7 @@ NB_MODULE(_native, m) {
         BMOE_RO(RunInfo, cache_mode) BMOE_RO(RunInfo, cache_note) BMOE_RO(RunInfo, memory_limit_source)
         BMOE_RO(RunInfo, memory_limit_mb) BMOE_RO(RunInfo, memory_headroom_mb) BMOE_RO(RunInfo, memory_pending_mb)
         BMOE_RO(RunInfo, cache_adaptive)
-        BMOE_RO(RunInfo, dense) BMOE_RO(RunInfo, overlap) BMOE_RO(RunInfo, hook_compiled_in)
+        BMOE_RO(RunInfo, dense) BMOE_RO(RunInfo, overlap) BMOE_RO(RunInfo, prefetch) BMOE_RO(RunInfo, prefetch_note) BMOE_RO(RunInfo, hook_compiled_in)
         BMOE_RO(RunInfo, lazy_load) BMOE_RO(RunInfo, ctx) BMOE_RO(RunInfo, batch) BMOE_RO(RunInfo, ubatch)
         BMOE_RO(RunInfo, flash_attn) BMOE_RO(RunInfo, fault) BMOE_RO(RunInfo, io_timeout_s)
         BMOE_RO(RunInfo, verify_slices) BMOE_RO(RunInfo, parse_special) BMOE_RO(RunInfo, warning) BMOE_RO(RunInfo, load_ms)

@@ -45,6 +45,9 @@ void validate(const StreamConfig & c) {
         throw Error("io_timeout must be between 0 (no deadline) and 1000000 seconds, got " +
                     std::to_string(c.io_timeout_s));
     }
+    if (c.prefetch != Prefetch::Off && !c.stream) {
+        throw Error("prefetch reads streamed experts ahead: it needs streaming (drop --no-stream or --prefetch)");
+    }
     if (c.verify_slices && c.stream && c.slice_sums.empty()) {
         throw Error("verify_slices needs the model's slice checksums: run `bmoe-edge verify-model MODEL` once "
                     "to write them");
@@ -219,6 +222,15 @@ void Engine::Impl::open(const std::string & path) {
             streamer.make_resident(layer, e);
         }
     });
+    if (config.prefetch != Prefetch::Off) {
+        seam->set_read_ahead([&streamer](int layer, const std::vector<int> & e) { streamer.prefetch(layer, e); });
+        prefetch = std::make_unique<detail::PrefetchPolicy>(
+            config.prefetch == Prefetch::Auto ? detail::PrefetchPolicy::Mode::Auto : detail::PrefetchPolicy::Mode::Predict);
+        info.prefetch = to_string(config.prefetch);
+        if (!seam->can_read_ahead()) {
+            info.prefetch_note = "no two consecutive layers with router weights (blk.N.ffn_gate_inp.weight): nothing to predict from";
+        }
+    }
     seam->set_mode(detail::Seam::Mode::Stream);
     gguf->check_same_as_paths();  // llama.cpp and the lanes opened the files by path: the same ones?
     info.rss_after_load = detail::rss_bytes();
@@ -334,9 +346,10 @@ void Engine::Impl::size_cache() {
         widest_layer = std::max(widest_layer, streamer.bytes_per_expert(l));
     }
     const auto projections = static_cast<uint64_t>(info.streamed_tensors / std::max(1, streamer.n_layers()));
-    // The layer being computed and the one being read (overlap), each slice rounded out to units.
+    // The layer being computed and the one being read (overlap), and with read-ahead the next
+    // layer's guesses, each slice rounded out to units.
     const uint64_t slices = static_cast<uint64_t>(info.n_expert_used) * projections;
-    footprint.in_flight_bytes = 2 * (static_cast<uint64_t>(info.n_expert_used) * widest_layer + slices * 2 * info.page_size);
+    footprint.in_flight_bytes = (config.prefetch != Prefetch::Off ? 3 : 2) * (static_cast<uint64_t>(info.n_expert_used) * widest_layer + slices * 2 * info.page_size);
     // Each cached slice is one pool mapping plus the split of the reservation around it.
     const uint64_t maps_free = detail::mappings_left();
     const uint64_t per_expert_maps = 2 * projections;

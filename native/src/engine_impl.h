@@ -15,6 +15,7 @@
 #include "llama.h"
 #include "memory_budget.h"
 #include "ngram_draft.h"
+#include "prefetch_policy.h"
 #include "route_trace.h"
 #include "seam.h"
 #include "stream_setup.h"
@@ -66,6 +67,7 @@ struct Engine::Impl {
     const llama_vocab * vocab = nullptr;
     std::unique_ptr<detail::MemoryBudget> memory;
     std::unique_ptr<detail::RouteTrace> route_trace;
+    std::unique_ptr<detail::PrefetchPolicy> prefetch;
     std::unique_ptr<detail::ExpertReadyHook> hook;  // last member: unregistered before anything is freed
     std::vector<llama_token> pending;
     std::vector<llama_token> in_context;  // what the KV cache holds, position by position

@@ -32,6 +32,10 @@ bool ExpertCache::touch(const ExpertKey & key) {
     return true;
 }
 
+bool ExpertCache::contains(const ExpertKey & key) const {
+    return layers_[static_cast<size_t>(key.layer)].present[static_cast<size_t>(key.expert)];
+}
+
 void ExpertCache::insert(const ExpertKey & key) {
     Layer & l = layers_[static_cast<size_t>(key.layer)];
     const auto e = static_cast<size_t>(key.expert);

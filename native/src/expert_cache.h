@@ -30,6 +30,8 @@ public:
 
     // True (and the entry becomes the most recent of its layer) if the expert is resident.
     bool touch(const ExpertKey & key);
+    // True if the expert is resident; the LRU order is left alone (a guess is not a use).
+    bool contains(const ExpertKey & key) const;
     void insert(const ExpertKey & key);
     // Entries to evict so that every layer is within its share again, least recent first; entries
     // of `pinned_layer` (the layer being computed) are never chosen. They leave the cache.

@@ -315,6 +315,10 @@ bool Engine::Impl::step_once(StepResult & out) {
     if (d.route_trace) {
         d.route_trace->begin_step(d.step);
     }
+    if (d.prefetch) {
+        out.metrics.read_ahead = d.prefetch->reads_ahead();
+        d.seam->set_reading_ahead(out.metrics.read_ahead);
+    }
     d.decode(batch, !draft.empty());
     if (d.route_trace) {
         d.route_trace->end_step();
@@ -330,6 +334,9 @@ bool Engine::Impl::step_once(StepResult & out) {
         token = d.verify(batch, draft.size(), out);
     }
     out.metrics.wall_ms = ms_since(t0);
+    if (d.prefetch && batch.size() == 1) {
+        d.prefetch->record(out.metrics.wall_ms);
+    }
     if (d.streaming.streamer) {
         const detail::StreamCounters c = d.streaming.streamer->take_counters();
         out.metrics.io_ms = c.io_ms;
@@ -342,6 +349,10 @@ bool Engine::Impl::step_once(StepResult & out) {
         out.metrics.cache_hits = c.hits;
         out.metrics.evictions = c.evictions;
         out.metrics.rereads = c.rereads;
+        out.metrics.predicted = c.predicted;
+        out.metrics.predicted_correct = c.predicted_correct;
+        out.metrics.ahead_bytes = c.ahead_bytes;
+        out.metrics.ahead_wasted_bytes = c.ahead_wasted_bytes;
         detail::Streamer & streamer = *d.streaming.streamer;
         out.metrics.resident_expert_bytes = streamer.resident_expert_bytes();
         const uint64_t budget = streamer.cache().budget();

@@ -14,10 +14,32 @@ Batch::Batch(std::vector<ReadJob> jobs, JobDone on_job_done)
     : jobs_(std::move(jobs)), on_job_done_(std::move(on_job_done)), remaining_(jobs_.size()), job_ms_(jobs_.size(), 0),
       state_(jobs_.size(), 0) {}
 
-void Batch::start(size_t i) {
+bool Batch::start(size_t i) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (state_[i] == 3) {
+        return false;
+    }
     state_[i] = 1;
     last_progress_ = Clock::now();
+    return true;
+}
+
+void Batch::cancel_queued(const std::vector<size_t> & indices) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (size_t i : indices) {
+            if (i < state_.size() && state_[i] == 0) {
+                state_[i] = 3;
+                remaining_.fetch_sub(1, std::memory_order_acq_rel);
+            }
+        }
+    }
+    cv_.notify_all();
+}
+
+bool Batch::job_ok(size_t i) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return i < state_.size() && state_[i] == 2;
 }
 
 void Batch::finish(size_t i, uint64_t storage, uint64_t copies, float ms, const std::string * error) {
@@ -31,7 +53,7 @@ void Batch::finish(size_t i, uint64_t storage, uint64_t copies, float ms, const 
         std::lock_guard<std::mutex> lock(mutex_);
         last_end_ = Clock::now();
         last_progress_ = last_end_;
-        state_[i] = 2;
+        state_[i] = error == nullptr ? 2 : 4;
         if (error != nullptr && !failed_) {
             failed_ = true;
             error_ = *error;
@@ -41,7 +63,7 @@ void Batch::finish(size_t i, uint64_t storage, uint64_t copies, float ms, const 
     cv_.notify_all();
 }
 
-void Batch::wait(double timeout_s) {
+void Batch::wait(double timeout_s, bool throw_failed) {
     std::unique_lock<std::mutex> lock(mutex_);
     auto done = [&] { return remaining_.load(std::memory_order_acquire) == 0; };
     if (timeout_s <= 0) {
@@ -60,7 +82,7 @@ void Batch::wait(double timeout_s) {
             cv_.wait_until(lock, deadline, done);
         }
     }
-    if (failed_) {
+    if (failed_ && throw_failed) {
         throw Error(error_);
     }
 }
@@ -106,7 +128,7 @@ ReadLanes::~ReadLanes() {
     }
 }
 
-void ReadLanes::submit(const std::shared_ptr<Batch> & batch) {
+void ReadLanes::submit(const std::shared_ptr<Batch> & batch, ReadPriority priority) {
     if (batch->jobs().empty()) {
         return;
     }
@@ -118,8 +140,9 @@ void ReadLanes::submit(const std::shared_ptr<Batch> & batch) {
     }
     {
         std::lock_guard<std::mutex> lock(mutex_);
+        std::deque<Task> & queue = priority == ReadPriority::Urgent ? urgent_ : background_;
         for (size_t i = 0; i < batch->jobs().size(); ++i) {
-            queue_.push_back({batch, i});
+            queue.push_back({batch, i});
         }
     }
     cv_.notify_all();
@@ -130,12 +153,13 @@ void ReadLanes::run(int lane) {
         Task task;
         {
             std::unique_lock<std::mutex> lock(mutex_);
-            cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-            if (queue_.empty()) {
+            cv_.wait(lock, [&] { return stopping_ || !urgent_.empty() || !background_.empty(); });
+            std::deque<Task> & queue = urgent_.empty() ? background_ : urgent_;
+            if (queue.empty()) {
                 return;  // stopping and drained
             }
-            task = std::move(queue_.front());
-            queue_.pop_front();
+            task = std::move(queue.front());
+            queue.pop_front();
         }
         execute(lane, task);
     }
@@ -143,9 +167,11 @@ void ReadLanes::run(int lane) {
 
 void ReadLanes::execute(int lane, const Task & task) {
     const ReadJob & job = task.batch->jobs()[task.index];
+    if (!task.batch->start(task.index)) {
+        return;  // cancelled while queued: a read-ahead the router did not confirm
+    }
     const int64_t n = ++reads_;
     const bool injected = fault_.kind != FaultKind::None && n == fault_.nth;
-    task.batch->start(task.index);
     const auto t0 = Batch::Clock::now();
     auto ms = [&] { return std::chrono::duration<float, std::milli>(Batch::Clock::now() - t0).count(); };
     auto failed = [&](const std::string & why) {

@@ -45,10 +45,17 @@ public:
     explicit Batch(std::vector<ReadJob> jobs, JobDone on_job_done = nullptr);
 
     const std::vector<ReadJob> & jobs() const { return jobs_; }
-    // Block until every job is done; throws bmoe::Error if any failed. With timeout_s > 0, also
-    // throws when no read started or ended for that long (then timed_out() is true and the batch is
-    // abandoned: its callback no longer runs).
-    void wait(double timeout_s = 0);
+    // Block until every job is done; throws bmoe::Error if any failed (unless `throw_failed` is
+    // false: then job_ok() says which). With timeout_s > 0, also throws when no read started or
+    // ended for that long (then timed_out() is true and the batch is abandoned: its callback no
+    // longer runs).
+    void wait(double timeout_s = 0, bool throw_failed = true);
+    // Jobs not yet started are dropped (they count as done, are not read, and their callback does
+    // not run); jobs a lane is reading finish normally. Read-ahead uses it for wrong guesses.
+    void cancel_queued(const std::vector<size_t> & indices);
+    // Once the job is done: its bytes landed (false: it failed or was cancelled).
+    bool job_ok(size_t i);
+    bool done() const { return remaining_.load(std::memory_order_acquire) == 0; }
     bool timed_out() const { return timed_out_.load(); }
     // Slices whose first read did not match their checksum and were read again.
     uint64_t rereads() const { return rereads_.load(); }
@@ -62,7 +69,7 @@ public:
 
 private:
     friend class ReadLanes;
-    void start(size_t i);
+    bool start(size_t i);  // false: the job was cancelled
     void finish(size_t i, uint64_t storage, uint64_t copies, float ms, const std::string * error);
     std::string hung_job() const;  // under mutex_: the first read started and not finished
 
@@ -81,9 +88,12 @@ private:
     Clock::time_point first_start_{};
     Clock::time_point last_end_{};
     Clock::time_point last_progress_{};
-    std::vector<uint8_t> state_;  // per job: 0 queued, 1 reading, 2 done
+    std::vector<uint8_t> state_;  // per job: 0 queued, 1 reading, 2 done, 3 cancelled, 4 failed
     bool started_ = false;
 };
+
+// Urgent reads (what a layer is about to compute) go before background ones (read-ahead).
+enum class ReadPriority { Urgent, Background };
 
 class ReadLanes {
 public:
@@ -93,7 +103,7 @@ public:
     ReadLanes & operator=(const ReadLanes &) = delete;
 
     // Queue every job of the batch (in order) and return at once. The batch must outlive its jobs.
-    void submit(const std::shared_ptr<Batch> & batch);
+    void submit(const std::shared_ptr<Batch> & batch, ReadPriority priority = ReadPriority::Urgent);
 
 private:
     struct Task {
@@ -107,7 +117,8 @@ private:
     std::atomic<int64_t> reads_{0};
     std::mutex mutex_;
     std::condition_variable cv_;
-    std::deque<Task> queue_;
+    std::deque<Task> urgent_;
+    std::deque<Task> background_;
     bool stopping_ = false;
     std::vector<std::thread> threads_;
 };

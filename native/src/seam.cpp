@@ -12,6 +12,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "seam_predict.h"
 #include "streamer.h"
 
 namespace bmoe::detail {
@@ -48,6 +49,16 @@ bool parse_expert_name(const std::string & name, const Recipe & recipe, int & la
     }
     return false;
 }
+
+Seam::Seam(Recipe recipe) : recipe_(std::move(recipe)) {}
+Seam::~Seam() = default;
+
+void Seam::set_read_ahead(ReadAhead read_ahead) {
+    read_ahead_ = std::move(read_ahead);
+    predictor_ = read_ahead_ ? std::make_unique<NextLayerPredictor>(captured_) : nullptr;
+}
+
+bool Seam::can_read_ahead() const { return predictor_ != nullptr && predictor_->any(); }
 
 bool Seam::callback(ggml_tensor * t, bool ask, void * user_data) {
     auto * self = static_cast<Seam *>(user_data);
@@ -125,6 +136,13 @@ bool Seam::on_computed(ggml_tensor * t) {
             }
         }
         router_(layer, ids_, static_cast<int>(t->ne[0]));
+        // Only small batches (a decode, a speculative step): a prompt's batch routes to nearly
+        // every expert anyway, and its tokens would make a guess as costly as it is useless.
+        constexpr int kMaxGuessTokens = 4;
+        if (reading_ahead_ && predictor_ && t->ne[1] <= kMaxGuessTokens &&
+            predictor_->predict(t, layer, guess_, kMaxGuessTokens)) {
+            read_ahead_(layer + 1, guess_);
+        }
         return true;
     } catch (const std::exception & e) {
         error_ = e.what();

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -33,19 +34,30 @@ struct CapturedTensor {
     int n_expert = 0;            // ne[2]
 };
 
+class NextLayerPredictor;
+
 class Seam {
 public:
     enum class Mode { Off, Capture, Stream };
     // A layer's routed ids for the whole batch: `per_token` ids for each token, token after token.
     using Router = std::function<void(int layer, const std::vector<int> & experts, int per_token)>;
 
-    explicit Seam(Recipe recipe) : recipe_(std::move(recipe)) {}
+    // A guess of the experts `layer` will route to, made before its router runs (read-ahead).
+    using ReadAhead = std::function<void(int layer, const std::vector<int> & experts)>;
+
+    explicit Seam(Recipe recipe);
+    ~Seam();
 
     // The ggml_backend_sched_eval_callback to install, with `this` as user data.
     static bool callback(ggml_tensor * t, bool ask, void * user_data);
 
     void set_mode(Mode mode) { mode_ = mode; }
     void set_router(Router router) { router_ = std::move(router); }
+    // After capture: guess each next layer's experts from the routers' weights (seam_predict.h)
+    // and hand the guess over, in the decodes where set_reading_ahead(true) is in force.
+    void set_read_ahead(ReadAhead read_ahead);
+    void set_reading_ahead(bool on) { reading_ahead_ = on; }
+    bool can_read_ahead() const;
     // The router's error from the last decode, if any (and clears it).
     std::string take_error();
 
@@ -75,6 +87,10 @@ private:
     std::unordered_map<const ggml_tensor *, size_t> seen_;
     std::vector<std::pair<const void *, uint64_t>> runtime_buffers_;
     std::vector<int> ids_;
+    ReadAhead read_ahead_;
+    std::unique_ptr<NextLayerPredictor> predictor_;
+    bool reading_ahead_ = false;
+    std::vector<int> guess_;
 };
 
 class Streamer;

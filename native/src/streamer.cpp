@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <thread>
 
 #include "bmoe/error.h"
@@ -85,6 +86,16 @@ Streamer::~Streamer() {
     if (in_flight_) {
         abandoned_.push_back(std::move(in_flight_));
     }
+    for (auto * ahead : {&ahead_batch_, &settle_batch_}) {
+        if (*ahead) {
+            std::vector<size_t> all((*ahead)->jobs().size());
+            for (size_t i = 0; i < all.size(); ++i) {
+                all[i] = i;
+            }
+            (*ahead)->cancel_queued(all);
+            abandoned_.push_back(std::move(*ahead));
+        }
+    }
     for (const auto & batch : abandoned_) {
         try {
             batch->wait();
@@ -132,7 +143,8 @@ void Streamer::release_victims(const std::vector<ExpertKey> & victims) {
     }
 }
 
-std::vector<int> Streamer::admit(int layer, const std::vector<int> & routed, std::vector<int> & experts) {
+std::vector<int> Streamer::admit(int layer, const std::vector<int> & routed, std::vector<int> & experts,
+                                 std::vector<int> & adopted) {
     experts = routed;
     std::sort(experts.begin(), experts.end());
     experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
@@ -142,11 +154,18 @@ std::vector<int> Streamer::admit(int layer, const std::vector<int> & routed, std
                     std::to_string(experts.front() < 0 ? experts.front() : experts.back()) + " of " +
                     std::to_string(n_expert) + ": the router's output is corrupt");
     }
+    if (ahead_layer_ >= 0 && ahead_layer_ != layer) {
+        retire_ahead();  // guesses for a layer the router never reached
+    }
     std::vector<int> missing;
+    adopted.clear();
     for (int e : experts) {
         ++counters_.lookups;
         if (cache_.touch({layer, e})) {
             ++counters_.hits;
+        } else if (staged(layer, e)) {
+            adopted.push_back(e);  // mapped and read (or reading) ahead: it holds its slices already
+            cache_.insert({layer, e});
         } else {
             missing.push_back(e);
         }
@@ -183,7 +202,6 @@ std::vector<ReadJob> Streamer::jobs_for(int layer, const std::vector<int> & miss
                 jobs.back().crc32c = t.sums[static_cast<size_t>(e)];
                 jobs.back().what = t.name + " expert " + std::to_string(e);
             }
-            counters_.slice_bytes += t.expert_bytes;
             if (targets != nullptr) {
                 targets->emplace_back(i, e);
             }
@@ -228,24 +246,40 @@ void Streamer::make_resident(int layer, const std::vector<int> & routed) {
         return;  // a layer without streamed experts (the dense layers of a mixed model)
     }
     std::vector<int> experts;
-    const std::vector<int> missing = admit(layer, routed, experts);
-    if (missing.empty()) {
-        return;
-    }
-    auto batch = std::make_shared<Batch>(jobs_for(layer, missing, nullptr));
+    std::vector<int> adopted;
+    const std::vector<int> missing = admit(layer, routed, experts, adopted);
+    adopt_ahead(layer, experts, adopted, 0);
     const auto t0 = Clock::now();
-    lanes_.submit(batch);
-    try {
-        batch->wait(io_timeout_s_);
-    } catch (...) {
-        give_up(batch, layer, missing);
-        throw;
+    if (!missing.empty()) {
+        auto batch = std::make_shared<Batch>(jobs_for(layer, missing, nullptr));
+        counters_.slice_bytes += static_cast<uint64_t>(missing.size()) * bytes_per_expert(layer);
+        lanes_.submit(batch);
+        try {
+            batch->wait(io_timeout_s_);
+        } catch (...) {
+            give_up(batch, layer, missing);
+            throw;
+        }
+        add_batch_counters(*batch);
     }
+    settle_ahead();  // the adopted guesses must have landed too
     counters_.stall_ms += ms_since(t0);
-    add_batch_counters(*batch);
 }
 
 void Streamer::drain() {
+    std::exception_ptr ahead_error;  // both halves run: neither may leave a batch unsettled
+    try {
+        settle_ahead();
+    } catch (...) {
+        ahead_error = std::current_exception();
+    }
+    drain_in_flight();
+    if (ahead_error) {
+        std::rethrow_exception(ahead_error);
+    }
+}
+
+void Streamer::drain_in_flight() {
     if (!in_flight_) {
         return;
     }
@@ -281,19 +315,23 @@ void Streamer::publish(int layer, const std::vector<int> & routed) {
         return;
     }
     std::vector<int> experts;
-    const std::vector<int> missing = admit(layer, routed, experts);
+    std::vector<int> adopted;
+    const std::vector<int> missing = admit(layer, routed, experts, adopted);
     const uint64_t generation = ++generation_;
     for (size_t i : by_layer_[static_cast<size_t>(layer)]) {
         wanted_[i].store(generation, std::memory_order_release);
         for (int e : experts) {
-            if (!std::binary_search(missing.begin(), missing.end(), e)) {
+            if (!std::binary_search(missing.begin(), missing.end(), e) &&
+                !std::binary_search(adopted.begin(), adopted.end(), e)) {
                 ready_[i][static_cast<size_t>(e)].store(generation, std::memory_order_release);  // a cache hit
             }
         }
     }
+    adopt_ahead(layer, experts, adopted, generation);
     if (missing.empty()) {
         return;
     }
+    counters_.slice_bytes += static_cast<uint64_t>(missing.size()) * bytes_per_expert(layer);
     auto targets = std::make_shared<std::vector<std::pair<size_t, int>>>();
     std::vector<ReadJob> jobs = jobs_for(layer, missing, targets.get());
     in_flight_ = std::make_shared<Batch>(std::move(jobs), [this, targets, generation](size_t index, bool ok) {

@@ -49,6 +49,21 @@ struct StreamCounters {
     double io_ms = 0;
     double stall_ms = 0;  // serial: eval thread blocked; overlap: per compute thread, averaged
     double drain_ms = 0;  // overlap: waiting for the previous layer's reads before publishing
+    // Read-ahead (prefetch): experts guessed for a layer before its router ran, how many of them
+    // it routed to, and the bytes read for guesses (all / for the ones it did not route to).
+    uint64_t predicted = 0;
+    uint64_t predicted_correct = 0;
+    uint64_t ahead_bytes = 0;
+    uint64_t ahead_wasted_bytes = 0;
+};
+
+// The lanes' view of one read-ahead batch: which (tensor, expert) each job fills, whether it
+// landed, and the generation under which a layer adopted it (its compute threads wait for that).
+struct ReadAhead {
+    std::mutex mutex;
+    std::vector<std::pair<size_t, int>> targets;  // job index -> (tensor, expert)
+    std::vector<uint8_t> landed;                  // 0 pending, 1 read, 2 failed
+    std::vector<uint64_t> adopted;                // 0: not (yet) routed to
 };
 
 class Streamer {
@@ -69,6 +84,12 @@ public:
     // batch failed, or the I/O deadline passed: then the decode is failed). Unknown keys (tensors
     // we do not stream) return at once; an expert id out of range fails the decode.
     void wait_ready(const void * key, int expert);
+    // Read-ahead: `experts` (a prediction) of `layer`, the next layer to route. Those not cached are
+    // mapped and read at background priority; they join the cache only if the layer routes to
+    // them (make_resident / publish adopt them; the rest are cancelled or released). A guess only
+    // ever costs bandwidth and memory: what is computed is what the router chose, read or adopted.
+    void prefetch(int layer, const std::vector<int> & experts);
+
     // Wait for the batch in flight; rethrows its error after undoing its residency.
     void drain();
     bool failed() const { return fatal_.load(std::memory_order_acquire); }
@@ -88,7 +109,8 @@ public:
 
 private:
     // Cache lookups, residency accounting and eviction for one layer: returns the missing experts.
-    std::vector<int> admit(int layer, const std::vector<int> & routed, std::vector<int> & experts);
+    std::vector<int> admit(int layer, const std::vector<int> & routed, std::vector<int> & experts,
+                           std::vector<int> & adopted);
     std::vector<ReadJob> jobs_for(int layer, const std::vector<int> & missing,
                                   std::vector<std::pair<size_t, int>> * targets);
     void forget(int layer, const std::vector<int> & missing);
@@ -96,10 +118,22 @@ private:
     // deadline, quarantine them (see streamer.cpp).
     void give_up(const std::shared_ptr<Batch> & batch, int layer, const std::vector<int> & missing);
     void add_batch_counters(const Batch & batch);
+    void drain_in_flight();
     void for_each_slice(int layer, int expert, bool acquire);
     void release_victims(const std::vector<ExpertKey> & victims);
     void mark_ready(size_t tensor, int expert, uint64_t generation);
     void mark_failed();
+    // Read-ahead bookkeeping (streamer_ahead.cpp).
+    bool staged(int layer, int expert) const;
+    // The layer now routed: staged guesses it chose are adopted (in overlap, made ready under
+    // `generation` as they land), the others cancelled; the batch is kept to settle later.
+    void adopt_ahead(int layer, const std::vector<int> & experts, const std::vector<int> & adopted,
+                     uint64_t generation);
+    // Wait for the adopted read-ahead batch; release the wrong guesses; throws if an adopted read
+    // failed (after forgetting it).
+    void settle_ahead();
+    // Drop a read-ahead the router never reached (a decode failed or ended first).
+    void retire_ahead();
 
     std::vector<StreamedTensor> tensors_;
     std::vector<std::vector<size_t>> by_layer_;  // layer -> indexes into tensors_, projection order
@@ -127,6 +161,19 @@ private:
     std::mutex wait_mutex_;
     std::condition_variable wait_cv_;
     std::string wait_error_;  // under wait_mutex_: why a compute thread gave up waiting
+
+    // Read-ahead: the guesses for the next layer (staged), then, once that layer routed, the batch
+    // still landing with the guesses it adopted and the ones to release after it.
+    int ahead_layer_ = -1;
+    std::vector<int> ahead_predicted_;  // every guess, cached ones included (for accuracy)
+    std::vector<int> ahead_staged_;     // the guesses mapped and queued for reading, sorted
+    std::shared_ptr<Batch> ahead_batch_;
+    std::shared_ptr<ReadAhead> ahead_;
+    int settle_layer_ = -1;
+    std::shared_ptr<Batch> settle_batch_;
+    std::shared_ptr<ReadAhead> settle_;
+    std::vector<int> settle_adopted_;
+    std::vector<int> settle_wrong_;
 };
 
 }  // namespace bmoe::detail

@@ -9,6 +9,8 @@ namespace bmoe {
 
 enum class ReadPath { Pread, ODirect };
 enum class DenseMode { Mmap, Anon };
+// Read-ahead of the next layer's predicted experts: never, every decode, or where it measurably pays.
+enum class Prefetch { Off, Predict, Auto };
 
 // Test-only fault injection: act on the Nth slice read of the engine (1-based, counted across
 // the engine's life). Also settable with BMOE_FAULT=<kind>:N. corrupt garbles 256 bytes of the
@@ -44,6 +46,7 @@ struct StreamConfig {
     ReadPath read_path = ReadPath::ODirect;
     DenseMode dense = DenseMode::Mmap;
     bool overlap = false;             // I/O-compute overlap through the expert-ready hook
+    Prefetch prefetch = Prefetch::Off;  // read the next layer's predicted experts ahead (lossless)
     int threads = 0;                  // compute threads; 0 = all cores resident, all but one while streaming
     int ctx = 2048;
     int batch = 512;
@@ -70,5 +73,6 @@ struct SamplingParams {
 
 const char * to_string(ReadPath path);
 const char * to_string(DenseMode mode);
+const char * to_string(Prefetch prefetch);
 
 }  // namespace bmoe

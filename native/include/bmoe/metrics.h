@@ -28,6 +28,11 @@ struct TokenMetrics {
     uint64_t pool_bytes = 0;             // memory the expert page pool holds (in use, or kept for reuse)
     int drafted = 0;                     // speculative step: draft tokens decoded with this one
     int accepted = 0;                    // ... of which the model agreed with (handed out next, no decode)
+    bool read_ahead = false;             // this step guessed each next layer's experts and read them ahead
+    uint64_t predicted = 0;              // expert slots guessed ahead (per layer, before its router ran)
+    uint64_t predicted_correct = 0;      // ... that the router then chose
+    uint64_t ahead_bytes = 0;            // bytes read for guesses
+    uint64_t ahead_wasted_bytes = 0;     // ... for guesses the router did not choose
 };
 
 struct RunInfo {
@@ -62,6 +67,8 @@ struct RunInfo {
     bool cache_adaptive = false;     // the budget follows memory pressure while running
     std::string dense;
     bool overlap = false;
+    std::string prefetch = "off";      // read-ahead: off, predict or auto
+    std::string prefetch_note;         // why it is not what was asked, if it is not
     bool hook_compiled_in = false;
     bool lazy_load = false;          // patch 0002: expert ranges not prefetched at load
     int ctx = 0;
