@@ -65,6 +65,14 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
     for mb in budgets_mb:
         cells.append(stream(f"cache{mb:g}-overlap-od4", cache_mb=mb, overlap=True))
     cells.append(stream(f"cache{max(budgets_mb):g}-serial-od4", cache_mb=max(budgets_mb)))
+    # Read-ahead of the predicted next layer's experts, beside the same cell without it.
+    mid_mb = budgets_mb[len(budgets_mb) // 2]
+    cells += [
+        stream("off-overlap-od4-predict", overlap=True, prefetch="predict"),
+        stream("off-overlap-od4-pfauto", overlap=True, prefetch="auto"),
+        stream("off-serial-od4-predict", prefetch="predict"),
+        stream(f"cache{mid_mb:g}-overlap-od4-predict", cache_mb=mid_mb, overlap=True, prefetch="predict"),
+    ]
     cells.append(stream("auto-overlap-od4", cache_mb="auto", overlap=True))
     if cap_bytes:
         cells.append(stream("auto-ceil-overlap-od4", cache_mb="auto", cache_ceil_mb=int(max(budgets_mb)),
@@ -89,8 +97,9 @@ CELL_COLUMNS = (
     "model", "label", "kind", "repeat", "status", "tok_s", "ms_per_token", "ms_per_token_median", "decode_tokens",
     "bytes_read_per_token", "storage_bytes_per_token", "copy_bytes_per_token", "cache_hit_pct", "io_ms_per_token",
     "stall_ms_per_token", "drain_ms_per_token", "compute_ms_per_token", "read_mib_s", "major_faults_per_token",
-    "evictions_per_token", "peak_rss_bytes", "cap_method", "cap_mb", "cap_max_usage_mb", "cap_failcnt",
-    "cap_oom_kills", "threads", "io_threads", "read_path", "overlap", "cache_mode", "cache_budget_mb",
+    "evictions_per_token", "read_ahead_pct", "predicted_right_pct", "ahead_wasted_bytes_per_token",
+    "peak_rss_bytes", "cap_method", "cap_mb", "cap_max_usage_mb", "cap_failcnt",
+    "cap_oom_kills", "threads", "io_threads", "read_path", "overlap", "prefetch", "cache_mode", "cache_budget_mb",
     "process_threads", "loadavg_before", "loadavg_after", "load_s", "load_storage_bytes", "distinct_tokens",
     "stop_reason", "cell_s", "wall_s", "warning", "error",
 )
@@ -99,7 +108,8 @@ CELL_COLUMNS = (
 def _flatten(record: dict[str, Any], model: str, repeat: int) -> dict[str, Any]:
     run = record.get("run", {})
     out = {"model": model, "repeat": repeat, **{k: v for k, v in record.items() if k != "run"}}
-    for key in ("threads", "io_threads", "read_path", "overlap", "cache_mode", "cache_budget_mb", "warning"):
+    for key in ("threads", "io_threads", "read_path", "overlap", "prefetch", "cache_mode", "cache_budget_mb",
+                "warning"):
         if key in run:
             out[key] = run[key]
     return out

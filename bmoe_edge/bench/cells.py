@@ -44,7 +44,8 @@ class BenchCell:
 
 TOKEN_COLUMNS = ("step", "n_tokens", "wall_ms", "io_ms", "stall_ms", "drain_ms", "compute_ms", "bytes_read",
                  "slice_bytes", "copy_bytes", "cache_lookups", "cache_hits", "evictions", "major_faults",
-                 "rss_bytes", "resident_expert_bytes", "storage_bytes")
+                 "rss_bytes", "resident_expert_bytes", "storage_bytes", "read_ahead", "predicted", "predicted_correct",
+                 "ahead_bytes", "ahead_wasted_bytes")
 
 
 def _engine_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -139,6 +140,11 @@ def summarise_tokens(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "read_mib_s": round(bytes_read / MiB / (io_ms / 1000), 1) if io_ms > 0 else 0.0,
         "major_faults_per_token": round(total("major_faults") / n, 2),
         "evictions_per_token": round(total("evictions") / n, 2),
+        # Read-ahead: how often the guess was right, and what wrong guesses cost in bytes.
+        "read_ahead_pct": round(100 * total("read_ahead") / n, 1),
+        "predicted_right_pct": round(100 * total("predicted_correct") / total("predicted"), 2)
+        if total("predicted") else 0.0,
+        "ahead_wasted_bytes_per_token": round(total("ahead_wasted_bytes") / n),
     }
 
 

@@ -92,7 +92,8 @@ def run_header(run: dict[str, object]) -> str:
         f"streaming {'on' if run['streaming'] else 'off'}; read path {run['read_path'] or '-'}"
         + (f" ({run['read_path_note']})" if run["read_path_note"] else "")
         + f"; cache {run['cache_mode']} {float(str(run['cache_budget_mb'])):.1f} MiB; lanes {run['io_threads']};"
-        f" overlap {'on' if run['overlap'] else 'off'}; dense {run['dense']}; threads {run['threads']};"
+        f" overlap {'on' if run['overlap'] else 'off'}; prefetch {run.get('prefetch', 'off')};"
+        f" dense {run['dense']}; threads {run['threads']};"
         f" load {float(str(run['load_ms'])):.0f} ms, {int(str(run['load_bytes_read'])) / 2**20:.1f} MiB read",
         *([memory] if memory else []),
         *([f"LOSSY: {run['lossy']} (the output is not the model's)"] if run.get("lossy") else []),

@@ -1,0 +1,81 @@
+"""Read-ahead (--prefetch): guesses of the next layer's experts are read early, the output stays the
+model's (the gate cells prefetch-overlap and prefetch-serial-cache-small prove it over the matrix),
+a corrupted read-ahead slice is caught like any other, and `auto` measures before it commits."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from bmoe_edge.engine import Engine, StreamConfig
+from bmoe_edge.errors import BmoeError
+from bmoe_edge.fixtures import tinymoe
+from bmoe_edge.proof import gates
+
+from conftest import run_cli
+
+BASE = replace(gates.BASE, stream=True)
+PROMPT = gates.PROMPTS[0]
+STEPS = 16
+
+
+def _run(model, config: StreamConfig, steps: int = STEPS):
+    with Engine(model, config) as engine:
+        gen = engine.run(PROMPT, steps, logits=True)
+        return engine.run_info, gen
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_read_ahead_guesses_mostly_right_and_changes_nothing(overlap: bool) -> None:
+    model = tinymoe.fixture("qwen3moe", "Q8_0")
+    _, resident = _run(model, replace(BASE, stream=False))
+    info, ahead = _run(model, replace(BASE, cache_mb=0, overlap=overlap, prefetch="predict"))
+    assert info["prefetch"] == "predict" and not info["prefetch_note"]
+    assert ahead.tokens == resident.tokens and ahead.logits == resident.logits
+    decodes = ahead.metrics[1:]
+    assert all(m.read_ahead for m in decodes)
+    predicted = sum(m.predicted for m in decodes)
+    right = sum(m.predicted_correct for m in decodes)
+    # Every layer but the first is guessed: top-2 of 8 experts, for 3 of the fixture's 4 layers.
+    assert predicted == len(decodes) * 3 * 2
+    assert right > 0.5 * predicted  # the residual stream barely moves between layers
+    ahead_bytes = sum(m.ahead_bytes for m in decodes)
+    assert 0 < sum(m.ahead_wasted_bytes for m in decodes) <= ahead_bytes or right == predicted
+    assert ahead_bytes > 0
+
+
+@pytest.mark.parametrize("nth", [130, 140])
+def test_a_corrupted_read_ahead_slice_fails_the_comparison(nth: int) -> None:
+    """All 8 experts routed (the same lossy override on both sides): every guess is right, so the
+    reads of layers 1-3 are read-ahead reads that the router adopts. The prompt reads 4 x 3 x 8 = 96
+    slices, the first decode's layer 0 the next 24: read 121 on is read ahead."""
+    model = tinymoe.fixture("qwen3moe", "Q8_0")
+    everything = replace(BASE, cache_mb=0, overlap=True, io_threads=1, n_expert_used=8)
+    _, resident = _run(model, replace(everything, stream=False))
+    _, clean = _run(model, replace(everything, prefetch="predict"))
+    assert clean.logits == resident.logits
+    assert all(m.predicted == m.predicted_correct == 3 * 8 for m in clean.metrics[1:])
+    _, corrupt = _run(model, replace(everything, prefetch="predict", fault=f"corrupt:{nth}"))
+    assert corrupt.logits != resident.logits
+
+
+def test_auto_measures_off_and_on_windows_then_keeps_the_faster() -> None:
+    model = tinymoe.fixture("qwen3moe", "Q8_0")
+    info, gen = _run(model, replace(BASE, cache_mb=0, overlap=True, prefetch="auto"), steps=40)
+    assert info["prefetch"] == "auto"
+    pattern = [m.read_ahead for m in gen.metrics[1:33]]
+    assert pattern == [False] * 8 + [True] * 16 + [False] * 8  # off, on, on, off: a drift cancels out
+    after = {m.read_ahead for m in gen.metrics[33:]}
+    assert len(after) == 1  # one choice until the next probe
+
+
+def test_prefetch_bad_input_is_one_line() -> None:
+    with pytest.raises(BmoeError, match="prefetch"):
+        StreamConfig(prefetch="sometimes")  # type: ignore[arg-type]
+    model = tinymoe.fixture("qwen3moe", "Q8_0")
+    with pytest.raises(BmoeError, match="needs streaming"):
+        Engine(model, replace(BASE, stream=False, prefetch="predict"))
+    result = run_cli("generate", "-m", str(model), "-p", "x", "-n", "1", "--prefetch", "always")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "prefetch" in (result.stdout + result.stderr)
