@@ -128,7 +128,8 @@ def prefetch_line(s: dict[str, object], run: dict[str, object]) -> str:
     predicted = int(str(s["predicted"]))
     right = 100.0 * int(str(s["predicted_correct"])) / predicted if predicted else 0.0
     return (f"prefetch {run['prefetch']}: read ahead in {s['read_ahead_decodes']} of {s['decodes']} decodes; "
-            f"{right:.1f}% of {predicted} guessed slots right; read ahead {int(str(s['ahead_bytes'])) / 2**20:.1f} MiB, "
+            f"{right:.1f}% of {predicted} guessed slots right; "
+            f"read ahead {int(str(s['ahead_bytes'])) / 2**20:.1f} MiB, "
             f"{int(str(s['ahead_wasted_bytes'])) / 2**20:.1f} MiB of it for wrong guesses")
 
 
