@@ -100,6 +100,38 @@ def bench_routing_cmd(
     typer.echo(json.dumps({k: v for k, v in stats.items() if k != "mean_ranked_freq"}, indent=2))
 
 
+@bench_app.command("quality")
+def bench_quality_cmd(
+    model: Annotated[Path, typer.Option("-m", "--model")],
+    lossy: Annotated[list[str], typer.Option("--lossy", help="A lossy setting to compare with the lossless model, "
+                                             "e.g. n_expert_used=6 or drop_cold=0.05 (repeat for several).")],
+    tokens: Annotated[int, typer.Option("--tokens", min=2, help="Greedy tokens generated per setting.")] = 64,
+    prompt: Annotated[str | None, typer.Option("--prompt", help="The generation prompt.")] = None,
+    text: Annotated[Path | None, typer.Option("--text", help="Score this text's perplexity (default: a built-in "
+                                              "paragraph).")] = None,
+    cache_mb: Annotated[str | None, typer.Option("--cache-mb", help="Cache budget of every run (default: the "
+                                                 "machine profile's).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write quality.json and quality.md here.")] = None,
+) -> None:
+    """What lossy knobs cost: token agreement with the lossless run and the perplexity delta on a text,
+    every run with this machine's settings."""
+    from bmoe_edge.bench import quality
+    from bmoe_edge.boards import profiles
+    from bmoe_edge.engine import settings
+
+    flags: dict[str, object] = {"cache_mb": cache_mb} if cache_mb is not None else {}
+    base = settings.resolve(profiles.load_profile(profiles.machine_board()).engine, flags)
+    try:
+        body = text.read_text() if text is not None else quality.DEFAULT_TEXT
+    except OSError as exc:
+        fail(f"cannot read the text to score: {exc}")
+    rows = quality.bench_quality(model, base, [quality.parse_lossy(spec) for spec in lossy], tokens=tokens,
+                                 prompt=prompt or quality.DEFAULT_PROMPT, text=body)
+    if out is not None:
+        quality.write_quality(rows, out)
+    typer.echo(quality.quality_table(rows), nl=False)
+
+
 @bench_app.command("cell", hidden=True)
 def bench_cell_cmd(spec: Annotated[str, typer.Argument(help="The cell as JSON.")]) -> None:
     """One benchmark cell in this process (spawned by `bench stream`); prints one JSON record."""

@@ -44,6 +44,7 @@ class TokenMetrics:
     pool_bytes: int          # memory the expert page pool holds
     drafted: int = 0         # speculative decoding: draft tokens decoded with this one
     accepted: int = 0        # ... that the model agreed with (the next tokens, without a decode)
+    dropped: int = 0             # --drop-cold (lossy): routed slots skipped
     read_ahead: bool = False     # --prefetch: this step guessed each next layer's experts and read them ahead
     predicted: int = 0           # expert slots guessed ahead
     predicted_correct: int = 0   # ... that the router then chose
@@ -130,6 +131,13 @@ class Engine:
 
     def detokenize(self, tokens: list[int]) -> str:
         return self._live().detokenize(tokens)
+
+    def score(self, tokens: list[int]) -> list[float]:
+        """Teacher-forced log-probabilities (natural log) of tokens[1:], each after the ones before it.
+        Clears the context."""
+        engine = self._live()
+        with native.engine_errors():
+            return list(engine.score(list(tokens)))
 
     @property
     def chat_template(self) -> str:

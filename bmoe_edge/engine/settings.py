@@ -81,14 +81,14 @@ class Setting:
     """One row of the table."""
 
     name: str
-    kind: type                          # bool, int, str or CacheBudget
+    kind: type                          # bool, int, float, str or CacheBudget
     default: Any
     help: str
     flags: tuple[str, ...] = ()         # `generate` options; () = Python/config only. A bool's flag is
                                         # "--x/--no-x".
     choices: tuple[str, ...] = ()
-    minimum: int | None = None
-    maximum: int | None = None
+    minimum: float | None = None
+    maximum: float | None = None
     profile: Literal["required", "optional", None] = None   # key under a board profile's `engine:`
     profile_minimum: int | None = None  # a board profile is stricter than the engine
     auto: bool = False                  # "auto" is a value too (the engine decides where it runs)
@@ -121,20 +121,31 @@ class Setting:
                 raise BmoeError(f"{self._where()} must be true or false{' or auto' if self.auto else ''}, "
                                 f"got {value!r}")
             return value
+        if self.kind is float:
+            try:
+                value = float(value) if not isinstance(value, bool) else None
+            except (TypeError, ValueError):
+                value = None
+            if value is None or value != value:  # NaN
+                raise BmoeError(f"{self._where()} must be a number")
+            return self._in_bounds(value)
         if self.kind is int:
             if isinstance(value, str) and value.lstrip("-").isdigit():
                 value = int(value)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise BmoeError(f"{self._where()} must be an integer, got {value!r}")
-            low, high = self.minimum, self.maximum
-            if (low is not None and value < low) or (high is not None and value > high):
-                bounds = f"between {low} and {high}" if high is not None else f">= {low}"
-                raise BmoeError(f"{self._where()} must be {bounds}, got {value}")
-            return value
+            return self._in_bounds(value)
         if not isinstance(value, str) or (self.choices and value not in self.choices):
             raise BmoeError(f"{self._where()} must be {' or '.join(self.choices) or 'a string'}, got {value!r}")
         if self.name == "fault":
             _fault(value)
+        return value
+
+    def _in_bounds(self, value: float) -> Any:
+        low, high = self.minimum, self.maximum
+        if (low is not None and value < low) or (high is not None and value > high):
+            bounds = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
+            raise BmoeError(f"{self._where()} must be {bounds}, got {value:g}")
         return value
 
     def to_native(self, value: Any, n: Any) -> Mapping[str, Any]:
@@ -191,6 +202,10 @@ SETTINGS: tuple[Setting, ...] = (
             "(auto = the model's). The output is not the model's; the run info says so and gates refuse it.",
             flags=("--n-expert-used",), minimum=1, auto=True,
             native=lambda v, n: {"n_expert_used": 0 if v == "auto" else v}),
+    Setting("drop_cold", float, 0.0, "LOSSY: skip a routed expert that is not resident (cached or read ahead) and "
+            "carries less than this share of its token's routing weight; the kept experts share the weight "
+            "(0 = off). Needs a cache: a skipped slot points at a cached expert with weight zero.",
+            flags=("--drop-cold",), minimum=0.0),
     Setting("speculative", str, "off", "Speculative decoding: ngram verifies prompt-lookup drafts in one batch "
             "(greedy decoding only; identical tokens). A model's own MTP heads are not used: the pinned "
             "llama.cpp has no API to run them.", flags=("--speculative",), choices=("off", "ngram"),

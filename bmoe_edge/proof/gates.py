@@ -127,8 +127,8 @@ def quick_matrix() -> list[GateCell]:
 
 
 def stream_config(case: StreamCase, expert_bytes: int) -> StreamConfig:
-    if case.overrides.get("n_expert_used", "auto") != "auto":
-        raise BmoeError(f"gate case {case.name}: lossy settings (n_expert_used) have no place in the gates: "
+    if case.overrides.get("n_expert_used", "auto") != "auto" or case.overrides.get("drop_cold", 0):
+        raise BmoeError(f"gate case {case.name}: lossy settings (n_expert_used, drop_cold) have no place in the gates: "
                         "they compare against the lossless model")
     if case.cache == "auto":
         cache_mb: float | str = "auto"

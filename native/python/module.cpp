@@ -132,6 +132,7 @@ NB_MODULE(_native, m) {
         .def_rw("flash_attn", &bmoe::StreamConfig::flash_attn)
         .def_rw("route_trace", &bmoe::StreamConfig::route_trace)
         .def_rw("n_expert_used", &bmoe::StreamConfig::n_expert_used)
+        .def_rw("drop_cold", &bmoe::StreamConfig::drop_cold)
         .def_rw("speculative_ngram", &bmoe::StreamConfig::speculative_ngram)
         .def_rw("draft_max", &bmoe::StreamConfig::draft_max)
         .def_rw("io_timeout_s", &bmoe::StreamConfig::io_timeout_s)
@@ -162,7 +163,7 @@ NB_MODULE(_native, m) {
         BMOE_RO(TokenMetrics, major_faults) BMOE_RO(TokenMetrics, rss_bytes)
         BMOE_RO(TokenMetrics, resident_expert_bytes) BMOE_RO(TokenMetrics, cache_budget_bytes)
         BMOE_RO(TokenMetrics, pool_bytes) BMOE_RO(TokenMetrics, drafted) BMOE_RO(TokenMetrics, accepted)
-        BMOE_RO(TokenMetrics, read_ahead) BMOE_RO(TokenMetrics, predicted) BMOE_RO(TokenMetrics, predicted_correct)
+        BMOE_RO(TokenMetrics, dropped) BMOE_RO(TokenMetrics, read_ahead) BMOE_RO(TokenMetrics, predicted) BMOE_RO(TokenMetrics, predicted_correct)
         BMOE_RO(TokenMetrics, ahead_bytes) BMOE_RO(TokenMetrics, ahead_wasted_bytes);
 
     nb::class_<bmoe::RunInfo>(m, "RunInfo")
@@ -214,6 +215,7 @@ NB_MODULE(_native, m) {
         .def("begin", &bmoe::Engine::begin, nb::arg("prompt"), nb::arg("sampling"), nb::arg("want_logits") = false,
              nb::arg("reuse_kv") = false, nb::call_guard<nb::gil_scoped_release>())
         .def("next", &bmoe::Engine::next, nb::arg("out"), nb::call_guard<nb::gil_scoped_release>())
+        .def("score", &bmoe::Engine::score, nb::arg("tokens"), nb::call_guard<nb::gil_scoped_release>())
         .def_prop_ro("chat_template", &bmoe::Engine::chat_template)
         .def_prop_ro("context_tokens", &bmoe::Engine::context_tokens)
         .def("reset", &bmoe::Engine::reset)

@@ -14,6 +14,7 @@
 #include "bmoe/recipes.h"
 #include "engine_impl.h"
 #include "llama_runtime.h"
+#include "seam_drop.h"
 #include "telemetry.h"
 
 namespace bmoe {
@@ -44,6 +45,13 @@ void validate(const StreamConfig & c) {
     if (!(c.io_timeout_s >= 0 && c.io_timeout_s <= 1e6)) {
         throw Error("io_timeout must be between 0 (no deadline) and 1000000 seconds, got " +
                     std::to_string(c.io_timeout_s));
+    }
+    if (!(c.drop_cold >= 0 && c.drop_cold < 1)) {
+        throw Error("drop_cold must be in [0, 1) (a share of a token's routing weight), got " +
+                    std::to_string(c.drop_cold));
+    }
+    if (c.drop_cold > 0 && !c.stream) {
+        throw Error("drop_cold skips experts that streaming would have to read: it needs streaming");
     }
     if (c.prefetch != Prefetch::Off && !c.stream) {
         throw Error("prefetch reads streamed experts ahead: it needs streaming (drop --no-stream or --prefetch)");
@@ -169,6 +177,11 @@ void Engine::Impl::open(const std::string & path) {
         }
         info.lossy = "n_expert_used=" + std::to_string(config.n_expert_used);
     }
+    if (config.drop_cold > 0) {
+        char text[48];
+        std::snprintf(text, sizeof(text), "drop_cold=%g", config.drop_cold);
+        info.lossy += (info.lossy.empty() ? "" : ", ") + std::string(text);
+    }
     const Recipe * recipe = nullptr;
     if (config.stream) {
         recipe = find_recipe(info.architecture);
@@ -222,6 +235,11 @@ void Engine::Impl::open(const std::string & path) {
             streamer.make_resident(layer, e);
         }
     });
+    if (config.drop_cold > 0) {
+        seam->set_cold_dropper(std::make_unique<detail::ColdDropper>(
+            config.drop_cold, [&streamer](int layer, int e) { return streamer.resident(layer, e); },
+            [&streamer](int layer) { return streamer.cached_experts(layer); }));
+    }
     if (config.prefetch != Prefetch::Off) {
         seam->set_read_ahead([&streamer](int layer, const std::vector<int> & e) { streamer.prefetch(layer, e); });
         prefetch = std::make_unique<detail::PrefetchPolicy>(

@@ -36,6 +36,11 @@ bool ExpertCache::contains(const ExpertKey & key) const {
     return layers_[static_cast<size_t>(key.layer)].present[static_cast<size_t>(key.expert)];
 }
 
+std::vector<int> ExpertCache::resident(int layer) const {
+    const std::list<int> & lru = layers_[static_cast<size_t>(layer)].lru;
+    return {lru.begin(), lru.end()};
+}
+
 void ExpertCache::insert(const ExpertKey & key) {
     Layer & l = layers_[static_cast<size_t>(key.layer)];
     const auto e = static_cast<size_t>(key.expert);

@@ -32,6 +32,8 @@ public:
     bool touch(const ExpertKey & key);
     // True if the expert is resident; the LRU order is left alone (a guess is not a use).
     bool contains(const ExpertKey & key) const;
+    // The layer's resident experts, most recent first.
+    std::vector<int> resident(int layer) const;
     void insert(const ExpertKey & key);
     // Entries to evict so that every layer is within its share again, least recent first; entries
     // of `pinned_layer` (the layer being computed) are never chosen. They leave the cache.

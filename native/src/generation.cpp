@@ -349,6 +349,7 @@ bool Engine::Impl::step_once(StepResult & out) {
         out.metrics.cache_hits = c.hits;
         out.metrics.evictions = c.evictions;
         out.metrics.rereads = c.rereads;
+        out.metrics.dropped = d.seam->take_dropped();
         out.metrics.predicted = c.predicted;
         out.metrics.predicted_correct = c.predicted_correct;
         out.metrics.ahead_bytes = c.ahead_bytes;

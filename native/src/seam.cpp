@@ -12,6 +12,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "seam_drop.h"
 #include "seam_predict.h"
 #include "streamer.h"
 
@@ -56,6 +57,14 @@ Seam::~Seam() = default;
 void Seam::set_read_ahead(ReadAhead read_ahead) {
     read_ahead_ = std::move(read_ahead);
     predictor_ = read_ahead_ ? std::make_unique<NextLayerPredictor>(captured_) : nullptr;
+}
+
+void Seam::set_cold_dropper(std::unique_ptr<ColdDropper> dropper) { dropper_ = std::move(dropper); }
+
+int Seam::take_dropped() {
+    const int n = dropped_;
+    dropped_ = 0;
+    return n;
 }
 
 bool Seam::can_read_ahead() const { return predictor_ != nullptr && predictor_->any(); }
@@ -127,6 +136,9 @@ bool Seam::on_computed(ggml_tensor * t) {
         const int layer = std::stoi(t->name + std::strlen(kTopkPrefix));
         if (t->type != GGML_TYPE_I32) {
             throw Error(std::string("unexpected type of ") + t->name + ": llama.cpp's MoE graph changed");
+        }
+        if (dropper_) {
+            dropped_ += dropper_->apply(t, layer);  // before the ids are read: the router sees what is computed
         }
         ids_.clear();
         const auto * data = static_cast<const char *>(t->data);

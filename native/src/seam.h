@@ -35,6 +35,7 @@ struct CapturedTensor {
 };
 
 class NextLayerPredictor;
+class ColdDropper;
 
 class Seam {
 public:
@@ -58,6 +59,10 @@ public:
     void set_read_ahead(ReadAhead read_ahead);
     void set_reading_ahead(bool on) { reading_ahead_ = on; }
     bool can_read_ahead() const;
+    // LOSSY (--drop-cold): rewrite light, cold routed slots before the experts are computed.
+    void set_cold_dropper(std::unique_ptr<ColdDropper> dropper);
+    // Routed slots dropped since the last call.
+    int take_dropped();
     // The router's error from the last decode, if any (and clears it).
     std::string take_error();
 
@@ -91,6 +96,8 @@ private:
     std::unique_ptr<NextLayerPredictor> predictor_;
     bool reading_ahead_ = false;
     std::vector<int> guess_;
+    std::unique_ptr<ColdDropper> dropper_;
+    int dropped_ = 0;
 };
 
 class Streamer;

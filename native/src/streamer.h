@@ -100,6 +100,15 @@ public:
     // Only between decodes (no batch in flight).
     void set_budget(uint64_t bytes);
     const ExpertCache & cache() const { return cache_; }
+    std::vector<int> cached_experts(int layer) const {
+        return layer >= 0 && layer < n_layers() && !by_layer_[static_cast<size_t>(layer)].empty() ? cache_.resident(layer)
+                                                                                              : std::vector<int>();
+    }
+    // Resident for `layer` without a read: cached, or guessed and read ahead.
+    bool resident(int layer, int expert) const {
+        return layer >= 0 && layer < n_layers() && !by_layer_[static_cast<size_t>(layer)].empty() &&
+               (cache_.contains({layer, expert}) || staged(layer, expert));
+    }
     uint64_t pool_held_bytes() const;
 
     StreamCounters take_counters();

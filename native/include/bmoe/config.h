@@ -54,6 +54,8 @@ struct StreamConfig {
     bool flash_attn = false;
     std::string route_trace;          // a CSV of every token's routed experts per layer (empty = none)
     int n_expert_used = 0;            // lossy when > 0: route every token to this many experts (0 = the model's)
+    double drop_cold = 0;             // lossy when > 0: skip a routed expert that is not resident and carries less
+                                      // than this share of its token's routing weight (renormalised)
     bool speculative_ngram = false;   // greedy decoding verifies prompt-lookup drafts in one batch
     int draft_max = 8;                // ... of at most this many tokens
     double io_timeout_s = 30;         // a read making no progress this long fails the decode; 0 = wait forever

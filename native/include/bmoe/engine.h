@@ -49,6 +49,11 @@ public:
     // generation reached before) or the context is full. Throws bmoe::Error on a failed read.
     bool next(StepResult & out);
 
+    // Teacher-forced: the natural log-probability of each token after the ones before it (one
+    // value per token from the second on), one token per decode as in generation. Clears the
+    // context first. For perplexity.
+    std::vector<float> score(const std::vector<int32_t> & tokens);
+
     // The model's chat template (tokenizer.chat_template), empty when the file has none.
     std::string chat_template() const;
     // The tokens whose keys and values the context holds, in order.
