@@ -79,3 +79,53 @@ def test_prefetch_bad_input_is_one_line() -> None:
     result = run_cli("generate", "-m", str(model), "-p", "x", "-n", "1", "--prefetch", "always")
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "prefetch" in (result.stdout + result.stderr)
+
+
+# --- the lossy knob --drop-cold and bench quality -------------------------------------------------
+
+
+def test_drop_cold_drops_only_where_a_cached_expert_can_stand_in() -> None:
+    model = tinymoe.fixture("qwen3moe", "Q8_0")
+    _, lossless = _run(model, replace(BASE, cache_mb=0))
+    # Cache off: no cached expert to point a slot at, so nothing is dropped and nothing changes.
+    info, off = _run(model, replace(BASE, cache_mb=0, drop_cold=0.5))
+    assert info["lossy"] == "drop_cold=0.5"
+    assert sum(m.dropped for m in off.metrics) == 0
+    assert off.logits == lossless.logits
+    # A small cache: light, cold slots are dropped; the run reads less and is another model.
+    _, cached = _run(model, replace(BASE, cache_mb=0.3))
+    _, dropping = _run(model, replace(BASE, cache_mb=0.3, drop_cold=0.5))
+    assert sum(m.dropped for m in dropping.metrics[1:]) > 0
+    assert sum(m.bytes_read for m in dropping.metrics[1:]) < sum(m.bytes_read for m in cached.metrics[1:])
+    assert dropping.logits != cached.logits
+
+
+def test_drop_cold_bad_input_and_the_gates_refuse_it() -> None:
+    model = tinymoe.fixture("qwen3moe", "Q8_0")
+    for bad in (1.0, 1.5):
+        with pytest.raises(BmoeError, match=r"drop_cold must be in \[0, 1\)"):
+            Engine(model, replace(BASE, drop_cold=bad))
+    with pytest.raises(BmoeError, match="drop_cold"):
+        StreamConfig(drop_cold=-0.1)
+    with pytest.raises(BmoeError, match="needs streaming"):
+        Engine(model, replace(BASE, stream=False, drop_cold=0.1))
+    case = replace(gates.CASES["cache-small"], name="dropping", overrides={"drop_cold": 0.1})
+    with pytest.raises(BmoeError, match="lossy"):
+        gates.stream_config(case, 2**20)
+
+
+def test_bench_quality_reports_agreement_and_perplexity(tmp_path) -> None:
+    model = tinymoe.fixture("qwen3moe", "Q8_0")
+    result = run_cli("bench", "quality", "-m", str(model), "--lossy", "n_expert_used=1", "--lossy", "drop_cold=0.5",
+                     "--tokens", "12", "--cache-mb", "0.3", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    import json
+
+    rows = json.loads((tmp_path / "quality.json").read_text())
+    assert [r["setting"] for r in rows] == ["lossless", "n_expert_used=1", "drop_cold=0.5"]
+    assert rows[0]["perplexity_delta_pct"] == 0 and rows[0]["lossy"] == ""
+    assert rows[1]["lossy"] == "n_expert_used=1" and rows[1]["perplexity_delta_pct"] != 0
+    assert rows[2]["dropped_per_token"] > 0
+    assert all(r["perplexity"] > 1 for r in rows)
+    bad = run_cli("bench", "quality", "-m", str(model), "--lossy", "cache_mb=3")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "NAME=VALUE" in bad.stderr
