@@ -143,7 +143,8 @@ def test_the_route_trace_has_every_token_and_layer_and_does_not_depend_on_how_ex
         model: Path, tmp_path: Path) -> None:
     traces = {}
     for name, flags in {"serial": ["--no-overlap", "--cache-mb", "0"],
-                        "overlap-cache": ["--overlap", "--cache-mb", "64"]}.items():
+                        "overlap-cache": ["--overlap", "--cache-mb", "64"],
+                        "prefetch": ["--overlap", "--cache-mb", "0", "--prefetch", "predict"]}.items():
         path = tmp_path / f"{name}.csv"
         result = run_cli("generate", "-m", str(model), "-p", "Once upon a time", "-n", "6", "-t", "1",
                          "--route-trace", str(path), *flags)
@@ -151,6 +152,13 @@ def test_the_route_trace_has_every_token_and_layer_and_does_not_depend_on_how_ex
         traces[name] = _route_rows(path)
     rows = traces["serial"]
     assert rows == traces["overlap-cache"]
+    # Read-ahead changes no route; it adds its guess of each layer after the first, in the decodes.
+    assert [{**r, "predicted": ""} for r in traces["prefetch"]] == rows
+    assert all(not r["predicted"] for r in rows)
+    for r in traces["prefetch"]:
+        guessed = r["step"] != "0" and r["layer"] != "0"
+        assert bool(r["predicted"]) == guessed, r
+        assert not guessed or len(r["predicted"].split()) == 2
     layers = sorted({int(r["layer"]) for r in rows})
     assert layers == list(range(len(layers))) and len(layers) >= 2
     prompt = [r for r in rows if r["step"] == "0"]

@@ -241,7 +241,12 @@ void Engine::Impl::open(const std::string & path) {
             [&streamer](int layer) { return streamer.cached_experts(layer); }));
     }
     if (config.prefetch != Prefetch::Off) {
-        seam->set_read_ahead([&streamer](int layer, const std::vector<int> & e) { streamer.prefetch(layer, e); });
+        seam->set_read_ahead([&streamer, trace](int layer, const std::vector<int> & e) {
+            if (trace != nullptr) {
+                trace->predicted(layer, e);
+            }
+            streamer.prefetch(layer, e);
+        });
         prefetch = std::make_unique<detail::PrefetchPolicy>(
             config.prefetch == Prefetch::Auto ? detail::PrefetchPolicy::Mode::Auto : detail::PrefetchPolicy::Mode::Predict);
         info.prefetch = to_string(config.prefetch);

@@ -12,7 +12,7 @@ RouteTrace::RouteTrace(const std::string & path) : path_(path) {
     if (file_ == nullptr) {
         throw Error("cannot write the route trace " + path + ": " + std::strerror(errno));
     }
-    if (std::fputs("step,pos,layer,experts\n", file_) < 0) {
+    if (std::fputs("step,pos,layer,experts,predicted\n", file_) < 0) {
         std::fclose(file_);
         throw Error("cannot write the route trace " + path + ": " + std::strerror(errno));
     }
@@ -29,10 +29,20 @@ void RouteTrace::begin_batch(int first_pos, int n_tokens) {
     n_tokens_ = n_tokens;
 }
 
+void RouteTrace::predicted(int layer, const std::vector<int> & experts) {
+    guess_layer_ = layer;
+    guess_.clear();
+    for (size_t i = 0; i < experts.size(); ++i) {
+        guess_ += (i > 0 ? " " : "") + std::to_string(experts[i]);
+    }
+}
+
 void RouteTrace::record(int layer, const std::vector<int> & ids, int per_token) {
     if (per_token <= 0) {
         return;
     }
+    const std::string guess = layer == guess_layer_ ? guess_ : std::string();
+    guess_layer_ = -1;
     const size_t rows = ids.size() / static_cast<size_t>(per_token);
     // Fewer rows than tokens: the last layer, which computes only the batch's last tokens.
     const int skipped = n_tokens_ > static_cast<int>(rows) ? n_tokens_ - static_cast<int>(rows) : 0;
@@ -45,7 +55,7 @@ void RouteTrace::record(int layer, const std::vector<int> & ids, int per_token) 
             }
             line_ += std::to_string(ids[t * static_cast<size_t>(per_token) + static_cast<size_t>(k)]);
         }
-        line_ += '\n';
+        line_ += ',' + guess + '\n';
         std::fputs(line_.c_str(), file_);
     }
 }

@@ -1,6 +1,8 @@
 // The route trace: which experts every token was routed to, layer by layer, as the router chose
 // them (the ids of llama.cpp's top-k node, in its order), one CSV row per token and layer:
-//   step,pos,layer,experts        e.g.  3,41,0,12 7 33 2 60 5 18 9
+//   step,pos,layer,experts,predicted     e.g.  3,41,1,12 7 33 2 60 5 18 9,12 7 33 4 60 5 18 9
+// `predicted`: with --prefetch, the experts guessed for this layer before its router ran (for the
+// whole batch: their union), empty otherwise.
 // `step` is the engine's decode step (0 = the prompt), `pos` the token's position in the context.
 // In a model's last layer llama.cpp computes only the tokens whose logits are wanted: a prompt's
 // last layer has one row (its last token); a speculative step's has all of them.
@@ -28,6 +30,8 @@ public:
     void begin_batch(int first_pos, int n_tokens);
     // A layer's routed ids for the batch: `per_token` ids for each token in order.
     void record(int layer, const std::vector<int> & ids, int per_token);
+    // With read-ahead: the guess for `layer`, written with its rows when it routes.
+    void predicted(int layer, const std::vector<int> & experts);
     void end_step();
 
 private:
@@ -37,6 +41,8 @@ private:
     int first_pos_ = 0;
     int n_tokens_ = 0;
     std::string line_;
+    int guess_layer_ = -1;
+    std::string guess_;
 };
 
 }  // namespace bmoe::detail
