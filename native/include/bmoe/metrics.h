@@ -10,7 +10,8 @@ struct TokenMetrics {
     int step = 0;
     int n_tokens = 0;               // tokens decoded in this step (the prompt for step 0)
     double wall_ms = 0;
-    double io_ms = 0;               // wall time during which at least one read of this step was in flight
+    double io_ms = 0;               // wall time during which at least one on-demand read of this step was in flight
+                                    // (read-ahead batches run beside compute and are not counted)
     double stall_ms = 0;            // compute blocked on reads (overlap: per compute thread, averaged)
     double drain_ms = 0;            // overlap: waiting for the previous layer's reads before publishing
     double compute_ms = 0;          // wall - stall
