@@ -186,7 +186,7 @@ SETTINGS: tuple[Setting, ...] = (
             profile="required", native=lambda v, n: {"dense": getattr(n.DenseMode, v)}),
     Setting("overlap", bool, "auto", "I/O-compute overlap (default: on where the build has the hook).",
             flags=("--overlap/--no-overlap",), profile="required", auto=True, native=_overlap),
-    Setting("prefetch", str, "off", "Read ahead: guess each next layer's experts from its router weights and read "
+    Setting("prefetch", str, "auto", "Read ahead: guess each next layer's experts from its router weights and read "
             "them while this layer computes (lossless: a wrong guess costs bandwidth, never tokens). predict = every "
             "decode; auto = only while it measures faster than off.", flags=("--prefetch",),
             choices=("off", "predict", "auto"), profile="optional",

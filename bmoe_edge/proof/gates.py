@@ -31,9 +31,9 @@ QUICK_STEPS = 12
 DRAFT_MAX = 6
 
 # Pinned on both sides of every comparison: thread count, batch sizes, flash attention, context.
-# Everything a case does not set is pinned too: serial, no cache, the kernel's page unit.
-BASE = StreamConfig(threads=1, ctx=256, batch=64, ubatch=64, flash_attn=False, overlap=False, cache_mb=0, page_kb=0,
-                    draft_max=DRAFT_MAX)
+# Everything a case does not set is pinned too: serial, no read-ahead, no cache, the kernel's page unit.
+BASE = StreamConfig(threads=1, ctx=256, batch=64, ubatch=64, flash_attn=False, overlap=False, prefetch="off",
+                    cache_mb=0, page_kb=0, draft_max=DRAFT_MAX)
 
 
 @dataclass(frozen=True)

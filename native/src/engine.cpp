@@ -53,7 +53,7 @@ void validate(const StreamConfig & c) {
     if (c.drop_cold > 0 && !c.stream) {
         throw Error("drop_cold skips experts that streaming would have to read: it needs streaming");
     }
-    if (c.prefetch != Prefetch::Off && !c.stream) {
+    if (c.prefetch == Prefetch::Predict && !c.stream) {  // auto: simply off without streaming
         throw Error("prefetch reads streamed experts ahead: it needs streaming (drop --no-stream or --prefetch)");
     }
     if (c.verify_slices && c.stream && c.slice_sums.empty()) {

@@ -46,7 +46,7 @@ struct StreamConfig {
     ReadPath read_path = ReadPath::ODirect;
     DenseMode dense = DenseMode::Mmap;
     bool overlap = false;             // I/O-compute overlap through the expert-ready hook
-    Prefetch prefetch = Prefetch::Off;  // read the next layer's predicted experts ahead (lossless)
+    Prefetch prefetch = Prefetch::Auto;  // read the next layer's predicted experts ahead (lossless)
     int threads = 0;                  // compute threads; 0 = all cores resident, all but one while streaming
     int ctx = 2048;
     int batch = 512;
