@@ -173,15 +173,14 @@ def archs_cmd(as_json: Annotated[bool, typer.Option("--json", help="One record p
     gate has proven it yet.
     """
     rows = moe_archs.statuses(gated_architectures(), info.recipes())
+    counts = {s: sum(r.status == s for r in rows) for s in ("gated", "refused", "untested")}
     if as_json:
-        typer.echo(json.dumps({"llama_pin": info.version_info().llama_pin,
-                               "counts": {s: sum(r.status == s for r in rows) for s in ("gated", "refused", "untested")},
+        typer.echo(json.dumps({"llama_pin": info.version_info().llama_pin, "counts": counts,
                                "architectures": [asdict(r) for r in rows]}, indent=2))
         return
     for r in rows:
         detail = r.reason or (f"fixture {r.fixture}" if r.fixture else "")
-        typer.echo(f"{r.architecture:<16} {r.status:<9} {r.source:<20} {detail}")
-    counts = {s: sum(r.status == s for r in rows) for s in ("gated", "refused", "untested")}
+        typer.echo(f"{r.architecture:<16} {r.status:<9} {r.source:<32} {detail}")
     typer.echo(f"archs: {len(rows)} MoE architectures: {counts['gated']} gated, {counts['refused']} refused, "
                f"{counts['untested']} untested")
 

@@ -75,6 +75,7 @@ ModelInfo probe_model(const std::string & path) {
     llama_model_params mparams = llama_model_default_params();
     mparams.vocab_only = true;
     mparams.n_gpu_layers = 0;
+    detail::clear_llama_error();
     std::unique_ptr<llama_model, ModelDeleter> model(llama_model_load_from_file(path.c_str(), mparams));
     if (!model) {
         const std::string why = detail::last_llama_error();
