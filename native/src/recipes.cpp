@@ -22,6 +22,11 @@ const std::vector<Recipe> & recipes() {
         {"nomic-bert", kExpertSuffixes, "", kEncoder},
         {"nomic-bert-moe", kExpertSuffixes, "", kEncoder},
         {"llama-embed", kExpertSuffixes, "", kEncoder},
+        // Measured: the graph builds two routings per layer (experts, then chunk experts over a shared
+        // router) and both are named ffn_moe_topk-<il>; the stream phase stops on the second one.
+        {"grovemoe", kExpertSuffixes, "",
+         "two routings per layer (experts and chunk experts) share one ffn_moe_topk name: the seam cannot tell "
+         "whose ids it reads"},
     };
     return table;
 }
