@@ -83,3 +83,12 @@ def test_generate_refuses_a_refused_architecture_before_loading(tmp_path: Path) 
     writer.close()
     result = run_cli("generate", "-m", str(path), "-p", "Hi", "-n", "2", "--stream")
     assert_clean_error(result, "nomic-bert-moe", "cannot be streamed", "encoder", "--no-stream")
+
+
+def test_the_full_matrix_has_the_breadth_columns_once() -> None:
+    full = gates.full_matrix()
+    keys = [(c.fixture, c.case.name) for c in full]
+    assert len(keys) == len(set(keys))
+    assert set((c.fixture, c.case.name) for c in gates.breadth_matrix()) <= set(keys)
+    assert {c.fixture.arch for c in full} == set(tinymoe.MOE_ARCHS)
+    assert {c.fixture.quant for c in full} >= set(gates.TYPE_COLUMN_QUANTS)

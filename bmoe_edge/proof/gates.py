@@ -137,8 +137,8 @@ def full_matrix() -> list[GateCell]:
             spec = FixtureSpec(arch, quant)
             cells += [GateCell(spec, case) for case in CASES.values()]
         cells.append(GateCell(FixtureSpec(arch, "Q8_0", split=3), CASES["cache-small"]))
-    have = set(cells)
-    return cells + [c for c in breadth_matrix() if c not in have]
+    have = {(c.fixture, c.case.name) for c in cells}
+    return cells + [c for c in breadth_matrix() if (c.fixture, c.case.name) not in have]
 
 
 def quick_matrix() -> list[GateCell]:
