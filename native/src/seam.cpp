@@ -113,9 +113,14 @@ bool Seam::adopt_expert_name(CapturedTensor & c) {
     if (parse_expert_name(c.name, recipe_, c.layer, c.projection)) {
         return true;
     }
+    static const std::string weight = ".weight";
+    if (!starts_with(c.name.c_str(), "blk.") || c.name.size() <= weight.size() ||
+        c.name.compare(c.name.size() - weight.size(), weight.size(), weight) != 0) {
+        return false;
+    }
     const size_t dot = c.name.find('.', 4);
-    const size_t end = c.name.size() - std::strlen(".weight");
-    if (dot == std::string::npos || dot >= end || !starts_with(c.name.c_str(), "blk.")) {
+    const size_t end = c.name.size() - weight.size();
+    if (dot == std::string::npos || dot >= end) {
         return false;
     }
     recipe_.expert_suffixes.push_back(c.name.substr(dot + 1, end - dot - 1));
