@@ -106,7 +106,7 @@ def bad_models(tmp_path_factory: pytest.TempPathFactory, model: Path) -> dict[st
 @pytest.mark.parametrize("case,needles", [
     ("truncated", ["truncated.gguf", "gguf"]),
     ("past_eof", ["past the end of the file"]),
-    ("unknown", ["qwen9zzz", "no streaming recipe", "--no-stream"]),
+    ("unknown", ["qwen9zzz", "unknown model architecture"]),
     ("dense", ["dense", "--no-stream"]),
     ("missing_shard", ["missing shard 2 of 3"]),
 ])

@@ -72,15 +72,17 @@ def test_fixture_has_the_rows_tensors_and_keys(written, arch: str, quant: str) -
         assert f"{prefix}.expert_count" not in reader.fields
 
     tensors = {t.name: t for t in reader.tensors}
-    expected = {"token_embd.weight", "output_norm.weight", "output.weight"}
+    expected = {"token_embd.weight", row.output_norm, "output.weight"}
     expected |= {t.name for t in row.model}
     expected |= {f"blk.{il}.{t.name}" for il in range(4) for t in row.layer if t.in_layer(il, d)}
     assert set(tensors) == expected
 
     wanted = GT[quant]
     experts = tinymoe.expert_tensors(arch)
-    assert len(experts) == (0 if not row.is_moe else len(row.experts) * (4 - d.n_dense_lead))
     by_suffix = {t.name.removesuffix(".weight"): t for t in row.layer}
+    moe_layers = [il for il in range(4) if row.is_moe and by_suffix[row.experts[-1]].in_layer(il, d)]
+    assert len(experts) == len(row.experts) * len(moe_layers)
+    assert len(moe_layers) >= (2 if row.is_moe else 0)
     for name in experts:
         t = tensors[name]
         spec = by_suffix[name.split(".")[2]]

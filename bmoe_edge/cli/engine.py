@@ -21,11 +21,11 @@ from bmoe_edge.cli.common import (
     fail,
     machine_config,
 )
-from bmoe_edge.engine import checksums, info, runner
+from bmoe_edge.engine import checksums, info, moe_archs, runner
 from bmoe_edge.engine.session import Sampling
 from bmoe_edge.errors import BmoeError, show_path
 from bmoe_edge.fixtures import tinymoe
-from bmoe_edge.proof.gates import ARCHS_WITH_FIXTURES
+from bmoe_edge.proof.gates import gated_architectures
 
 
 def _print_version(value: bool) -> None:
@@ -164,15 +164,25 @@ def tiny_model_cmd(
 
 
 @app.command("archs")
-def archs_cmd() -> None:
-    """The architectures the engine can stream: the recipe table (general.architecture -> expert tensors).
+def archs_cmd(as_json: Annotated[bool, typer.Option("--json", help="One record per architecture.")] = False) -> None:
+    """Every MoE architecture of the pinned llama.cpp (its graph calls build_moe_ffn) and its status.
 
-    "gated" rows have a synthetic fixture and pass the byte-identity gates; the others follow the same
-    graph shape in llama.cpp but have no fixture yet.
+    "gated": a tiny fixture of it passes streamed == resident, ids and logits (`gates`); "refused": its
+    experts cannot be streamed, and why (generate says so before loading weights); "untested": the
+    default discovery applies (experts are the weights the graph multiplies with MUL_MAT_ID) but no
+    gate has proven it yet.
     """
-    for recipe in info.recipes():
-        gated = "gated" if recipe.architecture in ARCHS_WITH_FIXTURES else "untested"
-        typer.echo(f"{recipe.architecture:<12} {gated:<9} {', '.join(recipe.expert_suffixes):<40} {recipe.note}")
+    rows = moe_archs.statuses(gated_architectures(), info.recipes())
+    counts = {s: sum(r.status == s for r in rows) for s in ("gated", "refused", "untested")}
+    if as_json:
+        typer.echo(json.dumps({"llama_pin": info.version_info().llama_pin, "counts": counts,
+                               "architectures": [asdict(r) for r in rows]}, indent=2))
+        return
+    for r in rows:
+        detail = r.reason or (f"fixture {r.fixture}" if r.fixture else "")
+        typer.echo(f"{r.architecture:<16} {r.status:<9} {r.source:<32} {detail}")
+    typer.echo(f"archs: {len(rows)} MoE architectures: {counts['gated']} gated, {counts['refused']} refused, "
+               f"{counts['untested']} untested")
 
 
 @app.command("generate")

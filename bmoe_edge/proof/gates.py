@@ -15,6 +15,7 @@ from pathlib import Path
 
 from bmoe_edge.engine import Engine, Generation, StreamConfig, info
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.fixtures.arch_rows import MOE_ARCHS, ROWS
 from bmoe_edge.fixtures.specs import (  # noqa: F401 - fixture_resolver and quick_fixture_specs: the CLI's
     QUICK_FIXTURES,
     FixtureSpec,
@@ -101,19 +102,46 @@ class CellResult:
     error: str = ""
 
 
-ARCHS_WITH_FIXTURES = ("qwen3moe", "qwen2moe", "olmoe", "llama", "gpt-oss", "gemma4", "granitemoe", "deepseek2")
+ARCHS_WITH_FIXTURES = MOE_ARCHS  # every MoE row of the fixture table is gated
+
+# Every configuration over these architectures and weight types (the depth of the matrix).
+CONFIG_ARCHS = ("qwen3moe", "qwen2moe", "olmoe", "llama", "gpt-oss", "gemma4", "granitemoe", "deepseek2")
 QUANTS = ("F32", "F16", "Q8_0", "Q4_0", "Q4_K_M")
 QUICK_CASES = ("cache-off", "cache-small", "dense-anon", "overlap-cache-small", "page-16k")
+# The breadth: every fixture row (ARCHS_WITH_FIXTURES, from the row table) in one type, and every weight
+# type real MoE ggufs ship in on two architectures (split gate/up/down and fused gate_up), one config each.
+ARCH_COLUMN_QUANT = "Q8_0"
+TYPE_COLUMN_ARCHS = ("qwen3moe", "gemma4")
+TYPE_COLUMN_QUANTS = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M", "Q2_K", "IQ4_XS", "MXFP4_MOE", "MIXED")
+COLUMN_CASE = "cache-small"
+
+
+def gated_architectures() -> dict[str, str]:
+    """general.architecture -> the fixture row(s) whose gate cells cover it."""
+    out: dict[str, str] = {}
+    for name in ARCHS_WITH_FIXTURES:
+        arch = ROWS[name].arch
+        out[arch] = f"{out[arch]}, {name}" if arch in out else name
+    return out
+
+
+def breadth_matrix() -> list[GateCell]:
+    """All architectures x one type, all weight types x two architectures: one cell each."""
+    case = CASES[COLUMN_CASE]
+    cells = [GateCell(FixtureSpec(arch, ARCH_COLUMN_QUANT), case) for arch in ARCHS_WITH_FIXTURES]
+    cells += [GateCell(FixtureSpec(arch, quant), case) for quant in TYPE_COLUMN_QUANTS for arch in TYPE_COLUMN_ARCHS]
+    return cells
 
 
 def full_matrix() -> list[GateCell]:
     cells = []
-    for arch in ARCHS_WITH_FIXTURES:
+    for arch in CONFIG_ARCHS:
         for quant in QUANTS:
             spec = FixtureSpec(arch, quant)
             cells += [GateCell(spec, case) for case in CASES.values()]
         cells.append(GateCell(FixtureSpec(arch, "Q8_0", split=3), CASES["cache-small"]))
-    return cells
+    have = {(c.fixture, c.case.name) for c in cells}
+    return cells + [c for c in breadth_matrix() if (c.fixture, c.case.name) not in have]
 
 
 def quick_matrix() -> list[GateCell]:

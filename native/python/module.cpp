@@ -84,8 +84,10 @@ NB_MODULE(_native, m) {
     nb::class_<bmoe::Recipe>(m, "Recipe")
         .def_ro("architecture", &bmoe::Recipe::architecture)
         .def_ro("expert_suffixes", &bmoe::Recipe::expert_suffixes)
-        .def_ro("note", &bmoe::Recipe::note);
+        .def_ro("note", &bmoe::Recipe::note)
+        .def_ro("refused", &bmoe::Recipe::refused);
     m.def("recipes", &bmoe::recipes);
+    m.def("recipe_for", &bmoe::recipe_for);
 
     nb::enum_<bmoe::ReadPath>(m, "ReadPath").value("pread", bmoe::ReadPath::Pread).value("odirect", bmoe::ReadPath::ODirect);
     nb::enum_<bmoe::DenseMode>(m, "DenseMode").value("mmap", bmoe::DenseMode::Mmap).value("anon", bmoe::DenseMode::Anon);

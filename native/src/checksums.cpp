@@ -60,12 +60,12 @@ ModelLayout model_layout(const std::string & path) {
     out.file_sizes = gguf.file_sizes();
     out.data_starts.assign(out.files.size(), 0);
     std::vector<bool> seen(out.files.size(), false);
-    const Recipe * recipe = find_recipe(gguf.architecture());
+    const Recipe recipe = recipe_for(gguf.architecture());
     for (const auto & [name, loc] : gguf.tensors()) {
         ModelTensor t{printable(name), loc.file, loc.offset, loc.size, 0};
         int layer = 0;
         int projection = 0;
-        if (recipe != nullptr && detail::parse_expert_name(name, *recipe, layer, projection) && loc.n_slices > 1 &&
+        if (detail::parse_expert_name(name, recipe, layer, projection) && loc.n_slices > 1 &&
             loc.size % loc.n_slices == 0) {
             t.n_slices = static_cast<uint32_t>(loc.n_slices);
         }

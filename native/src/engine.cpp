@@ -115,9 +115,9 @@ std::vector<std::string> lazy_suffixes(const Recipe & recipe) {
 // The model's expert count from its tensor table: known before llama.cpp loads (and would assert
 // on an expert_used_count override above it).
 int64_t experts_in_file(const detail::GgufMap & gguf, const std::string & architecture) {
-    const Recipe * recipe = find_recipe(architecture);
-    for (int il = 0; recipe != nullptr && il < 4096; ++il) {
-        for (const std::string & suffix : recipe->expert_suffixes) {
+    const Recipe recipe = recipe_for(architecture);
+    for (int il = 0; il < 4096; ++il) {
+        for (const std::string & suffix : recipe.expert_suffixes) {
             if (const detail::TensorLocation * t = gguf.find("blk." + std::to_string(il) + "." + suffix + ".weight")) {
                 return static_cast<int64_t>(t->n_slices);
             }
@@ -182,17 +182,11 @@ void Engine::Impl::open(const std::string & path) {
         std::snprintf(text, sizeof(text), "drop_cold=%g", config.drop_cold);
         info.lossy += (info.lossy.empty() ? "" : ", ") + std::string(text);
     }
-    const Recipe * recipe = nullptr;
-    if (config.stream) {
-        recipe = find_recipe(info.architecture);
-        if (recipe == nullptr) {
-            std::string known;
-            for (const auto & r : recipes()) {
-                known += (known.empty() ? "" : ", ") + r.architecture;
-            }
-            throw Error(path + ": architecture '" + info.architecture + "' has no streaming recipe (known: " + known +
-                        "); run it with --no-stream, or add a row to the recipe table (bmoe-edge archs)");
-        }
+    const Recipe recipe_row = recipe_for(info.architecture);
+    const Recipe * recipe = config.stream ? &recipe_row : nullptr;
+    if (config.stream && !recipe_row.refused.empty()) {  // said before a byte of weights is loaded
+        throw Error(path + ": architecture '" + info.architecture + "' cannot be streamed: " + recipe_row.refused +
+                    "; run it with --no-stream (bmoe-edge archs)");
     }
     load_model(path, recipe);
     info.n_layer = llama_model_n_layer(model.get());

@@ -33,7 +33,9 @@ void log_sink(ggml_log_level level, const char * text, void *) {
         while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) {
             line.pop_back();
         }
-        g_last_error = line;
+        if (g_last_error.empty()) {  // the first error is the cause; llama.cpp's later ones say it failed
+            g_last_error = line;
+        }
         g_partial_line.clear();
     }
 }

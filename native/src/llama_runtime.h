@@ -9,7 +9,8 @@ namespace bmoe::detail {
 // Idempotent and thread-safe.
 void ensure_llama_backend();
 
-// The last ERROR-level line llama.cpp or ggml logged (trimmed), or "" if none since the last clear.
+// The first ERROR-level line llama.cpp or ggml logged since the last clear (trimmed; the cause, where the
+// later lines only say that loading failed), or "" if none. The name stays: callers read it last.
 std::string last_llama_error();
 void clear_llama_error();
 

@@ -75,6 +75,7 @@ ModelInfo probe_model(const std::string & path) {
     llama_model_params mparams = llama_model_default_params();
     mparams.vocab_only = true;
     mparams.n_gpu_layers = 0;
+    detail::clear_llama_error();
     std::unique_ptr<llama_model, ModelDeleter> model(llama_model_load_from_file(path.c_str(), mparams));
     if (!model) {
         const std::string why = detail::last_llama_error();
@@ -88,13 +89,12 @@ ModelInfo probe_model(const std::string & path) {
     info.n_expert = meta_int(model.get(), info.architecture + ".expert_count");
     info.n_expert_used = meta_int(model.get(), info.architecture + ".expert_used_count");
     info.n_vocab = static_cast<uint64_t>(llama_vocab_n_tokens(llama_model_get_vocab(model.get())));
-    if (const Recipe * recipe = find_recipe(info.architecture)) {
-        for (const auto & [name, loc] : gguf.tensors()) {
-            int layer = 0;
-            int projection = 0;
-            if (detail::parse_expert_name(name, *recipe, layer, projection)) {
-                info.expert_bytes += loc.size;
-            }
+    const Recipe recipe = recipe_for(info.architecture);
+    for (const auto & [name, loc] : gguf.tensors()) {
+        int layer = 0;
+        int projection = 0;
+        if (detail::parse_expert_name(name, recipe, layer, projection)) {
+            info.expert_bytes += loc.size;
         }
     }
     return info;
@@ -105,15 +105,12 @@ std::vector<ExpertTensor> expert_tensors(const std::string & path) {
     check_magic(path);
     const detail::GgufMap gguf(path);
     std::vector<ExpertTensor> out;
-    const Recipe * recipe = find_recipe(gguf.architecture());
-    if (recipe == nullptr) {
-        return out;
-    }
+    const Recipe recipe = recipe_for(gguf.architecture());
     for (const auto & [name, loc] : gguf.tensors()) {
         ExpertTensor t;
         int layer = 0;
         int projection = 0;
-        if (detail::parse_expert_name(name, *recipe, layer, projection)) {
+        if (detail::parse_expert_name(name, recipe, layer, projection)) {
             t.name = printable(name);
             t.layer = layer;
             t.projection = projection;

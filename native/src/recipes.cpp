@@ -3,26 +3,30 @@
 namespace bmoe {
 
 namespace {
-const std::vector<std::string> kSplit = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
-// llama.cpp uses a fused gate_up tensor where the file has one and separate gate/up otherwise.
-const std::vector<std::string> kSplitOrFused = {"ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps", "ffn_down_exps"};
+// Every routed-expert tensor name of the pinned llama.cpp (llama-arch.cpp, LLM_TENSOR_FFN_*_EXPS and
+// the chunked *_CHEXPS), in read order: gate, up, [fused gate_up,] down. A model has the subset it has.
+const std::vector<std::string> kExpertSuffixes = {
+    "ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps", "ffn_down_exps",
+    "ffn_gate_chexps", "ffn_up_chexps", "ffn_down_chexps",
+};
 }  // namespace
 
-// A row per architecture whose MoE FFN llama.cpp builds with build_moe_ffn (the ffn_moe_topk node).
-// Shared experts (ffn_*_shexp) are dense weights: used by every token, they stay in memory.
+// Only what differs from the default. Shared experts (ffn_*_shexp) are dense weights: used by every
+// token, they stay in memory everywhere.
 const std::vector<Recipe> & recipes() {
+    static const std::string kEncoder = "an encoder (embeddings, no generation): nothing to stream";
     static const std::vector<Recipe> table = {
-        {"qwen3moe", kSplit, "Qwen3 MoE (Qwen3-30B-A3B, Qwen3-235B-A22B)"},
-        {"qwen2moe", kSplit, "Qwen1.5/2 MoE; shared expert stays dense"},
-        {"olmoe", kSplit, "OLMoE"},
-        {"llama", kSplit, "Mixtral-style llama with experts"},
-        {"gpt-oss", kSplit, "gpt-oss; expert biases stay dense"},
-        {"deepseek2", kSplitOrFused, "DeepSeek-V2/V3 style; shared experts stay dense"},
-        {"granitemoe", kSplit, "Granite MoE"},
-        {"bailingmoe", kSplit, "Ling/Bailing MoE"},
-        {"lfm2moe", kSplit, "LFM2 MoE"},
-        {"qwen35moe", kSplitOrFused, "Qwen3.5 MoE"},
-        {"gemma4", kSplitOrFused, "Gemma 4 MoE: fused gate_up experts (or separate gate/up)"},
+        {"bert", kExpertSuffixes, "", kEncoder},
+        {"jina-bert-v2", kExpertSuffixes, "", kEncoder},
+        {"jina-bert-v3", kExpertSuffixes, "", kEncoder},
+        {"nomic-bert", kExpertSuffixes, "", kEncoder},
+        {"nomic-bert-moe", kExpertSuffixes, "", kEncoder},
+        {"llama-embed", kExpertSuffixes, "", kEncoder},
+        // Measured: the graph builds two routings per layer (experts, then chunk experts over a shared
+        // router) and both are named ffn_moe_topk-<il>; the stream phase stops on the second one.
+        {"grovemoe", kExpertSuffixes, "",
+         "two routings per layer (experts and chunk experts) share one ffn_moe_topk name: the seam cannot tell "
+         "whose ids it reads"},
     };
     return table;
 }
@@ -34,6 +38,13 @@ const Recipe * find_recipe(const std::string & architecture) {
         }
     }
     return nullptr;
+}
+
+Recipe recipe_for(const std::string & architecture) {
+    if (const Recipe * row = find_recipe(architecture)) {
+        return *row;
+    }
+    return Recipe{architecture, kExpertSuffixes, "", ""};
 }
 
 }  // namespace bmoe

@@ -117,8 +117,9 @@ void Seam::capture_sources(ggml_tensor * node) {
         c.tensor = src;
         c.name = ggml_get_name(src);
         c.nbytes = ggml_nbytes(src);
-        c.is_expert = node->op == GGML_OP_MUL_MAT_ID && node->src[0] == src &&
-                      parse_expert_name(c.name, recipe_, c.layer, c.projection);
+        // An expert tensor is a per-layer weight the graph uses as src[0] of a MUL_MAT_ID, whatever its
+        // name: a suffix the recipe does not list joins it, after the listed ones.
+        c.is_expert = node->op == GGML_OP_MUL_MAT_ID && node->src[0] == src && adopt_expert_name(c);
         if (c.is_expert) {
             c.expert_stride = src->nb[2];
             c.n_expert = static_cast<int>(src->ne[2]);
@@ -126,6 +127,24 @@ void Seam::capture_sources(ggml_tensor * node) {
         seen_[src] = captured_.size();
         captured_.push_back(std::move(c));
     }
+}
+
+bool Seam::adopt_expert_name(CapturedTensor & c) {
+    if (parse_expert_name(c.name, recipe_, c.layer, c.projection)) {
+        return true;
+    }
+    static const std::string weight = ".weight";
+    if (!starts_with(c.name.c_str(), "blk.") || c.name.size() <= weight.size() ||
+        c.name.compare(c.name.size() - weight.size(), weight.size(), weight) != 0) {
+        return false;
+    }
+    const size_t dot = c.name.find('.', 4);
+    const size_t end = c.name.size() - weight.size();
+    if (dot == std::string::npos || dot >= end) {
+        return false;
+    }
+    recipe_.expert_suffixes.push_back(c.name.substr(dot + 1, end - dot - 1));
+    return parse_expert_name(c.name, recipe_, c.layer, c.projection);
 }
 
 bool Seam::on_computed(ggml_tensor * t) {

@@ -2,7 +2,8 @@
 // everything that touches ggml_tensor internals (names, strides, buffers, ->data).
 //
 // Capture: during one warm-up decode, every node's sources are scanned; expert weights are
-// recognised by name through the architecture's recipe row. Nothing is isolated.
+// recognised as the src[0] of a MUL_MAT_ID (named blk.<il>.<suffix>.weight; the recipe's suffix list
+// orders the projections, and a suffix it lacks is appended). Nothing is isolated.
 // Stream: the ffn_moe_topk-<il> node is isolated; when the scheduler has computed it, the routed
 // expert ids are read (stride-aware: the node is a view) and handed to the router before the
 // layer's expert matmuls run. Returning false at ask=false stops the graph: that is how a failed
@@ -82,6 +83,7 @@ private:
     bool on_ask(ggml_tensor * t);
     bool on_computed(ggml_tensor * t);
     void capture_sources(ggml_tensor * t);
+    bool adopt_expert_name(CapturedTensor & c);
     void note_runtime_buffer(const ggml_tensor * t);
 
     Recipe recipe_;

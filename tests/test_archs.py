@@ -1,0 +1,94 @@
+"""Every MoE architecture of the pinned llama.cpp is accounted for: gated by a passing cell, refused with
+a reason said before any weight loads, or listed as untested; and every weight type ships through."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import pytest
+
+from bmoe_edge.engine import moe_archs
+from bmoe_edge.fixtures import tinymoe
+from bmoe_edge.proof import gates
+
+from conftest import LLAMA_SRC, assert_clean_error, run_cli
+
+# The architectures issue 16 names: each must be gated.
+NAMED = ("qwen35moe", "qwen3next", "lfm2moe", "smallthinker", "glm4moe", "ernie4_5-moe", "granitehybrid",
+         "hunyuan-moe", "dots1", "bailingmoe2", "llama4", "minimax-m2", "nemotron_h_moe", "exaone-moe",
+         "deepseek2", "bailingmoe")
+
+
+def test_the_pinned_list_is_what_llama_cpp_s_sources_say() -> None:
+    assert moe_archs.derive(LLAMA_SRC) == list(moe_archs.PINNED)
+
+
+def test_archs_lists_every_moe_architecture_with_a_status() -> None:
+    result = run_cli("archs", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    rows = {r["architecture"]: r for r in report["architectures"]}
+    assert list(rows) == [arch for arch, _ in moe_archs.PINNED]
+    assert report["counts"]["gated"] >= 24
+    assert {arch for arch in NAMED if rows[arch]["status"] != "gated"} == set()
+    for r in rows.values():
+        assert r["status"] in ("gated", "refused", "untested")
+        assert bool(r["reason"]) == (r["status"] == "refused"), r
+        assert bool(r["fixture"]) == (r["status"] == "gated"), r
+    # every fixture row is an architecture of the pinned llama.cpp, and gated
+    assert {tinymoe.ROWS[name].arch for name in tinymoe.MOE_ARCHS} <= {a for a, r in rows.items()
+                                                                       if r["status"] == "gated"}
+    text = run_cli("archs")
+    assert text.returncode == 0 and text.stdout.splitlines()[-1].startswith(f"archs: {len(rows)} MoE architectures")
+
+
+def test_every_gated_architecture_streams_bit_identically() -> None:
+    """The arch column of the matrix (every fixture row, Q8_0, small cache): ids and logits."""
+    cells = [c for c in gates.breadth_matrix() if c.fixture.quant == gates.ARCH_COLUMN_QUANT]
+    assert {c.fixture.arch for c in cells} == set(tinymoe.MOE_ARCHS)
+    results = list(gates.run_gates(cells, gates.fixture_resolver(None), steps=6))
+    failed = [r for r in results if not r.passed]
+    assert not failed, failed[:3]
+
+
+@pytest.mark.parametrize("quant", gates.TYPE_COLUMN_QUANTS)
+def test_every_weight_type_streams_bit_identically(quant: str) -> None:
+    """The type column: llama.cpp's quantizer makes the experts, on split and fused gate/up layouts."""
+    cells = [c for c in gates.breadth_matrix() if c.fixture.quant == quant]
+    assert {c.fixture.arch for c in cells} == set(gates.TYPE_COLUMN_ARCHS)
+    results = list(gates.run_gates(cells, gates.fixture_resolver(None), steps=6))
+    assert all(r.passed for r in results), results
+
+
+@pytest.mark.parametrize("quant,types", [
+    ("MXFP4_MOE", {"ffn_gate_exps": "MXFP4", "ffn_up_exps": "MXFP4", "ffn_down_exps": "MXFP4"}),
+    ("MIXED", {"ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q4_K", "ffn_down_exps": "Q6_K", "attn_q": "Q8_0"}),
+    ("IQ4_XS", {"ffn_gate_exps": "IQ4_XS", "ffn_up_exps": "IQ4_XS"}),
+])
+def test_the_quantizer_made_the_types_it_names(quant: str, types: dict[str, str]) -> None:
+    reader = gguf.GGUFReader(tinymoe.fixture("qwen3moe", quant))
+    got = {t.name.split(".")[2]: t.tensor_type.name for t in reader.tensors if t.name.startswith("blk.1.")}
+    assert {k: got[k] for k in types} == types
+
+
+def test_generate_refuses_a_refused_architecture_before_loading(tmp_path: Path) -> None:
+    path = tmp_path / "encoder.gguf"
+    writer = gguf.GGUFWriter(path, "nomic-bert-moe")
+    writer.add_tensor("blk.0.ffn_up_exps.weight", __import__("numpy").zeros((8, 32, 32), dtype="float32"))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    result = run_cli("generate", "-m", str(path), "-p", "Hi", "-n", "2", "--stream")
+    assert_clean_error(result, "nomic-bert-moe", "cannot be streamed", "encoder", "--no-stream")
+
+
+def test_the_full_matrix_has_the_breadth_columns_once() -> None:
+    full = gates.full_matrix()
+    keys = [(c.fixture, c.case.name) for c in full]
+    assert len(keys) == len(set(keys))
+    assert set((c.fixture, c.case.name) for c in gates.breadth_matrix()) <= set(keys)
+    assert {c.fixture.arch for c in full} == set(tinymoe.MOE_ARCHS)
+    assert {c.fixture.quant for c in full} >= set(gates.TYPE_COLUMN_QUANTS)
