@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from bmoe_edge import llama_source
 from bmoe_edge.boards import build, bundle, emulate, signing
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import deploy, emulated_board, install, onboard, probe, remote, services
@@ -165,7 +166,10 @@ def test_service_unit_is_hardened_and_its_words_escaped() -> None:
     assert fields["Type"] == "exec" and fields["Restart"] == "on-failure" and fields["User"] == "pi"
     assert fields["MemoryMax"] == "7168M" and fields["NoNewPrivileges"] == "yes" and fields["ProtectSystem"] == "strict"
     assert fields["ReadOnlyPaths"] == '"/m/my 100%% $$model.gguf"'
-    assert fields["ReadWritePaths"] == fields["WorkingDirectory"] == '"/opt/bmoe edge/services/serve"'
+    assert fields["ReadWritePaths"] == '"/opt/bmoe edge/services/serve"'
+    assert fields["WorkingDirectory"] == "/opt/bmoe edge/services/serve"     # a bare path there (no quoting)
+    with pytest.raises(BmoeError, match="cannot be a service's directory"):
+        services.render_unit(spec, board_state.Layout('/opt/a"b'), "pi", "rpi5", ram_mb=8192)
     argv = shlex.split(fields["ExecStart"].replace("%%", "%").replace("$$", "$"))
     assert argv == ["/opt/bmoe edge/bin/bmoe-edge", "serve", "--board", "rpi5", "-m", "/m/my 100% $model.gguf",
                     "--bind", "127.0.0.1", "--port", "8181", "--api-key-file", "/opt/bmoe edge/services/serve/api-key"]
@@ -525,7 +529,12 @@ def test_serve_service_is_installed_and_its_execstart_serves(deployed: dict, boa
     import openai
 
     inst = board.install_dir
-    model = str(inst / "current" / QWEN3)
+    # the board's model carries Qwen3's real chat template: tools and grammars run on the board too
+    model = str(lab / "models" / "tiny-qwen3-template.gguf")
+    Path(model).parent.mkdir(exist_ok=True)
+    template = llama_source.default_dest(True) / "models" / "templates" / "Qwen-Qwen3-0.6B.jinja"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(inst / "current" / QWEN3), model,
+                    "--chat-template-file", str(template), "--force"], check=True, capture_output=True)
     port = _free_port()
     key_file = lab / "service-key"
     key_file.write_text("svc-key\n")
@@ -569,6 +578,14 @@ def test_serve_service_is_installed_and_its_execstart_serves(deployed: dict, boa
         reply = client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=3, temperature=0,
                                                messages=[{"role": "user", "content": "The quick brown fox"}])
         assert reply.usage.completion_tokens == 3
+        weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}}, "required": ["city"],
+            "additionalProperties": False}}}
+        called = client.chat.completions.create(model=reply.model, max_tokens=40, temperature=0, tools=[weather],
+                                                tool_choice="required",
+                                                messages=[{"role": "user", "content": "Weather in Oslo?"}])
+        [call] = called.choices[0].message.tool_calls
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Oslo", "Paris")
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0).models.list()
     finally:

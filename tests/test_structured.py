@@ -201,6 +201,9 @@ def test_response_format_json_schema_and_json_object(server: Server) -> None:
     whole = client.chat.completions.create(response_format={"type": "json_object"}, temperature=0.8, seed=1, **kw)
     if whole.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(whole.choices[0].message.content), dict)
+    completion = client.completions.create(model=server.model_id, prompt="A fox:", max_tokens=120, temperature=0,
+                                           extra_body={"response_format": fmt})
+    assert follows(json.loads(completion.choices[0].text))
     with pytest.raises(openai.BadRequestError, match="pattern"):
         client.chat.completions.create(response_format={"type": "json_schema", "json_schema": {
             "name": "x", "schema": {"type": "string", "pattern": "a+"}}}, **kw)

@@ -116,13 +116,22 @@ def render_unit(spec: ServiceSpec, layout: Layout, user: str, board_name: str, r
     read_only = [spec.model] if spec.model else [layout.install_dir]
     fields = {
         "@DESCRIPTION@": spec.kind.description, "@KIND@": spec.kind.name, "@BOARD@": board_name,
-        "@USER@": systemd_escape(user), "@WORKDIR@": word(workdir(layout, spec.kind)),
+        "@USER@": systemd_escape(user), "@WORKDIR@": _bare_path(workdir(layout, spec.kind)),
+        "@WRITABLE@": word(workdir(layout, spec.kind)),
         "@EXEC_START@": " ".join(word(a) for a in exec_argv(spec, layout, board_name)),
         "@MEMORY_MAX@": memory_max(ram_mb), "@READ_ONLY@": " ".join(word(p) for p in read_only),
     }
     for key, value in fields.items():
         template = template.replace(key, value)
     return template
+
+
+def _bare_path(path: str) -> str:
+    """A path for a setting that takes it unquoted (WorkingDirectory=): only specifiers are escaped."""
+    if any(c in path for c in '"\\\n') or path != path.strip():
+        raise BmoeError(f"{path!r} cannot be a service's directory in a systemd unit (quotes, backslashes or "
+                        "spaces at the ends): choose another --install-dir")
+    return path.replace("%", "%%")
 
 
 def _parse_state(stdout: str) -> dict[str, str]:
