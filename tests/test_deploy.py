@@ -581,9 +581,10 @@ def test_serve_service_is_installed_and_its_execstart_serves(deployed: dict, boa
         weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
             "type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}}, "required": ["city"],
             "additionalProperties": False}}}
-        called = client.chat.completions.create(model=reply.model, max_tokens=40, temperature=0, tools=[weather],
+        called = client.chat.completions.create(model=reply.model, max_tokens=150, temperature=0, tools=[weather],
                                                 tool_choice="required",
                                                 messages=[{"role": "user", "content": "Weather in Oslo?"}])
+        assert called.choices[0].finish_reason == "tool_calls", called.choices[0]
         [call] = called.choices[0].message.tool_calls
         assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Oslo", "Paris")
         with pytest.raises(openai.AuthenticationError):

@@ -13,11 +13,7 @@ On the board:
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -184,48 +180,53 @@ def install_service(board: Board, layout: Layout, spec: ServiceSpec, *, board_na
 
 
 def wait_healthy(board: Board, spec: ServiceSpec, *, timeout: float = HEALTH_TIMEOUT, unit: str | None = None) -> None:
-    """Until the service answers on its port (its health path with 200), through a port forwarded over the
-    board's SSH connection (nothing is needed on the board); a unit that fails meanwhile fails this."""
+    """Until the service answers on its port (its health path with 200), asked over the board's SSH
+    connection (a direct-tcpip channel: nothing is needed on the board); a unit that fails meanwhile
+    fails this."""
     port = spec.listen_port
     host = "127.0.0.1" if spec.bind in ("0.0.0.0", "::", "") else spec.bind
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        local = s.getsockname()[1]
     deadline = time.monotonic() + timeout
     why = "no answer"
-    with board.conn.forward_local(local, remote_port=port, remote_host=host, local_host="127.0.0.1"):
-        while time.monotonic() < deadline:
-            if unit is not None:
-                state = unit_state(board, spec.kind)
-                if state.get("ActiveState") == "failed":
-                    raise BmoeError(f"{board.label}: the {spec.kind.name} service failed "
-                                    f"({state.get('Result', '?')}): `journalctl -u {unit}` on the board")
-            ok, why = _answers(local, spec.kind.health_path)
-            if ok:
-                return
-            time.sleep(1)
+    while time.monotonic() < deadline:
+        if unit is not None:
+            state = unit_state(board, spec.kind)
+            if state.get("ActiveState") == "failed":
+                raise BmoeError(f"{board.label}: the {spec.kind.name} service failed "
+                                f"({state.get('Result', '?')}): `journalctl -u {unit}` on the board")
+        ok, why = _answers(board, host, port, spec.kind.health_path)
+        if ok:
+            return
+        time.sleep(1)
     raise BmoeError(f"{board.label}: the {spec.kind.name} service did not answer on {host}:{port} within "
                     f"{timeout:.0f} s ({why})")
 
 
-def _answers(port: int, path: str | None) -> tuple[bool, str]:
-    if path is None:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-                s.settimeout(2)
-                with contextlib.suppress(TimeoutError):
-                    if s.recv(1) == b"":     # the forward closes at once when nothing listens there
-                        return False, "connection closed"
-            return True, ""
-        except OSError as exc:
-            return False, str(exc)
+def _answers(board: Board, host: str, port: int, path: str | None) -> tuple[bool, str]:
+    """One try: a channel to host:port on the board (refused while nothing listens), then the health
+    path's status line over it."""
+    import paramiko
+
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
-            return r.status == 200, f"HTTP {r.status}"
-    except urllib.error.HTTPError as exc:
-        return False, f"HTTP {exc.code}"
-    except (OSError, ValueError) as exc:
-        return False, str(getattr(exc, "reason", exc))
+        channel = board.conn.transport.open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=10)
+    except (paramiko.SSHException, OSError) as exc:
+        return False, str(exc) or type(exc).__name__
+    try:
+        if path is None:
+            return True, ""
+        channel.settimeout(10)
+        channel.sendall(f"GET {path} HTTP/1.0\r\nHost: {host}:{port}\r\n\r\n".encode())
+        head = b""
+        while b"\r\n" not in head and len(head) < 256:
+            piece = channel.recv(256)
+            if not piece:
+                break
+            head += piece
+        status = head.split(b"\r\n", 1)[0].decode("latin-1")
+        return status.split(" ")[1:2] == ["200"], status or "connection closed"
+    except (OSError, TimeoutError) as exc:
+        return False, str(exc) or type(exc).__name__
+    finally:
+        channel.close()
 
 
 def restart_services(board: Board, layout: Layout, state: Mapping[str, Any], log: Log) -> None:
