@@ -242,3 +242,38 @@ def test_a_required_tool_call_comes_back_as_tool_calls_streamed_or_not(server: S
     assert follow.usage.completion_tokens >= 1 and follow.usage.prompt_tokens > reply.usage.prompt_tokens
     with pytest.raises(openai.BadRequestError, match="tool_choice"):
         client.chat.completions.create(**{**kw, "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+
+
+# ---------------------------------------------------------------------------------------------------
+# gpt-oss: the reasoning effort (its own template) and Harmony channels.
+
+GPT_OSS_TEMPLATE = llama_source.default_dest(True) / "models" / "templates" / "openai-gpt-oss-120b.jinja"
+
+
+def test_gpt_oss_template_takes_the_reasoning_effort() -> None:
+    source = GPT_OSS_TEMPLATE.read_text()
+    messages = [tools.message_dict({"role": "user", "content": "Hi"})]
+    high = tools.render(source, messages, tools=None, variables={"reasoning_effort": "high"})
+    assert "Reasoning: high\n" in high and high.endswith("<|start|>user<|message|>Hi<|end|><|start|>assistant")
+    assert "Reasoning: medium\n" in tools.render(source, messages, tools=None)     # the template's default
+    assert tools.tool_style(source) is None    # Harmony calls (commentary channel) are not parsed: 400 for tools
+
+
+def test_harmony_channels_split_reasoning_from_the_answer(engine: Engine) -> None:
+    assert chat.harmony_ids(engine) is None    # the fixture's vocabulary has no Harmony tokens: text as before
+    ids = {"<|start|>": 1, "<|channel|>": 2, "<|message|>": 3, "<|end|>": 4}
+    split = chat.HarmonySplit(ids)
+    stream = [(2, ""), (10, "analysis"), (3, ""), (11, "Think "), (12, "hard."), (4, ""), (1, ""), (13, "assistant"),
+              (2, ""), (14, "final"), (3, ""), (15, "Hi"), (16, "!"), (None, "")]
+    pieces = [split.feed(i, t) for i, t in stream]
+    assert "".join(r for r, _ in pieces) == "Think hard." and "".join(a for _, a in pieces) == "Hi!"
+
+
+def test_a_reasoning_effort_needs_a_template_that_takes_it(server: Server) -> None:
+    client = server.client()
+    kw = {"model": server.model_id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    with pytest.raises(openai.BadRequestError, match="takes no reasoning_effort"):
+        client.chat.completions.create(reasoning_effort="high", **kw)
+    with pytest.raises(openai.BadRequestError, match="reasoning_effort"):
+        client.chat.completions.create(extra_body={"reasoning_effort": "extreme"}, **kw)
+    assert client.chat.completions.create(**kw).usage.completion_tokens == 2

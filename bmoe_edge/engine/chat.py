@@ -165,6 +165,48 @@ def check_text(engine: Engine, messages: Sequence[Message], parse_special: bool 
                             "remove it (or allow it with --parse-special)")
 
 
+HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")  # gpt-oss's message framing (control tokens)
+HARMONY_REASONING = ("analysis",)  # channels whose text is reasoning; final/commentary are the answer
+
+
+def harmony_ids(engine: Engine) -> dict[str, int] | None:
+    """The ids of gpt-oss's Harmony control tokens, when the model's vocabulary has them all (its
+    answer then arrives as channels: the engine prints no control token, so they are told apart by id)."""
+    ids = {}
+    for marker in HARMONY:
+        found = engine.tokenize(marker, False, True)
+        if len(found) != 1 or found == engine.tokenize(marker, False, False):
+            return None
+        ids[marker] = found[0]
+    return ids
+
+
+class HarmonySplit:
+    """gpt-oss's answer as it streams: `<|channel|>NAME<|message|>TEXT<|end|>`, repeated (each new message
+    opened by `<|start|>assistant`); the analysis channel is reasoning, the rest the answer."""
+
+    def __init__(self, ids: Mapping[str, int]) -> None:
+        self.by_id = {v: k for k, v in ids.items()}
+        self.part = "header"   # header (role, channel name) | body
+        self.channel = ""
+
+    def feed(self, token_id: int | None, text: str) -> tuple[str, str]:
+        """(reasoning, answer) text of this token."""
+        marker = self.by_id.get(token_id) if token_id is not None else None
+        if marker == "<|channel|>":
+            self.part, self.channel = "channel", ""
+        elif marker == "<|message|>":
+            self.part = "body"
+        elif marker in ("<|end|>", "<|start|>"):
+            self.part = "header"
+        elif self.part == "channel":
+            self.channel += text
+        elif self.part == "body":
+            reasoning = self.channel.split(" ")[0].strip() in HARMONY_REASONING
+            return (text, "") if reasoning else ("", text)
+        return "", ""
+
+
 class StopStrings:
     """Holds back text that may begin a stop string; says when one has appeared."""
 
@@ -258,6 +300,8 @@ def reply(engine: Engine, messages: Sequence[Message | Mapping[str, Any]], max_t
     gen = Generation(ids)
     stops = StopStrings(stop)
     split = ReasoningSplit(tmpl.thinking)
+    harmony = harmony_ids(engine) if tmpl.thinking is None else None   # a gpt-oss vocabulary
+    channels = HarmonySplit(harmony) if harmony else None
     calls = None
     if tool_style is not None:
         from bmoe_edge.engine.tools import ToolCallSplit
@@ -275,7 +319,10 @@ def reply(engine: Engine, messages: Sequence[Message | Mapping[str, Any]], max_t
         return text, tuple(found)
 
     def emit(text: str, token: Token | None) -> Delta:
-        reasoning, content = split.feed(text)
+        if channels is not None:
+            reasoning, content = channels.feed(token.id if token is not None else None, text)
+        else:
+            reasoning, content = split.feed(text)
         content, found = answer(content)
         out.reasoning += reasoning
         out.content += content

@@ -66,8 +66,10 @@ def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, s
 
 
 def render(source: str, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
-           think: bool | None = None, bos_token: str = "", eos_token: str = "") -> str:
-    """The prompt for the assistant's next turn, rendered by the template's own Jinja source."""
+           think: bool | None = None, bos_token: str = "", eos_token: str = "",
+           variables: Mapping[str, Any] | None = None) -> str:
+    """The prompt for the assistant's next turn, rendered by the template's own Jinja source
+    (`variables`: more of the template's own switches, e.g. gpt-oss's `reasoning_effort`)."""
     from jinja2 import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -76,6 +78,7 @@ def render(source: str, messages: Sequence[Mapping[str, Any]], *, tools: Sequenc
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     extra: dict[str, Any] = {} if think is None else {"enable_thinking": think}
+    extra.update(variables or {})
     try:
         return env.from_string(source).render(messages=list(messages), tools=list(tools) if tools else None,
                                               add_generation_prompt=True, bos_token=bos_token,

@@ -70,6 +70,18 @@ def _think(body: Mapping[str, Any]) -> bool | None:
     return value
 
 
+EFFORTS = ("low", "medium", "high")
+
+
+def _effort(body: Mapping[str, Any]) -> str | None:
+    """OpenAI's `reasoning_effort` (or `chat_template_kwargs.reasoning_effort`): gpt-oss's template takes it."""
+    kwargs = body.get("chat_template_kwargs") or {}
+    value = body.get("reasoning_effort", kwargs.get("reasoning_effort") if isinstance(kwargs, Mapping) else None)
+    if value is not None and value not in EFFORTS:
+        raise ApiError(400, f"'reasoning_effort' must be one of {', '.join(EFFORTS)}", param="reasoning_effort")
+    return value
+
+
 def check_model(body: Mapping[str, Any], model_id: str) -> None:
     model = body.get("model")
     if model is not None and model != model_id:
@@ -129,7 +141,7 @@ def parse_chat(body: Any, model_id: str) -> Request:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
     if not all(isinstance(m, Mapping) for m in messages):
         raise ApiError(400, "each message must be an object with 'role' and 'content'", param="messages")
-    if body.get("tools") is not None or any(m.get("tool_calls") for m in messages):
+    if body.get("tools") is not None or any(m.get("tool_calls") for m in messages) or _effort(body):
         return _tool_request(body, messages, common)
     try:
         parsed = tuple(chat.as_message(m) for m in messages)
@@ -139,7 +151,8 @@ def parse_chat(body: Any, model_id: str) -> Request:
 
 
 def _tool_request(body: Mapping[str, Any], messages: list[Any], common: dict[str, Any]) -> Request:
-    """A conversation with tools (or earlier tool calls): rendered by the model's own Jinja template."""
+    """A conversation with tools (or earlier tool calls, or a reasoning effort): rendered by the model's own
+    Jinja template."""
     try:
         given = tools.check_tools(body["tools"]) if body.get("tools") is not None else []
     except BmoeError as exc:
@@ -157,7 +170,7 @@ def _tool_request(body: Mapping[str, Any], messages: list[Any], common: dict[str
                        param="tool_choice")
     plain = tuple(chat.Message(m["role"], m["content"]) for m in rendered)   # for the control-token check
     return Request(messages=plain, think=_think(body), tools=tuple(given), tool_choice=choice,
-                   template_messages=rendered, **common)
+                   template_messages=rendered, reasoning_effort=_effort(body), **common)
 
 
 def parse_completion(body: Any, model_id: str) -> Request:

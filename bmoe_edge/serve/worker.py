@@ -32,6 +32,7 @@ class Request:
     tools: tuple[dict[str, Any], ...] = ()  # OpenAI's tools: the conversation is rendered by the Jinja template
     tool_choice: str = "none"  # "auto", "none", "required" or a function's name
     template_messages: tuple[dict[str, Any], ...] = ()  # the messages as that template sees them
+    reasoning_effort: str | None = None  # gpt-oss's template switch (low, medium, high)
 
 
 @dataclass
@@ -151,7 +152,7 @@ class Worker:
 
     def _answer(self, r: Request, reply: chat.Reply):
         if r.template_messages:
-            return self._answer_with_tools(r, reply)
+            return self._answer_jinja(r, reply)
         if r.prompt is None:
             think = r.think
             style = self.template.thinking
@@ -169,12 +170,15 @@ class Worker:
         self._fits(len(ids), r.max_tokens)
         return _complete(self.engine, ids, r, reply)
 
-    def _answer_with_tools(self, r: Request, reply: chat.Reply):
+    def _answer_jinja(self, r: Request, reply: chat.Reply):
+        """Rendered by the model's own Jinja template: tools, earlier tool calls, a reasoning effort."""
         style = tools.tool_style(self.jinja)
-        if style is None:
+        if style is None and (r.tools or any(m.get("tool_calls") for m in r.template_messages)):
             raise BmoeError("this model's chat template has no tool calling this server can render and parse "
                             f"(supported: {', '.join(s.name for s in tools.TOOL_STYLES)} style templates "
                             "that use `tools`)")
+        if r.reasoning_effort and "reasoning_effort" not in self.jinja:
+            raise BmoeError("this model's chat template takes no reasoning_effort (gpt-oss's does)")
         chat.check_text(self.engine, r.messages, self.parse_special)
         sampling, think = r.sampling, r.think
         forced = r.tool_choice not in ("auto", "none")
@@ -185,12 +189,14 @@ class Worker:
         if forced:
             only = None if r.tool_choice == "required" else r.tool_choice
             sampling = dataclasses.replace(sampling, grammar=tools.call_grammar(style, r.tools, only))
+        effort = {"reasoning_effort": r.reasoning_effort} if r.reasoning_effort else None
         text = tools.render(self.jinja, r.template_messages, tools=r.tools if r.tool_choice != "none" else None,
-                            think=think)
+                            think=think, variables=effort)
         ids = self.engine.tokenize(text, True, True)
         self._fits(len(ids), r.max_tokens)
+        parse_calls = style if r.tools and r.tool_choice != "none" else None
         return chat.reply(self.engine, r.messages, r.max_tokens, sampling, template=self.template, stop=r.stop,
-                          result=reply, prompt_ids=ids, tool_style=style if r.tool_choice != "none" else None)
+                          result=reply, prompt_ids=ids, tool_style=parse_calls)
 
     def _fits(self, n_prompt: int, max_tokens: int) -> None:
         if n_prompt >= self.ctx:
