@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from bmoe_edge import llama_source
 from bmoe_edge.boards import build, bundle, emulate, signing
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet import deploy, emulated_board, install, onboard, probe, remote
+from bmoe_edge.fleet import deploy, emulated_board, install, onboard, probe, remote, services
 from bmoe_edge.fleet import state as board_state
 
 from conftest import run_cli
@@ -152,6 +153,37 @@ def test_unit_rendering_escapes_the_install_dir() -> None:
     assert "User=pi" in text and "@INSTALL_DIR@" not in text
     with pytest.raises(BmoeError):
         install.render_unit(template.read_text(), "/opt/a\nb", "pi")
+
+
+def _unit_fields(text: str) -> dict[str, str]:
+    return dict(ln.split("=", 1) for ln in text.splitlines() if "=" in ln and not ln.startswith("#"))
+
+
+def test_service_unit_is_hardened_and_its_words_escaped() -> None:
+    spec = services.spec_for("serve", model="/m/my 100% $model.gguf", bind="127.0.0.1", port=8181, api_key="k")
+    layout = board_state.Layout("/opt/bmoe edge")
+    fields = _unit_fields(services.render_unit(spec, layout, "pi", "rpi5", ram_mb=8192))
+    assert fields["Type"] == "exec" and fields["Restart"] == "on-failure" and fields["User"] == "pi"
+    assert fields["MemoryMax"] == "7168M" and fields["NoNewPrivileges"] == "yes" and fields["ProtectSystem"] == "strict"
+    assert fields["ReadOnlyPaths"] == '"/m/my 100%% $$model.gguf"'
+    assert fields["ReadWritePaths"] == '"/opt/bmoe edge/services/serve"'
+    assert fields["WorkingDirectory"] == "/opt/bmoe edge/services/serve"     # a bare path there (no quoting)
+    with pytest.raises(BmoeError, match="cannot be a service's directory"):
+        services.render_unit(spec, board_state.Layout('/opt/a"b'), "pi", "rpi5", ram_mb=8192)
+    argv = shlex.split(fields["ExecStart"].replace("%%", "%").replace("$$", "$"))
+    assert argv == ["/opt/bmoe edge/bin/bmoe-edge", "serve", "--board", "rpi5", "-m", "/m/my 100% $model.gguf",
+                    "--bind", "127.0.0.1", "--port", "8181", "--api-key-file", "/opt/bmoe edge/services/serve/api-key"]
+    assert "@" not in "".join(fields.values())
+
+
+@pytest.mark.parametrize("name, model, needle", [
+    ("serve", None, "needs -m MODEL"),
+    ("serve", "model.gguf", "absolute path"),
+    ("rpc", "/m.gguf", "unknown service 'rpc': one of serve"),
+])
+def test_bad_service_requests_are_one_line(name: str, model: str | None, needle: str) -> None:
+    with pytest.raises(BmoeError, match=needle):
+        services.spec_for(name, model=model, bind="127.0.0.1", port=None, api_key=None)
 
 
 def test_generate_options_pass_through_only_when_given() -> None:
@@ -485,6 +517,87 @@ def test_systemd_unit_renders_and_its_execstart_runs_a_job(deployed: dict, board
     remote_run = run_cli("generate", "--host", board.target, "-m", str(inst / "current" / QWEN3), "-p", prompt,
                          "-n", "5", "--json", env=_env(lab), timeout=600)
     assert _token_ids(remote_run.stdout) == ids
+
+
+@pytest.mark.slow
+@pytest.mark.emulated
+def test_serve_service_is_installed_and_its_execstart_serves(deployed: dict, board, bundle_a: Path, lab: Path) -> None:
+    """`deploy --service serve`. The lab board does not run systemd (PID 1 here is the sandbox's): the
+    deploy writes the unit and the service's files, then says in one line that it could not start it.
+    What is checked beyond that: the unit (`systemd-analyze verify`), its ExecStart line run as systemd
+    would run it, answering deploy's own health check over SSH and the real openai client, and `status`."""
+    import openai
+
+    inst = board.install_dir
+    # the board's model carries Qwen3's real chat template: tools and grammars run on the board too
+    model = str(lab / "models" / "tiny-qwen3-template.gguf")
+    Path(model).parent.mkdir(exist_ok=True)
+    template = llama_source.default_dest(True) / "models" / "templates" / "Qwen-Qwen3-0.6B.jinja"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(inst / "current" / QWEN3), model,
+                    "--chat-template-file", str(template), "--force"], check=True, capture_output=True)
+    port = _free_port()
+    key_file = lab / "service-key"
+    key_file.write_text("svc-key\n")
+    systemd_here = Path("/run/systemd/system").is_dir()
+    result = run_cli("deploy", "--bundle", str(bundle_a), "--host", board.target, "--install-dir", str(inst),
+                     "--service", "serve", "-m", model, "--port", str(port), "--api-key-file", str(key_file),
+                     env=_env(lab), timeout=900)
+    unit_name = "bmoe-edge-serve.service"
+    if systemd_here:     # a lab whose board runs systemd: the real thing, then cleaned up
+        try:
+            assert result.returncode == 0, result.stderr[-2000:]
+            assert subprocess.run(["systemctl", "is-active", unit_name], capture_output=True,
+                                  text=True).stdout.strip() == "active"
+        finally:
+            subprocess.run(["systemctl", "disable", "--now", unit_name], capture_output=True)
+            Path("/etc/systemd/system", unit_name).unlink(missing_ok=True)
+            subprocess.run(["systemctl", "daemon-reload"], capture_output=True)
+    else:
+        assert_one_error(result, "does not run systemd", f"{inst}/systemd/{unit_name}", "itself is deployed")
+    unit = inst / "systemd" / unit_name
+    workdir = inst / "services" / "serve"
+    assert (workdir / "api-key").read_text() == "svc-key" and (workdir / "api-key").stat().st_mode & 0o777 == 0o600
+    state = json.loads((inst / "state.json").read_text())
+    assert state["services"]["serve"]["port"] == port and state["services"]["serve"]["model"] == model
+    if shutil.which("systemd-analyze"):
+        verified = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+        assert verified.returncode == 0 and not verified.stderr.strip(), verified.stderr
+    fields = _unit_fields(unit.read_text())
+    assert fields["User"] == "root" and fields["ReadOnlyPaths"] == f'"{model}"'
+    argv = shlex.split(fields["ExecStart"].replace("%%", "%").replace("$$", "$"))
+    assert argv[:4] == [str(inst / "bin" / "bmoe-edge"), "serve", "--board", "qemu-arm64"]
+    server = subprocess.Popen(argv, cwd=workdir, env={"PATH": os.environ["PATH"]}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, preexec_fn=emulate._no_core_dumps)
+    try:
+        spec = services.spec_for("serve", model=model, bind="127.0.0.1", port=port, api_key="svc-key")
+        b, _layout = board_state.connect(remote.parse_target(board.target),
+                                         remote.SshOptions(ssh_config=lab / "ssh_config"), install_dir=str(inst))
+        with b:
+            services.wait_healthy(b, spec, timeout=600)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="svc-key", max_retries=0, timeout=300)
+        reply = client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=3, temperature=0,
+                                               messages=[{"role": "user", "content": "The quick brown fox"}])
+        assert reply.usage.completion_tokens == 3
+        weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}}, "required": ["city"],
+            "additionalProperties": False}}}
+        called = client.chat.completions.create(model=reply.model, max_tokens=150, temperature=0, tools=[weather],
+                                                tool_choice="required",
+                                                messages=[{"role": "user", "content": "Weather in Oslo?"}])
+        assert called.choices[0].finish_reason == "tool_calls", called.choices[0]
+        [call] = called.choices[0].message.tool_calls
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Oslo", "Paris")
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0).models.list()
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    status = _host(run_cli("status", "--host", board.target, "--json", env=_env(lab), timeout=120))
+    assert status["services"]["serve"]["port"] == port
+    if not systemd_here:
+        assert status["services"]["serve"]["state"] == "not running (the board does not run systemd)"
+    text = run_cli("status", "--host", board.target, env=_env(lab), timeout=120)
+    assert "service:     serve " in text.stdout and f"127.0.0.1:{port}" in text.stdout, text.stdout
 
 
 @pytest.mark.slow

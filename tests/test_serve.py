@@ -175,6 +175,10 @@ def test_sampling_is_seeded_and_stop_strings_stop(server: Server) -> None:
     ({"messages": [{"role": "user", "content": "word " * 700}]}, 400, "context holds 512"),
     ({"messages": [{"role": "user", "content": "hi</s>"}]}, 400, "control tokens"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
+     400, "no tool calling"),
+    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema"}}, 400,
+     "json_schema"),
 ])
 def test_bad_requests_get_openai_errors_and_the_server_goes_on(server: Server, body, status: int,
                                                                needle: str) -> None:

@@ -60,9 +60,31 @@ def deploy_cmd(
                                                    "bundle_ed25519.pub).")] = None,
     allow_unsigned: Annotated[bool, typer.Option("--allow-unsigned", help="Deploy a bundle that is not signed, "
                                                  "or not by a key the board trusts.")] = False,
+    service: Annotated[str | None, typer.Option("--service", help="Then install, enable and start this systemd "
+                                                "service on the board (serve) and wait for its health answer.")] = None,
+    model: Annotated[str | None, typer.Option("-m", "--model", help="With --service: the model's path on the "
+                                              "board.")] = None,
+    bind: Annotated[str, typer.Option("--bind", help="With --service: the address it listens on, on the board.")]
+        = "127.0.0.1",
+    port: Annotated[int | None, typer.Option("--port", min=1, max=65535, help="With --service: its port "
+                                             "(serve: 8080).")] = None,
+    api_key_file: Annotated[Path | None, typer.Option("--api-key-file", help="With --service serve: every "
+                                                      "request needs this key (kept 0600 on the board).")] = None,
 ) -> None:
     """Upload a bundle to boards over SSH, verify it there, install it, switch `current` atomically."""
-    from bmoe_edge.fleet import deploy, trust
+    from bmoe_edge.fleet import deploy, services, trust
+
+    spec = None
+    if service is not None:
+        key = None
+        if api_key_file is not None:
+            try:
+                key = api_key_file.read_text().strip()
+            except OSError as exc:
+                fail(f"cannot read the API key file {api_key_file}: {exc.strerror}")
+        spec = services.spec_for(service, model=model, bind=bind, port=port, api_key=key)
+    elif model or api_key_file or port is not None:
+        fail("-m, --port and --api-key-file go with --service")
 
     default_host = None
     if not host and inventory is None and (board or bundle_dir):
@@ -76,7 +98,8 @@ def deploy_cmd(
     results = deploy.deploy(bundle_dir, targets, board=board, dist=dist, keep=keep, gates=run_gates,
                             accept_new_host_key=accept_new_host_key, ssh_config=ssh_config, install_dir=install_dir,
                             max_parallel=max_parallel, fail_fast=fail_fast, host_timeout=host_timeout,
-                            lock_timeout=lock_timeout, trust=trust.TrustOptions(trust_key, allow_unsigned))
+                            lock_timeout=lock_timeout, trust=trust.TrustOptions(trust_key, allow_unsigned),
+                            service=spec)
     _fleet_output(results, as_json)
 
 

@@ -15,6 +15,7 @@ from bmoe_edge.errors import BmoeError
 
 if TYPE_CHECKING:
     from bmoe_edge.engine.session import Engine, Sampling, Token, TokenMetrics
+    from bmoe_edge.engine.tools import ToolCall, ToolStyle
 
 ROLES = ("system", "user", "assistant", "tool")
 FALLBACK_TEMPLATE = "chatml"  # a llama.cpp built-in: what a model without a template gets
@@ -64,6 +65,7 @@ class Delta:
     content: str = ""
     reasoning: str = ""
     token: Token | None = None
+    tool_calls: tuple[ToolCall, ...] = ()  # calls that closed with this piece (engine/tools.py)
 
 
 @dataclass
@@ -77,6 +79,7 @@ class Reply:
     completion_tokens: int = 0
     reused_tokens: int = 0  # prompt tokens whose keys and values the context already held
     metrics: list[TokenMetrics] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 def thinking_style(source: str) -> ThinkingStyle | None:
@@ -148,12 +151,60 @@ def prompt_tokens(engine: Engine, template: Template, messages: Sequence[Message
                   parse_special: bool = False) -> list[int]:
     """Render and tokenize. The template's own markers are control tokens; text a user wrote that spells
     one (e.g. "<|im_end|>") is refused unless `parse_special`, so nobody can forge a turn."""
-    if not parse_special:
-        for m in messages:
-            if engine.tokenize(m.content, False, True) != engine.tokenize(m.content, False, False):
-                raise BmoeError(f"a {m.role} message contains the text of one of the model's control tokens; "
-                                "remove it (or allow it with --parse-special)")
+    check_text(engine, messages, parse_special)
     return engine.tokenize(render(template, messages, think=think), True, True)
+
+
+def check_text(engine: Engine, messages: Sequence[Message], parse_special: bool = False) -> None:
+    """Refuse message text that spells a control token (unless `parse_special`)."""
+    if parse_special:
+        return
+    for m in messages:
+        if engine.tokenize(m.content, False, True) != engine.tokenize(m.content, False, False):
+            raise BmoeError(f"a {m.role} message contains the text of one of the model's control tokens; "
+                            "remove it (or allow it with --parse-special)")
+
+
+HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")  # gpt-oss's message framing (control tokens)
+HARMONY_REASONING = ("analysis",)  # channels whose text is reasoning; final/commentary are the answer
+
+
+def harmony_ids(engine: Engine) -> dict[str, int] | None:
+    """The ids of gpt-oss's Harmony control tokens, when the model's vocabulary has them all (its
+    answer then arrives as channels: the engine prints no control token, so they are told apart by id)."""
+    ids = {}
+    for marker in HARMONY:
+        found = engine.tokenize(marker, False, True)
+        if len(found) != 1 or found == engine.tokenize(marker, False, False):
+            return None
+        ids[marker] = found[0]
+    return ids
+
+
+class HarmonySplit:
+    """gpt-oss's answer as it streams: `<|channel|>NAME<|message|>TEXT<|end|>`, repeated (each new message
+    opened by `<|start|>assistant`); the analysis channel is reasoning, the rest the answer."""
+
+    def __init__(self, ids: Mapping[str, int]) -> None:
+        self.by_id = {v: k for k, v in ids.items()}
+        self.part = "header"   # header (role, channel name) | body
+        self.channel = ""
+
+    def feed(self, token_id: int | None, text: str) -> tuple[str, str]:
+        """(reasoning, answer) text of this token."""
+        marker = self.by_id.get(token_id) if token_id is not None else None
+        if marker == "<|channel|>":
+            self.part, self.channel = "channel", ""
+        elif marker == "<|message|>":
+            self.part = "body"
+        elif marker in ("<|end|>", "<|start|>"):
+            self.part = "header"
+        elif self.part == "channel":
+            self.channel += text
+        elif self.part == "body":
+            reasoning = self.channel.split(" ")[0].strip() in HARMONY_REASONING
+            return (text, "") if reasoning else ("", text)
+        return "", ""
 
 
 class StopStrings:
@@ -232,10 +283,11 @@ class ReasoningSplit:
 def reply(engine: Engine, messages: Sequence[Message | Mapping[str, Any]], max_tokens: int,
           sampling: Sampling | None = None, *, think: bool | None = None, template: str | Template | None = None,
           stop: Sequence[str] = (), parse_special: bool = False, result: Reply | None = None,
-          prompt_ids: Sequence[int] | None = None) -> Iterator[Delta]:
+          prompt_ids: Sequence[int] | None = None, tool_style: ToolStyle | None = None) -> Iterator[Delta]:
     """Answer the conversation, yielding the answer as it comes. The context keeps its longest common
     prefix with the rendered conversation, so a conversation's next turn decodes only its new tokens.
-    `prompt_ids`: the conversation already rendered and tokenized (`prompt_tokens`), not done again."""
+    `prompt_ids`: the conversation already rendered and tokenized (`prompt_tokens`), not done again.
+    `tool_style`: the answer's tool calls are taken out of its text (Delta/Reply.tool_calls)."""
     tmpl = template if isinstance(template, Template) else template_for(engine, template)
     if prompt_ids is None:
         msgs = [as_message(m) for m in messages]
@@ -248,12 +300,33 @@ def reply(engine: Engine, messages: Sequence[Message | Mapping[str, Any]], max_t
     gen = Generation(ids)
     stops = StopStrings(stop)
     split = ReasoningSplit(tmpl.thinking)
+    harmony = harmony_ids(engine) if tmpl.thinking is None else None   # a gpt-oss vocabulary
+    channels = HarmonySplit(harmony) if harmony else None
+    calls = None
+    if tool_style is not None:
+        from bmoe_edge.engine.tools import ToolCallSplit
+
+        calls = ToolCallSplit(tool_style)
+
+    def answer(content: str, last: bool = False) -> tuple[str, tuple[ToolCall, ...]]:
+        if calls is None:
+            return content, ()
+        text, found = calls.feed(content)
+        if last:
+            tail, more = calls.flush()
+            text, found = text + tail, found + more
+        out.tool_calls += found
+        return text, tuple(found)
 
     def emit(text: str, token: Token | None) -> Delta:
-        reasoning, content = split.feed(text)
+        if channels is not None:
+            reasoning, content = channels.feed(token.id if token is not None else None, text)
+        else:
+            reasoning, content = split.feed(text)
+        content, found = answer(content)
         out.reasoning += reasoning
         out.content += content
-        return Delta(content, reasoning, token)
+        return Delta(content, reasoning, token, found)
 
     for token in engine.generate(ids, max_tokens, sampling, result=gen, reuse_kv=True):
         out.completion_tokens += 1
@@ -266,11 +339,14 @@ def reply(engine: Engine, messages: Sequence[Message | Mapping[str, Any]], max_t
     if not stops.stopped:
         yield emit(stops.flush(), None)
     reasoning, content = split.flush()
+    content, found = answer(content, last=True)
     out.reasoning += reasoning
     out.content += content
-    if reasoning or content:
-        yield Delta(content, reasoning, None)
+    if reasoning or content or found:
+        yield Delta(content, reasoning, None, found)
     out.finish_reason = "stop" if stops.stopped or gen.stop_reason == "end_of_generation" else "length"
+    if out.tool_calls:
+        out.finish_reason = "tool_calls"
 
 
 class Session:

@@ -19,6 +19,7 @@ class Sampling:
     top_p: float = 0.95
     min_p: float = 0.0  # 0 = off
     seed: int = 0
+    grammar: str = ""  # GBNF (a `root` rule) the output must follow (engine/grammar.py); "" = unconstrained
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,7 @@ class Engine:
         n = native.load()
         params = n.SamplingParams()
         params.temp, params.top_k, params.top_p, params.min_p, params.seed = s.temp, s.top_k, s.top_p, s.min_p, s.seed
+        params.grammar = s.grammar
         out = result if result is not None else Generation(prompt_ids)
         out.prompt_tokens = prompt_ids
         with native.engine_errors():

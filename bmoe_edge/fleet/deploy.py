@@ -35,7 +35,9 @@ A deploy of one host, in order; each step is a one-line BmoeError naming the hos
 7. stamp it complete (with its site/ digest and gate result) and rename it to `releases/<id>`, synced;
 8. verify again, then **switch** `current` atomically and durably (sync, one rename, sync);
 9. **health check** through `current` (`--version`); on failure switch back, mark the release failed;
-10. write state.json (synced), bin/bmoe-edge, the systemd unit and the pointer file, prune.
+10. write state.json (synced), bin/bmoe-edge, the systemd unit and the pointer file, prune;
+11. with `--service KIND`: install, enable and start that systemd service and wait for its health answer
+    (services.py); without it, a deploy that moved `current` restarts the services already installed.
 
 Killing the command at any point leaves `current` on a complete, verified release (the switch is one
 rename), the lock and everything the deploy ran on the board end with its connection, and running it
@@ -69,6 +71,7 @@ from bmoe_edge.fleet.lock import LOCK_TIMEOUT, board_lock
 from bmoe_edge.fleet.probe import check_facts, probe
 from bmoe_edge.fleet.remote import Board, SshOptions, Target
 from bmoe_edge.fleet.scripts import DEMOTE, REMOVE_IN, SWITCH
+from bmoe_edge.fleet.services import ServiceSpec, install_service, restart_services
 from bmoe_edge.fleet.state import (
     FAILED,
     KEEP,
@@ -89,7 +92,7 @@ from bmoe_edge.fleet.upload import LocalBundle, load_bundle, say, upload, verify
 def deploy_host(b: LocalBundle, target: Target, *, options: SshOptions, install_dir: str | None = None,
                 keep: int = KEEP, gates: bool = False, log: Log, hooks: Hooks | None = None,
                 lock_timeout: float = LOCK_TIMEOUT, health: bool = True,
-                trust: TrustOptions | None = None) -> HostResult:
+                trust: TrustOptions | None = None, service: ServiceSpec | None = None) -> HostResult:
     m = b.manifest
     hooks = hooks or {}
     started = time.monotonic()
@@ -108,6 +111,15 @@ def deploy_host(b: LocalBundle, target: Target, *, options: SshOptions, install_
                 hooks["locked"](layout.install_dir)
             state = _deploy_locked(board, b, layout, result, keep=keep, gates=gates, log=log, hooks=hooks,
                                    health=health, trust=trust)
+            if service is not None:
+                try:
+                    installed = install_service(board, layout, service, board_name=m.board,
+                                                ram_mb=b.profile.ram_mb, log=log)
+                except BmoeError as exc:
+                    raise BmoeError(f"{exc} ({m.bundle_id} itself is deployed)") from None
+                result.services = {service.kind.name: installed}
+            elif result.action == "deployed":
+                restart_services(board, layout, state, log)
     result.ok = True
     result.bundle_id = m.bundle_id
     result.deployed_at = now()
@@ -260,6 +272,7 @@ def deploy(
     keepalive: float = remote.KEEPALIVE,
     health: bool = True,
     trust: TrustOptions | None = None,
+    service: ServiceSpec | None = None,
 ) -> list[HostResult]:
     """Deploy a bundle (or each host's board's bundle under `dist/`) to every host, in parallel.
 
@@ -304,7 +317,7 @@ def deploy(
     def work(target: Target) -> HostResult:
         return deploy_host(bundle_for(target), target, options=options, install_dir=install_dir, keep=keep,
                            gates=gates, log=log, hooks=hooks, lock_timeout=lock_timeout, health=health,
-                           trust=trust)
+                           trust=trust, service=service)
 
     return run_fleet(targets, work, max_parallel=max_parallel, fail_fast=fail_fast, host_timeout=host_timeout,
                      what="deploy")

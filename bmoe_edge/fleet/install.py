@@ -149,6 +149,8 @@ def write_board_files(board: Board, b: LocalBundle, layout: Layout, releases: Re
         "gates": entry.get("gates"), "install_dir": layout.install_dir,
         "releases": {k: v for k, v in history.items() if k in keep_ids},
     }
+    if isinstance(state.get("services"), dict):    # the services installed on the board (services.py)
+        new_state["services"] = state["services"]
     write_state(board, layout, new_state)
     board.sh("mkdir -p -- \"$1/bin\" \"$1/systemd\"", layout.install_dir, what="creating bin/ and systemd/")
     board.write_bytes(f"{layout.install_dir}/bin/bmoe-edge", wrapper_script(layout.install_dir).encode(), 0o755)

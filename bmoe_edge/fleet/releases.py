@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.fleet import services
 from bmoe_edge.fleet.install import health_check, mark_failed, record_failure
 from bmoe_edge.fleet.lock import LOCK_TIMEOUT, board_lock
 from bmoe_edge.fleet.remote import Board, SshOptions, Target
@@ -86,6 +87,7 @@ def rollback_host(target: Target, *, options: SshOptions, board_name: str | None
                                     "gates": entry.get("gates"), "install_dir": layout.install_dir,
                                     "releases": history, "rolled_back_from": current})
         write_pointer(board, {"install_dir": layout.install_dir, "board": manifest.board, "bundle_id": previous})
+        services.restart_services(board, layout, state, log)
     result.ok = True
     result.board = manifest.board
     result.bundle_id = previous
@@ -120,6 +122,7 @@ def status_host(target: Target, *, options: SshOptions, board_name: str | None =
         result.releases = releases.newest_first()
         if stamp is not None:     # what runs from site/ (on PYTHONPATH) is still what was installed
             verify_site(install.board, install.layout.release(releases.current), stamp.get("site_sha256"))
+        result.services = services.describe(install.board, state) or None
     result.ok = True
     result.seconds = time.monotonic() - started
     return result

@@ -40,3 +40,4 @@ MODEL_PART = _load("model_part.sh")     # $1 dest, $2 part, $3 n: sha of dest, s
 MODEL_APPEND = _load("model_append.sh")  # $1 part, $2 bytes kept; stdin appended
 MODEL_COMMIT = _load("model_commit.sh")  # $1 part, $2 dest, $3 sha256: verify, rename over dest
 SIG_VERIFY = _load("sig_verify.sh")    # $1 allowed_signers, $2 release dir: ssh-keygen -Y verify its manifest
+SERVICE = _load("service.sh")          # $1 start|state, $2 unit, $3 unit file: systemd=no|yes, then its state

@@ -42,6 +42,7 @@ class HostResult:
     deployed_at: str | None = None
     releases: list[str] = field(default_factory=list)   # kept releases (push-model: the files in place)
     note: str | None = None
+    services: dict[str, Any] | None = None   # status: each installed service and its state; deploy --service
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -169,6 +170,9 @@ def format_one(r: HostResult) -> str:
             lines += [f"             {f}" for f in r.gates["failing"]]
         lines.append(f"previous:    {r.previous or '-'}")
         lines.append(f"releases:    {', '.join(r.releases) or '-'}")
+        from bmoe_edge.fleet.services import describe_text
+
+        lines += [f"service:     {line}" for line in describe_text(r.services or {})]
         if r.note:
             lines.append(f"note:        {r.note}")
         return "\n".join(lines)
@@ -179,8 +183,10 @@ def format_one(r: HostResult) -> str:
                 f"{r.files} files ({mib(r.bytes_uploaded)}) in {r.seconds:.0f} s")
     moved = (f"uploaded {r.files_uploaded} of {r.files} files ({mib(r.bytes_uploaded)}), "
              f"{r.files_copied} copied on the board, {r.files_present} already there")
+    service = "".join(f"; service {name} active on {s.get('bind')}:{s.get('port')}"
+                      for name, s in (r.services or {}).items())
     return (f"{r.host}: {r.action} {r.bundle_id} in {r.install_dir} ({r.seconds:.0f} s): {moved}; "
-            f"gates {_gates_text(r.gates)}; previous {r.previous or '-'}")
+            f"gates {_gates_text(r.gates)}; previous {r.previous or '-'}{service}")
 
 
 def report_json(results: Sequence[HostResult]) -> str:

@@ -136,8 +136,11 @@ class Server:
             return JSONResponse(openai_api.chat_completion(rid, self.model_id, reply))
         with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
+        calls = [0]   # tool calls streamed so far: each call's index
+
         def chunk(d: chat.Delta) -> dict[str, Any] | None:
-            fields = openai_api.delta_fields(d)
+            fields = openai_api.delta_fields(d, calls[0])
+            calls[0] += len(d.tool_calls)
             return openai_api.chat_chunk(rid, self.model_id, fields) if fields else None
 
         def last(reply: chat.Reply) -> list[dict[str, Any]]:

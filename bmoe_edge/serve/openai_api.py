@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from bmoe_edge.engine import chat
+from bmoe_edge.engine import chat, grammar, tools
 from bmoe_edge.engine.session import Sampling
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.serve.worker import Request
@@ -69,6 +70,18 @@ def _think(body: Mapping[str, Any]) -> bool | None:
     return value
 
 
+EFFORTS = ("low", "medium", "high")
+
+
+def _effort(body: Mapping[str, Any]) -> str | None:
+    """OpenAI's `reasoning_effort` (or `chat_template_kwargs.reasoning_effort`): gpt-oss's template takes it."""
+    kwargs = body.get("chat_template_kwargs") or {}
+    value = body.get("reasoning_effort", kwargs.get("reasoning_effort") if isinstance(kwargs, Mapping) else None)
+    if value is not None and value not in EFFORTS:
+        raise ApiError(400, f"'reasoning_effort' must be one of {', '.join(EFFORTS)}", param="reasoning_effort")
+    return value
+
+
 def check_model(body: Mapping[str, Any], model_id: str) -> None:
     model = body.get("model")
     if model is not None and model != model_id:
@@ -92,7 +105,33 @@ def _common(body: Any, model_id: str) -> dict[str, Any]:
         min_p=_number(body, "min_p", 0.05, 0.0, 1.0),
         seed=random.getrandbits(32) if seed is None else seed % (1 << 32),
     )
+    grammar_text = _response_format(body.get("response_format"))
+    if grammar_text:
+        sampling = dataclasses.replace(sampling, grammar=grammar_text)
     return {"max_tokens": max_tokens, "sampling": sampling, "stop": _stops(body)}
+
+
+def _response_format(fmt: Any) -> str:
+    """The grammar a `response_format` asks for ("" for plain text)."""
+    if fmt is None:
+        return ""
+    kind = fmt.get("type") if isinstance(fmt, Mapping) else None
+    if kind == "text":
+        return ""
+    if kind == "json_object":
+        return grammar.json_object()
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, Mapping) else None
+        if schema is None:
+            raise ApiError(400, "response_format json_schema needs 'json_schema': {'name': ..., 'schema': {...}}",
+                           param="response_format")
+        try:
+            return grammar.from_schema(schema)
+        except grammar.UnsupportedSchema as exc:
+            raise ApiError(400, str(exc), param="response_format") from None
+    raise ApiError(400, "'response_format' must be {'type': 'text'}, {'type': 'json_object'} or "
+                   "{'type': 'json_schema', 'json_schema': {...}}", param="response_format")
 
 
 def parse_chat(body: Any, model_id: str) -> Request:
@@ -102,17 +141,36 @@ def parse_chat(body: Any, model_id: str) -> Request:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
     if not all(isinstance(m, Mapping) for m in messages):
         raise ApiError(400, "each message must be an object with 'role' and 'content'", param="messages")
+    if body.get("tools") is not None or any(m.get("tool_calls") for m in messages) or _effort(body):
+        return _tool_request(body, messages, common)
     try:
         parsed = tuple(chat.as_message(m) for m in messages)
     except BmoeError as exc:
         raise ApiError(400, str(exc), param="messages") from None
-    fmt = body.get("response_format")
-    if isinstance(fmt, Mapping) and fmt.get("type") not in (None, "text"):
-        raise ApiError(400, f"response_format {fmt.get('type')!r} is not supported by this server (only 'text')",
-                       param="response_format")
-    if body.get("tools"):
-        raise ApiError(400, "tools are not supported by this server yet", param="tools")
     return Request(messages=parsed, think=_think(body), **common)
+
+
+def _tool_request(body: Mapping[str, Any], messages: list[Any], common: dict[str, Any]) -> Request:
+    """A conversation with tools (or earlier tool calls, or a reasoning effort): rendered by the model's own
+    Jinja template."""
+    try:
+        given = tools.check_tools(body["tools"]) if body.get("tools") is not None else []
+    except BmoeError as exc:
+        raise ApiError(400, str(exc), param="tools") from None
+    try:
+        rendered = tuple(tools.message_dict(m) for m in messages)
+    except BmoeError as exc:
+        raise ApiError(400, str(exc), param="messages") from None
+    try:
+        choice = tools.tool_choice(body.get("tool_choice"), given) if given else "none"
+    except BmoeError as exc:
+        raise ApiError(400, str(exc), param="tool_choice") from None
+    if choice not in ("auto", "none") and common["sampling"].grammar:
+        raise ApiError(400, "a forced tool call (tool_choice) and a JSON response_format cannot be combined",
+                       param="tool_choice")
+    plain = tuple(chat.Message(m["role"], m["content"]) for m in rendered)   # for the control-token check
+    return Request(messages=plain, think=_think(body), tools=tuple(given), tool_choice=choice,
+                   template_messages=rendered, reasoning_effort=_effort(body), **common)
 
 
 def parse_completion(body: Any, model_id: str) -> Request:
@@ -133,6 +191,9 @@ def usage(reply: chat.Reply) -> dict[str, int]:
 
 def chat_message(reply: chat.Reply) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.tool_calls:
+        message["content"] = reply.content or None
+        message["tool_calls"] = [c.openai() for c in reply.tool_calls]
     if reply.reasoning:
         message["reasoning_content"] = reply.reasoning
     return message
@@ -153,12 +214,15 @@ def chat_chunk(rid: str, model_id: str, delta: dict[str, Any], finish_reason: st
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
 
 
-def delta_fields(d: chat.Delta) -> dict[str, str]:
-    out = {}
+def delta_fields(d: chat.Delta, calls_before: int = 0) -> dict[str, Any]:
+    """A chunk's delta; `calls_before`: tool calls already streamed (each call's `index`)."""
+    out: dict[str, Any] = {}
     if d.reasoning:
         out["reasoning_content"] = d.reasoning
     if d.content:
         out["content"] = d.content
+    if d.tool_calls:
+        out["tool_calls"] = [c.openai(calls_before + i) for i, c in enumerate(d.tool_calls)]
     return out
 
 

@@ -4,15 +4,17 @@ answer handed back to the event loop piece by piece; a cancelled job stops betwe
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from bmoe_edge.engine import chat
+from bmoe_edge.engine import chat, tools
 from bmoe_edge.engine.session import Engine, Generation, Sampling, TokenMetrics
 from bmoe_edge.errors import BmoeError
 
@@ -27,6 +29,10 @@ class Request:
     messages: tuple[chat.Message, ...] = ()
     prompt: str | None = None
     think: bool | None = None
+    tools: tuple[dict[str, Any], ...] = ()  # OpenAI's tools: the conversation is rendered by the Jinja template
+    tool_choice: str = "none"  # "auto", "none", "required" or a function's name
+    template_messages: tuple[dict[str, Any], ...] = ()  # the messages as that template sees them
+    reasoning_effort: str | None = None  # gpt-oss's template switch (low, medium, high)
 
 
 @dataclass
@@ -87,6 +93,9 @@ class Worker:
                  parse_special: bool = False) -> None:
         self.engine = engine
         self.template = chat.template_for(engine, template)
+        # The Jinja source that renders tools: the model's own template, or a given template file.
+        given = Path(template) if template and Path(template).is_file() else None
+        self.jinja = given.read_text(encoding="utf-8") if given else "" if template else engine.chat_template
         self.parse_special = parse_special
         self.ctx = int(engine.run_info["ctx"])
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
@@ -142,8 +151,17 @@ class Worker:
             self.stats.add(reply)
 
     def _answer(self, r: Request, reply: chat.Reply):
+        if r.template_messages:
+            return self._answer_jinja(r, reply)
         if r.prompt is None:
-            ids = chat.prompt_tokens(self.engine, self.template, r.messages, think=r.think,
+            think = r.think
+            style = self.template.thinking
+            if r.sampling.grammar:   # the grammar holds from the first token: no room for reasoning first
+                if think:
+                    raise BmoeError("a JSON response_format and reasoning (think) cannot be combined")
+                if style is not None and style.off_suffix:
+                    think = False
+            ids = chat.prompt_tokens(self.engine, self.template, r.messages, think=think,
                                      parse_special=self.parse_special)
             self._fits(len(ids), r.max_tokens)
             return chat.reply(self.engine, r.messages, r.max_tokens, r.sampling, template=self.template, stop=r.stop,
@@ -151,6 +169,34 @@ class Worker:
         ids = self.engine.tokenize(r.prompt, True, self.parse_special)
         self._fits(len(ids), r.max_tokens)
         return _complete(self.engine, ids, r, reply)
+
+    def _answer_jinja(self, r: Request, reply: chat.Reply):
+        """Rendered by the model's own Jinja template: tools, earlier tool calls, a reasoning effort."""
+        style = tools.tool_style(self.jinja)
+        if style is None and (r.tools or any(m.get("tool_calls") for m in r.template_messages)):
+            raise BmoeError("this model's chat template has no tool calling this server can render and parse "
+                            f"(supported: {', '.join(s.name for s in tools.TOOL_STYLES)} style templates "
+                            "that use `tools`)")
+        if r.reasoning_effort and "reasoning_effort" not in self.jinja:
+            raise BmoeError("this model's chat template takes no reasoning_effort (gpt-oss's does)")
+        chat.check_text(self.engine, r.messages, self.parse_special)
+        sampling, think = r.sampling, r.think
+        forced = r.tool_choice not in ("auto", "none")
+        if forced or sampling.grammar:   # a grammar from the first token: no reasoning first
+            if think:
+                raise BmoeError("a forced tool call or a JSON response_format cannot be combined with reasoning")
+            think = False if self.template.thinking and self.template.thinking.off_suffix else None
+        if forced:
+            only = None if r.tool_choice == "required" else r.tool_choice
+            sampling = dataclasses.replace(sampling, grammar=tools.call_grammar(style, r.tools, only))
+        effort = {"reasoning_effort": r.reasoning_effort} if r.reasoning_effort else None
+        text = tools.render(self.jinja, r.template_messages, tools=r.tools if r.tool_choice != "none" else None,
+                            think=think, variables=effort)
+        ids = self.engine.tokenize(text, True, True)
+        self._fits(len(ids), r.max_tokens)
+        parse_calls = style if r.tools and r.tool_choice != "none" else None
+        return chat.reply(self.engine, r.messages, r.max_tokens, sampling, template=self.template, stop=r.stop,
+                          result=reply, prompt_ids=ids, tool_style=parse_calls)
 
     def _fits(self, n_prompt: int, max_tokens: int) -> None:
         if n_prompt >= self.ctx:

@@ -154,7 +154,8 @@ NB_MODULE(_native, m) {
         .def_rw("top_k", &bmoe::SamplingParams::top_k)
         .def_rw("top_p", &bmoe::SamplingParams::top_p)
         .def_rw("min_p", &bmoe::SamplingParams::min_p)
-        .def_rw("seed", &bmoe::SamplingParams::seed);
+        .def_rw("seed", &bmoe::SamplingParams::seed)
+        .def_rw("grammar", &bmoe::SamplingParams::grammar);
 
 #define BMOE_RO(cls, field) .def_ro(#field, &bmoe::cls::field)
     nb::class_<bmoe::TokenMetrics>(m, "TokenMetrics")

@@ -120,6 +120,14 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     if (prompt.empty()) {
         throw Error("the prompt is empty");
     }
+    // Parsed before the context is touched: a bad grammar leaves everything as it was.
+    std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar;
+    if (!sampling.grammar.empty()) {
+        grammar.reset(llama_sampler_init_grammar(d.vocab, sampling.grammar.c_str(), "root"));
+        if (!grammar) {
+            throw Error("the grammar does not parse (GBNF with a `root` rule)");
+        }
+    }
     llama_memory_t memory = llama_get_memory(d.ctx.get());
     size_t keep = 0;
     if (reuse_kv) {
@@ -138,6 +146,9 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     chain_params.no_perf = true;
     d.sampler.reset(llama_sampler_chain_init(chain_params));
     llama_sampler * chain = d.sampler.get();
+    if (grammar) {  // first: the samplers after it choose among the tokens it allows
+        llama_sampler_chain_add(chain, grammar.release());
+    }
     if (sampling.temp <= 0.0f) {
         llama_sampler_chain_add(chain, llama_sampler_init_greedy());
     } else {

@@ -71,6 +71,7 @@ struct SamplingParams {
     float top_p = 0.95f;
     float min_p = 0.0f;  // 0 = off
     uint32_t seed = 0;
+    std::string grammar;  // GBNF with a `root` rule: only tokens it allows are sampled; empty = off
 };
 
 const char * to_string(ReadPath path);

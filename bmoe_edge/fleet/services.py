@@ -1,0 +1,276 @@
+"""Long-running bmoe-edge services on a board under systemd: `deploy --service KIND` renders the unit,
+installs it into /etc/systemd/system, enables and starts it, and waits for its health answer; `status`
+shows each one. The kinds of service are rows of SERVICE_KINDS: a new kind is one row.
+
+On the board:
+
+    <install_dir>/systemd/bmoe-edge-<kind>.service    the unit as rendered (the copy systemd loads is in
+                                                      /etc/systemd/system/)
+    <install_dir>/services/<kind>/                    its working directory, the only place it may write;
+                                                      `api-key` (0600) when it has one
+    state.json "services": {<kind>: {...}}            what was installed (unit, model, bind, port, when)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from bmoe_edge.errors import BmoeError
+from bmoe_edge.fleet import remote
+from bmoe_edge.fleet.remote import Board
+from bmoe_edge.fleet.scripts import SERVICE
+from bmoe_edge.fleet.state import HEALTH_TIMEOUT, Layout, Log, now, read_state, write_state
+from bmoe_edge.fleet.upload import say
+
+
+@dataclass(frozen=True)
+class ServiceKind:
+    """One kind of service: the `bmoe-edge` command its unit runs and what that command takes."""
+
+    name: str               # `deploy --service NAME`; the unit is bmoe-edge-NAME.service
+    description: str
+    command: str            # the bmoe-edge subcommand (run with --board <board> --bind B --port P)
+    default_port: int
+    needs_model: bool       # takes -m MODEL (a path on the board, read-only to the service)
+    api_key: bool           # takes --api-key-file (the key kept in the service's directory, 0600)
+    health_path: str | None  # an HTTP path answering 200 once it serves; None: the port accepting is health
+
+
+SERVICE_KINDS = (
+    ServiceKind("serve", "OpenAI-compatible server", "serve", 8080, needs_model=True, api_key=True,
+                health_path="/health"),
+)
+BY_NAME = {k.name: k for k in SERVICE_KINDS}
+UNIT_TEMPLATE = "bmoe-edge-service.service"
+START_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    kind: ServiceKind
+    model: str | None = None
+    bind: str = "127.0.0.1"
+    port: int | None = None
+    api_key: str | None = None
+
+    @property
+    def listen_port(self) -> int:
+        return self.port if self.port is not None else self.kind.default_port
+
+
+def kind_named(name: str) -> ServiceKind:
+    if name not in BY_NAME:
+        raise BmoeError(f"unknown service {name!r}: one of {', '.join(BY_NAME)}")
+    return BY_NAME[name]
+
+
+def spec_for(name: str, *, model: str | None, bind: str, port: int | None, api_key: str | None) -> ServiceSpec:
+    """A service as `deploy --service` describes it, checked before anything reaches a board."""
+    kind = kind_named(name)
+    if kind.needs_model and not model:
+        raise BmoeError(f"--service {name} needs -m MODEL (the model's path on the board)")
+    if model and not model.startswith("/"):
+        raise BmoeError(f"-m {model!r}: give the model's absolute path on the board")
+    if api_key and not kind.api_key:
+        raise BmoeError(f"--service {name} takes no API key")
+    if port == 0:
+        raise BmoeError("--port: a service needs a fixed port")
+    return ServiceSpec(kind, model, bind, port, api_key)
+
+
+def unit_name(kind: ServiceKind) -> str:
+    return f"bmoe-edge-{kind.name}.service"
+
+
+def workdir(layout: Layout, kind: ServiceKind) -> str:
+    return f"{layout.install_dir}/services/{kind.name}"
+
+
+def exec_argv(spec: ServiceSpec, layout: Layout, board_name: str) -> list[str]:
+    """The service's command line: the board's bmoe-edge (the current release, its profiles) and the
+    kind's command with the board profile's defaults."""
+    argv = [f"{layout.install_dir}/bin/bmoe-edge", spec.kind.command, "--board", board_name]
+    if spec.kind.needs_model:
+        argv += ["-m", str(spec.model)]
+    argv += ["--bind", spec.bind, "--port", str(spec.listen_port)]
+    if spec.api_key:
+        argv += ["--api-key-file", f"{workdir(layout, spec.kind)}/api-key"]
+    return argv
+
+
+def render_unit(spec: ServiceSpec, layout: Layout, user: str, board_name: str, ram_mb: int) -> str:
+    from bmoe_edge.fleet.install import memory_max, systemd_escape
+
+    def word(text: str) -> str:
+        return f'"{systemd_escape(text)}"'
+
+    template = resources.files(__package__).joinpath("units", UNIT_TEMPLATE).read_text(encoding="utf-8")
+    read_only = [spec.model] if spec.model else [layout.install_dir]
+    fields = {
+        "@DESCRIPTION@": spec.kind.description, "@KIND@": spec.kind.name, "@BOARD@": board_name,
+        "@USER@": systemd_escape(user), "@WORKDIR@": _bare_path(workdir(layout, spec.kind)),
+        "@WRITABLE@": word(workdir(layout, spec.kind)),
+        "@EXEC_START@": " ".join(word(a) for a in exec_argv(spec, layout, board_name)),
+        "@MEMORY_MAX@": memory_max(ram_mb), "@READ_ONLY@": " ".join(word(p) for p in read_only),
+    }
+    for key, value in fields.items():
+        template = template.replace(key, value)
+    return template
+
+
+def _bare_path(path: str) -> str:
+    """A path for a setting that takes it unquoted (WorkingDirectory=): only specifiers are escaped."""
+    if any(c in path for c in '"\\\n') or path != path.strip():
+        raise BmoeError(f"{path!r} cannot be a service's directory in a systemd unit (quotes, backslashes or "
+                        "spaces at the ends): choose another --install-dir")
+    return path.replace("%", "%%")
+
+
+def _parse_state(stdout: str) -> dict[str, str]:
+    return dict(ln.split("=", 1) for ln in stdout.splitlines() if "=" in ln)
+
+
+def unit_state(board: Board, kind: ServiceKind) -> dict[str, str]:
+    """`systemd: no` on a board that does not run systemd; else the unit's ActiveState, SubState, …"""
+    result = board.sh(SERVICE, "state", unit_name(kind), what=f"reading the {kind.name} service's state")
+    return _parse_state(result.stdout)
+
+
+def install_service(board: Board, layout: Layout, spec: ServiceSpec, *, board_name: str, ram_mb: int,
+                    log: Log, health_timeout: float = HEALTH_TIMEOUT) -> dict[str, Any]:
+    """Install, enable and (re)start the service, then wait for its health answer. The unit and the
+    service's record in state.json are written first (status shows a service that did not start)."""
+    kind = spec.kind
+    unit = unit_name(kind)
+    if spec.model:
+        found = board.sh('test -f "$1"', spec.model, what="looking for the model", check=False)
+        if found.exited != 0:
+            raise BmoeError(f"{board.label}: the model {spec.model} is not on the board "
+                            "(`bmoe-edge push-model` puts it there)")
+    work = workdir(layout, kind)
+    board.sh('mkdir -p -- "$1" "$2" && chmod 700 -- "$1"', work, f"{layout.install_dir}/systemd",
+             what="creating the service's directory")
+    if spec.api_key:
+        board.write_bytes(f"{work}/api-key", spec.api_key.encode(), 0o600)
+    else:
+        board.sh('rm -f -- "$1"', f"{work}/api-key", what="removing an old API key")
+    rendered = f"{layout.install_dir}/systemd/{unit}"
+    board.write_bytes(rendered, render_unit(spec, layout, board.conn.user, board_name, ram_mb).encode())
+    record = {"unit": unit, "model": spec.model, "bind": spec.bind, "port": spec.listen_port,
+              "installed_at": now(), "api_key": bool(spec.api_key)}
+    state = read_state(board, layout)
+    services = state.get("services") if isinstance(state.get("services"), dict) else {}
+    state["services"] = {**services, kind.name: record}
+    write_state(board, layout, state)
+    say(log, board.label, f"starting the {kind.name} service ({unit})")
+    started = board.sh(SERVICE, "start", unit, rendered, what=f"starting the {kind.name} service", check=False)
+    if started.exited != 0:
+        raise BmoeError(f"{board.label}: the {kind.name} service did not start: "
+                        f"{remote.tail(started.stderr or started.stdout)}")
+    if _parse_state(started.stdout).get("systemd") == "no":
+        raise BmoeError(f"{board.label}: the board does not run systemd (no /run/systemd/system), so the "
+                        f"{kind.name} service was not started; its unit is {rendered}")
+    wait_healthy(board, spec, timeout=health_timeout, unit=unit)
+    say(log, board.label, f"{kind.name} service active, {spec.bind}:{spec.listen_port}")
+    return record
+
+
+def wait_healthy(board: Board, spec: ServiceSpec, *, timeout: float = HEALTH_TIMEOUT, unit: str | None = None) -> None:
+    """Until the service answers on its port (its health path with 200), asked over the board's SSH
+    connection (a direct-tcpip channel: nothing is needed on the board); a unit that fails meanwhile
+    fails this."""
+    port = spec.listen_port
+    host = "127.0.0.1" if spec.bind in ("0.0.0.0", "::", "") else spec.bind
+    deadline = time.monotonic() + timeout
+    why = "no answer"
+    while time.monotonic() < deadline:
+        if unit is not None:
+            state = unit_state(board, spec.kind)
+            if state.get("ActiveState") == "failed":
+                raise BmoeError(f"{board.label}: the {spec.kind.name} service failed "
+                                f"({state.get('Result', '?')}): `journalctl -u {unit}` on the board")
+        ok, why = _answers(board, host, port, spec.kind.health_path)
+        if ok:
+            return
+        time.sleep(1)
+    raise BmoeError(f"{board.label}: the {spec.kind.name} service did not answer on {host}:{port} within "
+                    f"{timeout:.0f} s ({why})")
+
+
+def _answers(board: Board, host: str, port: int, path: str | None) -> tuple[bool, str]:
+    """One try: a channel to host:port on the board (refused while nothing listens), then the health
+    path's status line over it."""
+    import paramiko
+
+    try:
+        channel = board.conn.transport.open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=10)
+    except (paramiko.SSHException, OSError) as exc:
+        return False, str(exc) or type(exc).__name__
+    try:
+        if path is None:
+            return True, ""
+        channel.settimeout(10)
+        channel.sendall(f"GET {path} HTTP/1.0\r\nHost: {host}:{port}\r\n\r\n".encode())
+        head = b""
+        while b"\r\n" not in head and len(head) < 256:
+            piece = channel.recv(256)
+            if not piece:
+                break
+            head += piece
+        status = head.split(b"\r\n", 1)[0].decode("latin-1")
+        return status.split(" ")[1:2] == ["200"], status or "connection closed"
+    except (OSError, TimeoutError) as exc:
+        return False, str(exc) or type(exc).__name__
+    finally:
+        channel.close()
+
+
+def restart_services(board: Board, layout: Layout, state: Mapping[str, Any], log: Log) -> None:
+    """After `current` moved: restart the installed services into the new release (their units run
+    bin/bmoe-edge, which follows `current`). A board without systemd has nothing running to restart."""
+    for name, record in installed(state).items():
+        kind = BY_NAME.get(name)
+        rendered = f"{layout.install_dir}/systemd/{record.get('unit')}"
+        if kind is None:
+            continue
+        result = board.sh(SERVICE, "start", unit_name(kind), rendered, what=f"restarting the {name} service",
+                          check=False)
+        if result.exited == 0 and _parse_state(result.stdout).get("systemd") == "yes":
+            say(log, board.label, f"restarted the {name} service into the new release")
+
+
+def installed(state: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    services = state.get("services")
+    return {k: v for k, v in services.items() if isinstance(v, dict)} if isinstance(services, dict) else {}
+
+
+def describe(board: Board, state: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each installed service with its state now (for `status`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, record in installed(state).items():
+        kind = BY_NAME.get(name)
+        info = {**record}
+        if kind is None:
+            info["state"] = "unknown kind"
+        else:
+            now_state = unit_state(board, kind)
+            if now_state.get("systemd") == "no":
+                info["state"] = "not running (the board does not run systemd)"
+            else:
+                active, sub = now_state.get("ActiveState", "?"), now_state.get("SubState", "?")
+                info["state"] = f"{active} ({sub})"
+                info["active"] = active == "active"
+                restarts = now_state.get("NRestarts")
+                if restarts and restarts != "0":
+                    info["state"] += f", {restarts} restarts"
+        out[name] = info
+    return out
+
+
+def describe_text(services: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    return [f"{name} {info.get('state')}, {info.get('bind')}:{info.get('port')}"
+            + (f", model {info['model']}" if info.get("model") else "") for name, info in services.items()]

@@ -1,0 +1,279 @@
+"""Structured output and tools: grammar-constrained sampling (`response_format` json_object/json_schema, a
+forced tool call) in the engine's sampler chain, and tool calls rendered by a model's own Jinja template
+(a gguf carrying Qwen3's real template) and parsed back into OpenAI's `tool_calls` — with the real
+engine on a tiny random-weight model, and OpenAI's own client against a real server process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from bmoe_edge import llama_source
+from bmoe_edge.engine import chat, grammar, tools
+from bmoe_edge.engine.session import Engine, Sampling
+from bmoe_edge.engine.settings import StreamConfig
+from bmoe_edge.errors import BmoeError
+from bmoe_edge.fixtures import tinymoe
+
+from test_serve import Server, start, stop
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "n": {"type": "integer"},
+        "color": {"enum": ["red", "green"]},
+        "note": {"type": ["string", "null"], "maxLength": 12},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+    },
+    "required": ["ok", "n", "color", "tags"],
+    "additionalProperties": False,
+}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                    "unit": {"enum": ["c", "f"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["utc", "local"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+
+
+def follows(value: object) -> bool:
+    """`value` follows SCHEMA (checked by hand: the schema is small)."""
+    return (isinstance(value, dict) and set(value) <= set(SCHEMA["properties"])
+            and {"ok", "n", "color", "tags"} <= set(value) and isinstance(value["ok"], bool)
+            and isinstance(value["n"], int) and value["color"] in ("red", "green")
+            and (value.get("note") is None or len(value["note"]) <= 12)
+            and isinstance(value["tags"], list) and len(value["tags"]) <= 3
+            and all(isinstance(t, str) and len(t) <= 8 for t in value["tags"]))
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    return tinymoe.fixture("qwen3moe", "Q8_0")
+
+
+@pytest.fixture(scope="module")
+def engine(model: Path) -> Iterator[Engine]:
+    with Engine(model, StreamConfig(ctx=512, threads=1)) as e:
+        yield e
+
+
+QWEN3_TEMPLATE = llama_source.default_dest(True) / "models" / "templates" / "Qwen-Qwen3-0.6B.jinja"
+
+
+@pytest.fixture(scope="module")
+def qwen3_model(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with Qwen3's real chat template (from the pinned llama.cpp source) in its gguf, written
+    by the gguf package's own metadata tool."""
+    out = tmp_path_factory.mktemp("qwen3") / "tiny-qwen3-template.gguf"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(model), str(out),
+                    "--chat-template-file", str(QWEN3_TEMPLATE), "--force"], check=True, capture_output=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# The grammar and the engine.
+
+
+@pytest.mark.parametrize("temp, seed", [(0.0, 0), (0.8, 1), (0.8, 2), (1.5, 3)])
+def test_schema_output_parses_and_follows_the_schema(engine: Engine, temp: float, seed: int) -> None:
+    g = grammar.from_schema(SCHEMA)
+    text = "".join(t.text for t in engine.generate(engine.tokenize("The quick brown fox"), 200,
+                                                   Sampling(temp=temp, seed=seed, grammar=g)))
+    assert follows(json.loads(text)), text
+
+
+def test_json_object_answers_that_end_are_json_objects(engine: Engine) -> None:
+    ended = 0
+    for seed in range(6):
+        gen_tokens = list(engine.generate(engine.tokenize("Hello"), 64,
+                                          Sampling(temp=0.8, seed=seed, grammar=grammar.json_object())))
+        text = "".join(t.text for t in gen_tokens)
+        assert text.startswith("{"), text
+        if len(gen_tokens) < 64:       # ended by the model (the grammar allows only the end then)
+            ended += 1
+            assert isinstance(json.loads(text), dict), text
+    assert ended, "no seed closed its object within 64 tokens"
+
+
+def test_no_grammar_leaves_greedy_unchanged_and_a_bad_grammar_is_one_line(engine: Engine, model: Path) -> None:
+    prompt = engine.tokenize("The quick brown fox")
+    before = [t.id for t in engine.generate(prompt, 12, Sampling())]
+    list(engine.generate(prompt, 8, Sampling(grammar=grammar.from_schema(SCHEMA))))
+    with pytest.raises(BmoeError, match="the grammar does not parse"):
+        list(engine.generate(prompt, 4, Sampling(grammar="root ::= nothing-here")))
+    assert [t.id for t in engine.generate(prompt, 12, Sampling())] == before
+    with Engine(model, StreamConfig(ctx=512, threads=1, stream=False)) as resident:
+        assert [t.id for t in resident.generate(prompt, 12, Sampling())] == before
+
+
+@pytest.mark.parametrize("schema, needle", [
+    ({"type": "string", "pattern": "^a+$"}, "pattern"),
+    ({"type": "object", "properties": {"a": {"type": "integer", "minimum": 3}}}, "minimum"),
+    ({"type": "object", "properties": {"a": {}}, "additionalProperties": True}, "additionalProperties"),
+    ({"$ref": "https://example.com/s.json"}, "only local references"),
+    ({"type": "tuple"}, "unknown JSON schema type"),
+])
+def test_unsupported_schemas_are_refused_by_name(schema: dict, needle: str) -> None:
+    with pytest.raises(grammar.UnsupportedSchema, match=needle):
+        grammar.from_schema(schema)
+
+
+def test_recursive_refs_and_optional_members(engine: Engine) -> None:
+    tree = {"$defs": {"node": {"type": "object", "properties": {
+        "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
+        "required": ["v"], "additionalProperties": False}}, "$ref": "#/$defs/node"}
+    for seed in range(3):
+        sampling = Sampling(temp=0.7, seed=seed, grammar=grammar.from_schema(tree))
+        text = "".join(t.text for t in engine.generate(engine.tokenize("Tree"), 300, sampling))
+        try:
+            value = json.loads(text)
+        except ValueError:
+            continue     # cut by max_tokens in a deep tree
+        assert isinstance(value["v"], int) and set(value) <= {"v", "kids"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tool calls: the template, the parser.
+
+
+def test_qwen3s_own_template_renders_tools_calls_and_results() -> None:
+    source = QWEN3_TEMPLATE.read_text()
+    style = tools.tool_style(source)
+    assert style is not None and style.name == "hermes"
+    messages = [tools.message_dict(m) for m in [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "21 C"},
+    ]]
+    text = tools.render(source, messages, tools=[WEATHER], think=False)
+    assert text.startswith("<|im_start|>system\n# Tools") and json.dumps(WEATHER["function"]["parameters"]) in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>' in text
+    assert "<|im_start|>user\n<tool_response>\n21 C\n</tool_response><|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert tools.tool_style(chat.FALLBACK_TEMPLATE) is None
+
+
+@pytest.mark.parametrize("cut", [1, 3, 7, 1000])
+def test_tool_calls_are_split_out_of_streamed_text(cut: int) -> None:
+    answer = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+              '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>then <tool_call>not json</tool_call>')
+    split = tools.ToolCallSplit(tools.TOOL_STYLES[0])
+    text, calls = "", []
+    for i in range(0, len(answer), cut):
+        t, c = split.feed(answer[i:i + cut])
+        text, calls = text + t, calls + c
+    t, c = split.flush()
+    text, calls = text + t, calls + c
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Oslo"}), ("get_time", {})]
+    assert text == "Let me check.\nthen <tool_call>not json</tool_call>"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Through the server, with OpenAI's client.
+
+
+@pytest.fixture(scope="module")
+def server(qwen3_model: Path) -> Iterator[Server]:
+    s = start(qwen3_model, "--ctx", "1024")
+    yield s
+    stop(s)
+
+
+def test_response_format_json_schema_and_json_object(server: Server) -> None:
+    client = server.client()
+    kw = {"model": server.model_id, "messages": [{"role": "user", "content": "Describe a fox."}], "max_tokens": 120}
+    fmt = {"type": "json_schema", "json_schema": {"name": "fox", "schema": SCHEMA, "strict": True}}
+    reply = client.chat.completions.create(response_format=fmt, temperature=0, **kw)
+    assert follows(json.loads(reply.choices[0].message.content)) and reply.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        response_format=fmt, temperature=0, stream=True, **kw) if c.choices)
+    assert streamed == reply.choices[0].message.content
+    whole = client.chat.completions.create(response_format={"type": "json_object"}, temperature=0.8, seed=1, **kw)
+    if whole.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(whole.choices[0].message.content), dict)
+    completion = client.completions.create(model=server.model_id, prompt="A fox:", max_tokens=120, temperature=0,
+                                           extra_body={"response_format": fmt})
+    assert follows(json.loads(completion.choices[0].text))
+    with pytest.raises(openai.BadRequestError, match="pattern"):
+        client.chat.completions.create(response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "string", "pattern": "a+"}}}, **kw)
+    with pytest.raises(openai.BadRequestError, match="response_format"):
+        client.chat.completions.create(response_format={"type": "yaml"}, **kw)   # type: ignore[arg-type]
+
+
+def test_a_required_tool_call_comes_back_as_tool_calls_streamed_or_not(server: Server) -> None:
+    client = server.client()
+    kw = {"model": server.model_id, "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+          "tools": [WEATHER, CLOCK], "tool_choice": "required", "max_tokens": 80, "temperature": 0}
+    reply = client.chat.completions.create(**kw)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+    [call] = choice.message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert call.type == "function" and call.id.startswith("call_")
+    assert (call.function.name == "get_weather" and set(args) == {"city", "unit"}) or \
+        (call.function.name == "get_time" and args["zone"] in ("utc", "local"))
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    streamed = [tc for d in deltas for tc in (d.tool_calls or [])]
+    assert [(tc.index, tc.function.name, tc.function.arguments) for tc in streamed] == \
+        [(0, call.function.name, call.function.arguments)]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # a named function: that one
+    named = client.chat.completions.create(**{**kw, "tool_choice": {"type": "function",
+                                                                     "function": {"name": "get_time"}}})
+    assert named.choices[0].message.tool_calls[0].function.name == "get_time"
+    # the result goes back in, rendered by the template; the conversation goes on
+    follow = client.chat.completions.create(model=server.model_id, max_tokens=4, temperature=0, tools=[WEATHER],
+                                            messages=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "4 C, rain"}])
+    assert follow.usage.completion_tokens >= 1 and follow.usage.prompt_tokens > reply.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        client.chat.completions.create(**{**kw, "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+
+
+# ---------------------------------------------------------------------------------------------------
+# gpt-oss: the reasoning effort (its own template) and Harmony channels.
+
+GPT_OSS_TEMPLATE = llama_source.default_dest(True) / "models" / "templates" / "openai-gpt-oss-120b.jinja"
+
+
+def test_gpt_oss_template_takes_the_reasoning_effort() -> None:
+    source = GPT_OSS_TEMPLATE.read_text()
+    messages = [tools.message_dict({"role": "user", "content": "Hi"})]
+    high = tools.render(source, messages, tools=None, variables={"reasoning_effort": "high"})
+    assert "Reasoning: high\n" in high and high.endswith("<|start|>user<|message|>Hi<|end|><|start|>assistant")
+    assert "Reasoning: medium\n" in tools.render(source, messages, tools=None)     # the template's default
+    assert tools.tool_style(source) is None    # Harmony calls (commentary channel) are not parsed: 400 for tools
+
+
+def test_harmony_channels_split_reasoning_from_the_answer(engine: Engine) -> None:
+    assert chat.harmony_ids(engine) is None    # the fixture's vocabulary has no Harmony tokens: text as before
+    ids = {"<|start|>": 1, "<|channel|>": 2, "<|message|>": 3, "<|end|>": 4}
+    split = chat.HarmonySplit(ids)
+    stream = [(2, ""), (10, "analysis"), (3, ""), (11, "Think "), (12, "hard."), (4, ""), (1, ""), (13, "assistant"),
+              (2, ""), (14, "final"), (3, ""), (15, "Hi"), (16, "!"), (None, "")]
+    pieces = [split.feed(i, t) for i, t in stream]
+    assert "".join(r for r, _ in pieces) == "Think hard." and "".join(a for _, a in pieces) == "Hi!"
+
+
+def test_a_reasoning_effort_needs_a_template_that_takes_it(server: Server) -> None:
+    client = server.client()
+    kw = {"model": server.model_id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    with pytest.raises(openai.BadRequestError, match="takes no reasoning_effort"):
+        client.chat.completions.create(reasoning_effort="high", **kw)
+    with pytest.raises(openai.BadRequestError, match="reasoning_effort"):
+        client.chat.completions.create(extra_body={"reasoning_effort": "extreme"}, **kw)
+    assert client.chat.completions.create(**kw).usage.completion_tokens == 2
