@@ -112,7 +112,7 @@ def quality_table(rows: list[QualityRow]) -> str:
              "| tok/s |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         first = "-" if r.first_difference is None else str(r.first_difference)
-        lines.append(f"| {r.setting} | {r.agree_pct:.1f}% | {first} | {r.perplexity:.3f} | "
+        lines.append(f"| {r.setting} | {r.agree_pct:.1f}% | {first} | {r.perplexity:.4g} | "
                      f"{r.perplexity_delta_pct:+.2f}% | {r.dropped_per_token:.2f} | "
                      f"{r.bytes_read_per_token / 2**20:.1f} | {r.decode_tok_s:.2f} |")
     return "\n".join(lines) + "\n"
