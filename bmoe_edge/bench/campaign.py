@@ -48,8 +48,9 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
     def stream(label: str, **kw: Any) -> BenchCell:
         capped = kw.pop("capped", True)
         warm = kw.pop("warmup", 0)
+        # Read-ahead pinned off unless a cell asks: each mechanism measured alone, as before it existed.
         return BenchCell(label, "stream", {**base, "stream": True, "io_threads": 4, "read_path": "odirect",
-                                      "overlap": False, "cache_mb": 0, **kw},
+                                      "overlap": False, "prefetch": "off", "cache_mb": 0, **kw},
                     capped=capped, tokens=tokens, warmup=warm, group="stream")
 
     if defaults is not None:
