@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ggml.h"
+#include "seam_graph.h"
 
 namespace bmoe::detail {
 namespace {
@@ -15,25 +16,7 @@ namespace {
 // or sigmoid output; the logits themselves where the model takes a softmax over the chosen ones).
 ggml_tensor * probs_of(ggml_tensor * topk, int layer) {
     const std::string name = "ffn_moe_probs-" + std::to_string(layer);
-    std::vector<ggml_tensor *> frontier{topk};
-    for (int depth = 0; depth < 8 && !frontier.empty(); ++depth) {
-        std::vector<ggml_tensor *> next;
-        for (ggml_tensor * t : frontier) {
-            if (name == t->name) {
-                return t;
-            }
-            for (ggml_tensor * s : t->src) {
-                if (s != nullptr && s->op != GGML_OP_NONE) {
-                    next.push_back(s);
-                }
-            }
-            if (t->view_src != nullptr && t->view_src->op != GGML_OP_NONE) {
-                next.push_back(t->view_src);
-            }
-        }
-        frontier.swap(next);
-    }
-    return nullptr;
+    return find_behind(topk, 8, [&](const ggml_tensor * t) { return name == t->name; });
 }
 
 }  // namespace

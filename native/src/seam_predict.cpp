@@ -7,6 +7,7 @@
 
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "seam_graph.h"
 
 namespace bmoe::detail {
 namespace {
@@ -63,27 +64,11 @@ bool NextLayerPredictor::any() const {
 }
 
 const ggml_tensor * NextLayerPredictor::router_input(const ggml_tensor * topk, const ggml_tensor * weight) const {
-    // topk <- argsort <- [biased/masked] probs <- softmax|sigmoid <- [+bias] <- mul_mat(weight, x):
-    // a short walk back through the sources, bounded in case the graph is not what it was.
-    std::vector<const ggml_tensor *> frontier{topk};
-    for (int depth = 0; depth < 12 && !frontier.empty(); ++depth) {
-        std::vector<const ggml_tensor *> next;
-        for (const ggml_tensor * t : frontier) {
-            if (t->op == GGML_OP_MUL_MAT && t->src[0] == weight) {
-                return t->src[1];
-            }
-            for (const ggml_tensor * s : t->src) {
-                if (s != nullptr && s->op != GGML_OP_NONE) {
-                    next.push_back(s);
-                }
-            }
-            if (t->view_src != nullptr && t->view_src->op != GGML_OP_NONE) {
-                next.push_back(t->view_src);
-            }
-        }
-        frontier.swap(next);
-    }
-    return nullptr;
+    // topk <- argsort <- [biased/masked] probs <- softmax|sigmoid <- [+bias] <- mul_mat(weight, x)
+    const ggml_tensor * logits = find_behind(const_cast<ggml_tensor *>(topk), 12, [&](const ggml_tensor * t) {
+        return t->op == GGML_OP_MUL_MAT && t->src[0] == weight;
+    });
+    return logits != nullptr ? logits->src[1] : nullptr;
 }
 
 bool NextLayerPredictor::predict(const ggml_tensor * topk, int layer, std::vector<int> & out, int max_tokens) {
