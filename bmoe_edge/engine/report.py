@@ -89,6 +89,7 @@ def run_header(run: dict[str, object]) -> str:
         f" overlap {'on' if run['overlap'] else 'off'}; dense {run['dense']}; threads {run['threads']};"
         f" load {float(str(run['load_ms'])):.0f} ms, {int(str(run['load_bytes_read'])) / 2**20:.1f} MiB read",
         *([memory] if memory else []),
+        *([f"layers: {run['placement']}"] if run.get("placement") else []),
         *([f"LOSSY: {run['lossy']} (the output is not the model's)"] if run.get("lossy") else []),
     ])
 

@@ -29,7 +29,8 @@ NB_MODULE(_native, m) {
         .def_ro("llama_pin", &bmoe::BuildInfo::llama_pin)
         .def_ro("llama_commit", &bmoe::BuildInfo::llama_commit)
         .def_ro("expert_ready_hook", &bmoe::BuildInfo::expert_ready_hook)
-        .def_ro("system_info", &bmoe::BuildInfo::system_info);
+        .def_ro("system_info", &bmoe::BuildInfo::system_info)
+        .def_ro("rpc_protocol", &bmoe::BuildInfo::rpc_protocol);
     m.def("build_info", &bmoe::build_info);
 
     nb::class_<bmoe::ModelInfo>(m, "ModelInfo")
@@ -133,6 +134,8 @@ NB_MODULE(_native, m) {
         .def_rw("verify_slices", &bmoe::StreamConfig::verify_slices)
         .def_rw("slice_sums", &bmoe::StreamConfig::slice_sums)
         .def_rw("parse_special", &bmoe::StreamConfig::parse_special)
+        .def_rw("rpc_endpoints", &bmoe::StreamConfig::rpc_endpoints)
+        .def_rw("rpc_split", &bmoe::StreamConfig::rpc_split)
         .def_prop_rw(
             "fault_kind", [](const bmoe::StreamConfig & c) { return c.fault.kind; },
             [](bmoe::StreamConfig & c, bmoe::FaultKind k) { c.fault.kind = k; })
@@ -173,7 +176,8 @@ NB_MODULE(_native, m) {
         BMOE_RO(RunInfo, flash_attn) BMOE_RO(RunInfo, fault) BMOE_RO(RunInfo, io_timeout_s)
         BMOE_RO(RunInfo, verify_slices) BMOE_RO(RunInfo, parse_special) BMOE_RO(RunInfo, warning) BMOE_RO(RunInfo, load_ms)
         BMOE_RO(RunInfo, load_bytes_read) BMOE_RO(RunInfo, load_major_faults) BMOE_RO(RunInfo, rss_after_load)
-        BMOE_RO(RunInfo, routed_bytes_per_token) BMOE_RO(RunInfo, speculative) BMOE_RO(RunInfo, lossy);
+        BMOE_RO(RunInfo, routed_bytes_per_token) BMOE_RO(RunInfo, speculative) BMOE_RO(RunInfo, lossy)
+        BMOE_RO(RunInfo, placement) BMOE_RO(RunInfo, rpc_workers) BMOE_RO(RunInfo, main_layers);
 #undef BMOE_RO
 
     nb::class_<bmoe::StepResult>(m, "StepResult")

@@ -178,6 +178,15 @@ void Engine::Impl::open(const std::string & path) {
                         "); run it with --no-stream, or add a row to the recipe table (bmoe-edge archs)");
         }
     }
+    if (!config.rpc_endpoints.empty()) {
+        rpc = std::make_unique<detail::RpcWorkers>(config.rpc_endpoints);  // connects: probed before
+        placement = rpc->place(*gguf, config.rpc_split, config.stream);
+        info.rpc_workers = static_cast<int>(config.rpc_endpoints.size());
+        info.main_layers = placement.main_layers;
+        info.placement = detail::describe(placement, config.rpc_endpoints, config.stream);
+    } else if (!config.rpc_split.empty()) {
+        throw Error("--rpc-split needs RPC workers (--rpc)");
+    }
     load_model(path, recipe);
     info.n_layer = llama_model_n_layer(model.get());
     info.n_expert = static_cast<int>(meta_int(model.get(), info.architecture + ".expert_count"));
@@ -200,6 +209,13 @@ void Engine::Impl::open(const std::string & path) {
     }
     warm_up_and_capture();
     streaming = detail::attach_streaming(*gguf, *seam, config, info);
+    if (rpc) {  // isolate only the routers of the layers computed here
+        std::vector<bool> local(static_cast<size_t>(info.n_layer), false);
+        for (int il = 0; il < placement.main_layers && il < info.n_layer; ++il) {
+            local[static_cast<size_t>(il)] = true;
+        }
+        seam->set_streamed_layers(std::move(local));
+    }
     size_cache();
     detail::Streamer & streamer = *streaming.streamer;
     if (config.overlap) {
@@ -229,6 +245,16 @@ void Engine::Impl::load_model(const std::string & path, const Recipe * recipe) {
     params.load_mode = LLAMA_LOAD_MODE_MMAP;
     params.use_extra_bufts = false;  // repacked experts would not be the file's bytes
     params.n_gpu_layers = 0;
+    std::vector<ggml_backend_dev_t> devices;
+    std::vector<float> split;
+    if (rpc) {  // llama.cpp's own placement: the first layers here, then each worker's run, in order
+        devices = rpc->devices();
+        split = detail::RpcWorkers::tensor_split(placement, llama_max_devices());
+        params.devices = devices.data();
+        params.tensor_split = split.data();
+        params.split_mode = LLAMA_SPLIT_MODE_LAYER;
+        params.n_gpu_layers = detail::RpcWorkers::offloaded_layers(placement);
+    }
     std::vector<std::string> suffixes;
     std::vector<const char *> suffix_ptrs;
 #ifdef BMOE_HAVE_LAZY_TENSOR_SUFFIXES
@@ -324,7 +350,7 @@ void Engine::Impl::size_cache() {
     }
     if (config.dense == DenseMode::Mmap) {  // with dense=anon they were read into the mirror already
         for (const auto & c : seam->captured()) {
-            if (!c.is_expert) {
+            if (!c.is_expert && c.host) {  // a worker's weights are not this process's memory
                 footprint.to_touch.push_back({detail::Seam::data(c), c.nbytes});
             }
         }

@@ -31,6 +31,7 @@ struct CapturedTensor {
     uint64_t nbytes = 0;
     uint64_t expert_stride = 0;  // nb[2]
     int n_expert = 0;            // ne[2]
+    bool host = true;            // in this process's memory; false: on an RPC worker (never streamed)
 };
 
 class Seam {
@@ -46,6 +47,10 @@ public:
 
     void set_mode(Mode mode) { mode_ = mode; }
     void set_router(Router router) { router_ = std::move(router); }
+    // The layers whose experts this process streams (index = layer). Only their ffn_moe_topk node is
+    // isolated: a layer on an RPC worker computes there, in one piece, and its ids are not ours to read.
+    // Empty: every layer.
+    void set_streamed_layers(std::vector<bool> layers) { streamed_layers_ = std::move(layers); }
     // The router's error from the last decode, if any (and clears it).
     std::string take_error();
 
@@ -75,6 +80,8 @@ private:
     std::unordered_map<const ggml_tensor *, size_t> seen_;
     std::vector<std::pair<const void *, uint64_t>> runtime_buffers_;
     std::vector<int> ids_;
+    std::vector<bool> streamed_layers_;
+    bool streams_layer(const char * topk_name) const;
 };
 
 class Streamer;

@@ -79,6 +79,10 @@ struct RunInfo {
     uint64_t load_major_faults = 0;
     uint64_t rss_after_load = 0;
     uint64_t routed_bytes_per_token = 0;  // n_expert_used slices of every streamed tensor
+    // RPC: which layers live where ("main 0-3 (streamed); 10.0.0.2:50052 4-7 + output"), "" without workers
+    std::string placement;
+    int rpc_workers = 0;
+    int main_layers = 0;                  // layers [0, main_layers) are in this process
 };
 
 }  // namespace bmoe

@@ -1,0 +1,176 @@
+#include "rpc_workers.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+
+#include "bmoe/error.h"
+#include "ggml-backend.h"
+#include "ggml-rpc.h"
+
+namespace bmoe::detail {
+namespace {
+
+std::mutex g_endpoints_mutex;
+std::vector<std::string> g_endpoints;  // every worker of the process, for the abort handler
+
+bool refuses(const std::string & endpoint, int timeout_ms) {
+    const size_t colon = endpoint.rfind(':');
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo * res = nullptr;
+    if (colon == std::string::npos ||
+        getaddrinfo(endpoint.substr(0, colon).c_str(), endpoint.substr(colon + 1).c_str(), &hints, &res) != 0) {
+        return true;
+    }
+    const int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    bool ok = false;
+    if (fd >= 0) {
+        if (connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+            ok = true;
+        } else if (errno == EINPROGRESS) {
+            pollfd p{fd, POLLOUT, 0};
+            int err = 0;
+            socklen_t len = sizeof(err);
+            ok = poll(&p, 1, timeout_ms) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return !ok;
+}
+
+// ggml-rpc aborts on a broken connection ("Remote RPC server crashed or returned malformed
+// response"): say which worker in one line and end the process without a core dump or backtrace.
+void on_ggml_abort(const char * message) {
+    std::vector<std::string> endpoints;
+    {
+        std::lock_guard<std::mutex> lock(g_endpoints_mutex);
+        endpoints = g_endpoints;
+    }
+    std::string why = message != nullptr ? message : "";
+    while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) {
+        why.pop_back();
+    }
+    const size_t nl = why.find('\n');
+    why = nl == std::string::npos ? why : why.substr(0, nl);
+    std::string gone;
+    for (const auto & e : unreachable(endpoints, 1000)) {
+        gone += (gone.empty() ? "" : ", ") + e;
+    }
+    std::string all;
+    for (const auto & e : endpoints) {
+        all += (all.empty() ? "" : ", ") + e;
+    }
+    const std::string line = gone.empty()
+        ? "error: llama.cpp stopped the run: " + why + " (RPC workers " + all + ")\n"
+        : "error: RPC worker " + gone + " stopped answering during the run (" + why +
+              "); restart it (bmoe-edge rpc-worker) and run again\n";
+    std::fflush(stdout);
+    (void) !write(STDERR_FILENO, line.data(), line.size());
+    _exit(1);
+}
+
+uint64_t mem_available() {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    uint64_t kb = 0;
+    std::string unit;
+    while (in >> key >> kb >> unit) {
+        if (key == "MemAvailable:") {
+            return kb * 1024;
+        }
+    }
+    return 0;
+}
+
+}  // namespace
+
+std::vector<std::string> unreachable(const std::vector<std::string> & endpoints, int timeout_ms) {
+    std::vector<std::string> out;
+    for (const auto & e : endpoints) {
+        if (refuses(e, timeout_ms)) {
+            out.push_back(e);
+        }
+    }
+    return out;
+}
+
+RpcWorkers::RpcWorkers(const std::vector<std::string> & endpoints) : endpoints_(endpoints) {
+    {
+        std::lock_guard<std::mutex> lock(g_endpoints_mutex);
+        for (const auto & e : endpoints) {
+            g_endpoints.push_back(e);
+        }
+    }
+    ggml_set_abort_callback(&on_ggml_abort);
+    for (const auto & e : endpoints) {
+        ggml_backend_reg_t reg = ggml_backend_rpc_add_server(e.c_str());
+        if (reg == nullptr || ggml_backend_reg_dev_count(reg) == 0) {
+            throw Error("RPC worker " + e + " has no device to compute on");
+        }
+        ggml_backend_dev_t dev = ggml_backend_reg_dev_get(reg, 0);
+        size_t free = 0;
+        size_t total = 0;
+        ggml_backend_dev_memory(dev, &free, &total);
+        devices_.push_back(dev);
+        free_.push_back(free);
+    }
+}
+
+LayerPlacement RpcWorkers::place(const GgufMap & gguf, const std::vector<double> & weights, bool streaming) const {
+    PlacementInput in;
+    for (const auto & [name, loc] : gguf.tensors()) {
+        if (name.rfind("blk.", 0) == 0) {
+            const size_t il = std::strtoul(name.c_str() + 4, nullptr, 10);
+            if (il < 4096) {
+                in.layer_bytes.resize(std::max(in.layer_bytes.size(), il + 1), 0);
+                in.layer_bytes[il] += loc.size;
+            }
+        } else if (name.rfind("output", 0) == 0) {
+            in.output_bytes += loc.size;
+        }
+    }
+    in.weights = weights;
+    in.main_free = mem_available();
+    in.worker_free = free_;
+    in.workers = endpoints_;
+    in.main_keeps_one = streaming;
+    return place_layers(in);
+}
+
+std::vector<ggml_backend_device *> RpcWorkers::devices() const {
+    std::vector<ggml_backend_device *> out = devices_;
+    out.push_back(nullptr);
+    return out;
+}
+
+std::vector<float> RpcWorkers::tensor_split(const LayerPlacement & p, size_t max_devices) {
+    std::vector<float> split(std::max(max_devices, p.worker_layers.size()), 0.0f);
+    for (size_t w = 0; w < p.worker_layers.size(); ++w) {
+        // llama.cpp counts the output layer as one more layer, on the last device
+        split[w] = static_cast<float>(p.worker_layers[w] + (w + 1 == p.worker_layers.size() ? 1 : 0));
+    }
+    return split;
+}
+
+int RpcWorkers::offloaded_layers(const LayerPlacement & p) {
+    int n = 1;  // the output layer
+    for (int c : p.worker_layers) {
+        n += c;
+    }
+    return n;
+}
+
+}  // namespace bmoe::detail

@@ -1,0 +1,47 @@
+// The workers of llama.cpp's RPC backend (ggml-rpc): each `host:port` registered as a device, asked
+// for its memory, and handed to llama.cpp's own layer placement (llama_model_params.devices and
+// tensor_split). The endpoints must have been probed first (bmoe_edge.engine.rpc): ggml-rpc aborts
+// the process on a worker it cannot reach or speak to.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gguf_map.h"
+#include "rpc_placement.h"
+
+struct ggml_backend_device;
+
+namespace bmoe::detail {
+
+class RpcWorkers {
+public:
+    // Registers every endpoint (connects to it) and reads its memory. From here on a worker that
+    // fails makes ggml-rpc abort: the abort handler prints one line naming the worker(s) that stopped
+    // answering and ends the process (ggml-rpc cannot return an error from inside a decode).
+    explicit RpcWorkers(const std::vector<std::string> & endpoints);
+
+    // The placement for this model: layer sizes from the file's tensor table, shares by `weights`
+    // (main first; empty = by memory). Throws bmoe::Error naming a worker that cannot hold its share.
+    LayerPlacement place(const GgufMap & gguf, const std::vector<double> & weights, bool streaming) const;
+
+    // llama_model_params.devices (null-terminated) and tensor_split (llama_max_devices() long) for
+    // `placement`; n_gpu_layers is what llama.cpp offloads: the workers' layers and the output layer.
+    std::vector<ggml_backend_device *> devices() const;
+    static std::vector<float> tensor_split(const LayerPlacement & placement, size_t max_devices);
+    static int offloaded_layers(const LayerPlacement & placement);
+
+    const std::vector<std::string> & endpoints() const { return endpoints_; }
+
+private:
+    std::vector<std::string> endpoints_;
+    std::vector<ggml_backend_device *> devices_;
+    std::vector<uint64_t> free_;
+};
+
+// The endpoints among `endpoints` that refuse a TCP connection within `timeout_ms` (for the abort
+// message: which worker went away).
+std::vector<std::string> unreachable(const std::vector<std::string> & endpoints, int timeout_ms);
+
+}  // namespace bmoe::detail
