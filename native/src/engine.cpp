@@ -91,11 +91,18 @@ int64_t meta_int(const llama_model * model, const std::string & key) {
 }
 
 #ifdef BMOE_HAVE_LAZY_TENSOR_SUFFIXES
-// The names llama.cpp must map lazily so loading does not read the experts (patch 0002).
-std::vector<std::string> lazy_suffixes(const Recipe & recipe) {
+// The names llama.cpp must map lazily so loading does not read the experts (patch 0002). A lazy
+// tensor always lands in this process's CPU buffer, whatever device its layer is on: with RPC
+// workers only the layers kept here (the first `local_layers`) are named, each in full.
+std::vector<std::string> lazy_suffixes(const Recipe & recipe, int local_layers) {
     std::vector<std::string> out;
     for (const auto & s : recipe.expert_suffixes) {
-        out.push_back("." + s + ".weight");
+        if (local_layers < 0) {
+            out.push_back("." + s + ".weight");
+        }
+        for (int il = 0; il < local_layers; ++il) {  // "blk.1.x" does not end "blk.11.x": no false match
+            out.push_back("blk." + std::to_string(il) + "." + s + ".weight");
+        }
     }
     return out;
 }
@@ -210,6 +217,12 @@ void Engine::Impl::open(const std::string & path) {
     warm_up_and_capture();
     streaming = detail::attach_streaming(*gguf, *seam, config, info);
     if (rpc) {  // isolate only the routers of the layers computed here
+        for (const auto & c : seam->captured()) {  // a worker's layer computed here would read unrouted bytes
+            if (c.is_expert && c.host && c.layer >= placement.main_layers) {
+                throw Error("expert tensor " + c.name + " belongs to a layer placed on an RPC worker but sits in this "
+                            "process's memory: llama.cpp did not place it as asked");
+            }
+        }
         std::vector<bool> local(static_cast<size_t>(info.n_layer), false);
         for (int il = 0; il < placement.main_layers && il < info.n_layer; ++il) {
             local[static_cast<size_t>(il)] = true;
@@ -259,7 +272,7 @@ void Engine::Impl::load_model(const std::string & path, const Recipe * recipe) {
     std::vector<const char *> suffix_ptrs;
 #ifdef BMOE_HAVE_LAZY_TENSOR_SUFFIXES
     if (recipe != nullptr) {
-        suffixes = lazy_suffixes(*recipe);
+        suffixes = lazy_suffixes(*recipe, rpc ? placement.main_layers : -1);
         for (const auto & s : suffixes) {
             suffix_ptrs.push_back(s.c_str());
         }
