@@ -214,6 +214,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rpc_split", str, "", "Layer shares W0,W1,...: this machine first, then each --rpc worker "
             "(default: by free memory).", flags=("--rpc-split",),
             native=lambda v, n: {"rpc_split": [float(w) for w in v.split(",")] if v else []}),
+    Setting("rpc_timeout", int, 300, "RPC: a decode waiting this many seconds on the workers ends the run with one "
+            "line (a stopped worker or a lost network); 0 = wait forever.", flags=("--rpc-timeout",), minimum=0,
+            native=lambda v, n: {"rpc_timeout_s": float(v)}),
     Setting("rpc_insecure", bool, False, "Allow --rpc workers on a non-loopback address: RPC has no "
             "authentication or encryption (docs/rpc.md).", flags=("--rpc-insecure/--no-rpc-insecure",),
             native=lambda v, n: {}),

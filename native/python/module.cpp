@@ -136,6 +136,7 @@ NB_MODULE(_native, m) {
         .def_rw("parse_special", &bmoe::StreamConfig::parse_special)
         .def_rw("rpc_endpoints", &bmoe::StreamConfig::rpc_endpoints)
         .def_rw("rpc_split", &bmoe::StreamConfig::rpc_split)
+        .def_rw("rpc_timeout_s", &bmoe::StreamConfig::rpc_timeout_s)
         .def_prop_rw(
             "fault_kind", [](const bmoe::StreamConfig & c) { return c.fault.kind; },
             [](bmoe::StreamConfig & c, bmoe::FaultKind k) { c.fault.kind = k; })

@@ -186,7 +186,7 @@ void Engine::Impl::open(const std::string & path) {
         }
     }
     if (!config.rpc_endpoints.empty()) {
-        rpc = std::make_unique<detail::RpcWorkers>(config.rpc_endpoints);  // connects: probed before
+        rpc = std::make_unique<detail::RpcWorkers>(config.rpc_endpoints, config.rpc_timeout_s);  // probed before
         placement = rpc->place(*gguf, config.rpc_split, config.stream);
         info.rpc_workers = static_cast<int>(config.rpc_endpoints.size());
         info.main_layers = placement.main_layers;

@@ -50,6 +50,7 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
                 streaming.streamer->clear_failure();
             }
             int rc = 0;
+            const detail::RpcWorkers::Watch deadline(rpc.get());  // a worker that stops answering: one line
             if (all_logits) {
                 AllLogitsBatch b(tokens.data() + done, n, static_cast<llama_pos>(in_context.size()));
                 rc = llama_decode(ctx.get(), b.batch);

@@ -107,7 +107,8 @@ std::vector<std::string> unreachable(const std::vector<std::string> & endpoints,
     return out;
 }
 
-RpcWorkers::RpcWorkers(const std::vector<std::string> & endpoints) : endpoints_(endpoints) {
+RpcWorkers::RpcWorkers(const std::vector<std::string> & endpoints, double deadline_s)
+    : endpoints_(endpoints), deadline_s_(deadline_s) {
     {
         std::lock_guard<std::mutex> lock(g_endpoints_mutex);
         for (const auto & e : endpoints) {
@@ -126,6 +127,66 @@ RpcWorkers::RpcWorkers(const std::vector<std::string> & endpoints) : endpoints_(
         ggml_backend_dev_memory(dev, &free, &total);
         devices_.push_back(dev);
         free_.push_back(free);
+    }
+    if (deadline_s_ > 0) {
+        thread_ = std::thread([this] { watchdog(); });
+    }
+}
+
+RpcWorkers::~RpcWorkers() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stop_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) {
+        thread_.join();
+    }
+}
+
+RpcWorkers::Watch::Watch(RpcWorkers * workers) : workers_(workers) {
+    if (workers_ != nullptr) {
+        std::lock_guard<std::mutex> lock(workers_->mutex_);
+        workers_->armed_ = true;
+        workers_->since_ = std::chrono::steady_clock::now();
+    }
+    if (workers_ != nullptr) {
+        workers_->wake_.notify_all();
+    }
+}
+
+RpcWorkers::Watch::~Watch() {
+    if (workers_ != nullptr) {
+        std::lock_guard<std::mutex> lock(workers_->mutex_);
+        workers_->armed_ = false;
+    }
+}
+
+void RpcWorkers::watchdog() {
+    const auto limit = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(deadline_s_));
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+        if (!armed_) {
+            wake_.wait(lock);
+            continue;
+        }
+        const auto due = since_ + limit;
+        if (wake_.wait_until(lock, due) == std::cv_status::timeout && armed_ && !stop_ &&
+            std::chrono::steady_clock::now() >= since_ + limit) {
+            std::string all;
+            for (const auto & e : endpoints_) {
+                all += (all.empty() ? "" : ", ") + e;
+            }
+            char secs[32];
+            std::snprintf(secs, sizeof(secs), "%g", deadline_s_);
+            const std::string line = "error: a decode waited " + std::string(secs) + " s for the RPC workers (" + all +
+                                     ") without an answer: a worker stopped or the network is gone; restart it and "
+                                     "run again (or raise --rpc-timeout)\n";
+            std::fflush(stdout);
+            (void) !write(STDERR_FILENO, line.data(), line.size());
+            _exit(1);
+        }
     }
 }
 

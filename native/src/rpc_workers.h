@@ -4,8 +4,12 @@
 // the process on a worker it cannot reach or speak to.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gguf_map.h"
@@ -20,7 +24,23 @@ public:
     // Registers every endpoint (connects to it) and reads its memory. From here on a worker that
     // fails makes ggml-rpc abort: the abort handler prints one line naming the worker(s) that stopped
     // answering and ends the process (ggml-rpc cannot return an error from inside a decode).
-    explicit RpcWorkers(const std::vector<std::string> & endpoints);
+    // `deadline_s` > 0: a decode that has not returned after that long ends the process with one
+    // line (a stopped worker or a lost network leaves ggml-rpc waiting forever on its socket).
+    RpcWorkers(const std::vector<std::string> & endpoints, double deadline_s);
+    ~RpcWorkers();
+    RpcWorkers(const RpcWorkers &) = delete;
+    RpcWorkers & operator=(const RpcWorkers &) = delete;
+
+    // Arms the decode deadline for as long as it lives.
+    class Watch {
+    public:
+        explicit Watch(RpcWorkers * workers);
+        ~Watch();
+        Watch(const Watch &) = delete;
+        Watch & operator=(const Watch &) = delete;
+    private:
+        RpcWorkers * workers_;
+    };
 
     // The placement for this model: layer sizes from the file's tensor table, shares by `weights`
     // (main first; empty = by memory). Throws bmoe::Error naming a worker that cannot hold its share.
@@ -38,6 +58,15 @@ private:
     std::vector<std::string> endpoints_;
     std::vector<ggml_backend_device *> devices_;
     std::vector<uint64_t> free_;
+
+    void watchdog();
+    double deadline_s_ = 0;
+    std::mutex mutex_;
+    std::condition_variable wake_;
+    bool stop_ = false;
+    bool armed_ = false;
+    std::chrono::steady_clock::time_point since_;
+    std::thread thread_;
 };
 
 // The endpoints among `endpoints` that refuse a TCP connection within `timeout_ms` (for the abort

@@ -62,6 +62,7 @@ struct StreamConfig {
     // placed there, resident; this process keeps the first layers and streams their experts.
     std::vector<std::string> rpc_endpoints;
     std::vector<double> rpc_split;    // layer shares: this process first, then each worker; empty = by memory
+    double rpc_timeout_s = 300;       // a decode waiting this long on the workers ends the process; 0 = never
 };
 
 struct SamplingParams {
