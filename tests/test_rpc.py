@@ -5,6 +5,7 @@ workers that fail, lie or do not fit give one line naming them."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import struct
@@ -221,3 +222,27 @@ def test_probe_rejects_a_silent_peer() -> None:
         endpoint = rpc.Endpoint("127.0.0.1", silent.getsockname()[1])
         with pytest.raises(BmoeError, match="did not answer within 1 s"):
             rpc.probe(endpoint, "7.0.0", timeout=1.0)
+
+
+def test_workers_through_ssh_tunnels(model: Path, tmp_path: Path) -> None:
+    """--rpc-host: the worker listens on loopback only; the main side reaches it through the emulated
+    board's real sshd (fabric's local forwarding), no --rpc-insecure needed."""
+    from bmoe_edge.fleet import emulated_board
+
+    lab = tmp_path / "lab"
+    board = emulated_board.start(lab, "rpc")
+    try:
+        with rpc_worker.local_workers(1, log_dir=tmp_path) as ws:
+            result = run_cli("generate", "-m", str(model), "-p", "Once upon a time", "-n", "8", "-t", "1", "--json",
+                             "--progress", "--rpc-host", board.target, "--rpc-port", str(ws[0].endpoint.port),
+                             "--rpc-split", "1,1", env={**os.environ, "BMOE_EDGE_SSH_CONFIG": str(board.ssh_config)})
+        assert result.returncode == 0, result.stderr
+        assert "(SSH tunnel)" in result.stderr
+        records = [json.loads(line) for line in result.stdout.splitlines()]
+        assert records[0]["type"] == "run" and records[0]["placement"].startswith("main 0-1 (streamed); 127.0.0.1:")
+        tunneled = [r["id"] for r in records if r["type"] == "token"]
+        resident = run_cli("generate", "-m", str(model), "-p", "Once upon a time", "-n", "8", "-t", "1", "--json",
+                           "--no-stream")
+        assert tunneled == [r["id"] for r in map(json.loads, resident.stdout.splitlines()) if r["type"] == "token"]
+    finally:
+        emulated_board.stop(lab, "rpc")
