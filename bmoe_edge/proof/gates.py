@@ -131,7 +131,7 @@ def rpc_matrix(endpoints: str) -> list[GateCell]:
     """The quick fixtures with the first layers streamed here and the rest resident on RPC workers
     (`endpoints`, started by the caller: `bmoe-edge gates --rpc` starts two on loopback)."""
     case = StreamCase(f"rpc-{len(endpoints.split(','))}-workers", cache=0.3,
-                      overrides={"rpc": endpoints, "rpc_split": RPC_SPLIT})
+                      overrides={"rpc": endpoints, "rpc_split": RPC_SPLIT, "overlap": True})
     return [GateCell(spec, case) for spec in QUICK_FIXTURES]
 
 
