@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -80,6 +81,19 @@ def test_generate_progress_shows_the_layers(model: Path, workers: list[rpc_worke
     assert result.returncode == 0, result.stderr
     a, b = (str(w.endpoint) for w in workers)
     assert f"layers: main 0-1 (streamed); {a} 2; {b} 3 + output" in result.stderr
+    assert re.search(r"^RPC network: [\d.]+ MiB, [\d.]+ KiB/token$", result.stderr, re.M), result.stderr
+
+
+def test_network_bytes_per_token(model: Path, workers: list[rpc_worker.LocalWorker]) -> None:
+    """TCP_INFO of the worker sockets: every decode step moves at least the logits back from the worker
+    holding the output layer (n_vocab float32s); a run without workers counts nothing."""
+    config = replace(gates.BASE, rpc=rpc_worker.endpoints(workers), rpc_split="1,1,1")
+    with Engine(model, config) as engine:
+        n_vocab = len(engine.run(gates.PROMPTS[0], 1, logits=True).logits[0]) // 4
+        steps = engine.run(gates.PROMPTS[0], 4).metrics
+    assert all(m.net_bytes > 4 * n_vocab for m in steps)
+    with Engine(model, replace(gates.BASE)) as engine:
+        assert all(m.net_bytes == 0 for m in engine.run(gates.PROMPTS[0], 2).metrics)
 
 
 def test_worker_killed_mid_run_one_line_then_a_restart_works(model: Path, tmp_path: Path) -> None:

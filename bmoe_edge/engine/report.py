@@ -62,6 +62,9 @@ def summary(gen: Generation, run_info: dict[str, object]) -> dict[str, object]:
         "drafted": sum(m.drafted for m in gen.metrics),
         "accepted": sum(m.accepted for m in gen.metrics),
         "decodes": sum(1 for m in decode if m.n_tokens > 0),
+        # RPC workers: what crossed the network (the prompt step apart: it carries the whole prompt)
+        "net_bytes": sum(m.net_bytes for m in gen.metrics),
+        "net_bytes_per_token": sum(m.net_bytes for m in decode) / n_decode if n_decode else 0.0,
         "run": run_info,
     }
 
@@ -104,6 +107,9 @@ def summary_text(s: dict[str, object]) -> str:
         f"hit {float(s['cache_hit_pct']):.1f}%; stall {float(s['stall_ms']):.0f} ms; "
         f"peak RSS {int(s['peak_rss_bytes']) / 2**20:.0f} MiB; stop: {s['stop_reason']}",
     ]
+    if int(s.get("net_bytes", 0)):
+        lines.append(f"RPC network: {int(s['net_bytes']) / 2**20:.2f} MiB, "
+                     f"{float(s['net_bytes_per_token']) / 2**10:.1f} KiB/token")
     if int(s.get("drafted", 0)):
         per_decode = int(s["generated_tokens"]) / max(1, int(s["decodes"]) + 1)
         lines.append(f"speculative: {s['accepted']} of {s['drafted']} drafted tokens accepted, "

@@ -44,6 +44,7 @@ class TokenMetrics:
     pool_bytes: int          # memory the expert page pool holds
     drafted: int = 0         # speculative decoding: draft tokens decoded with this one
     accepted: int = 0        # ... that the model agreed with (the next tokens, without a decode)
+    net_bytes: int = 0       # RPC: bytes sent to and received from the workers in this step
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,8 @@ NB_MODULE(_native, m) {
         BMOE_RO(TokenMetrics, cache_lookups) BMOE_RO(TokenMetrics, cache_hits) BMOE_RO(TokenMetrics, evictions) BMOE_RO(TokenMetrics, rereads)
         BMOE_RO(TokenMetrics, major_faults) BMOE_RO(TokenMetrics, rss_bytes)
         BMOE_RO(TokenMetrics, resident_expert_bytes) BMOE_RO(TokenMetrics, cache_budget_bytes)
-        BMOE_RO(TokenMetrics, pool_bytes) BMOE_RO(TokenMetrics, drafted) BMOE_RO(TokenMetrics, accepted);
+        BMOE_RO(TokenMetrics, pool_bytes) BMOE_RO(TokenMetrics, drafted) BMOE_RO(TokenMetrics, accepted)
+        BMOE_RO(TokenMetrics, net_bytes);
 
     nb::class_<bmoe::RunInfo>(m, "RunInfo")
         BMOE_RO(RunInfo, model) BMOE_RO(RunInfo, architecture) BMOE_RO(RunInfo, n_layer) BMOE_RO(RunInfo, n_expert)

@@ -309,6 +309,7 @@ bool Engine::Impl::step_once(StepResult & out) {
     batch.insert(batch.end(), draft.begin(), draft.end());
     out.metrics.n_tokens = static_cast<int>(batch.size());
     const uint64_t faults0 = detail::major_faults();
+    const uint64_t net0 = d.rpc ? d.rpc->network_bytes() : 0;
     const auto t0 = Clock::now();
     if (d.streaming.streamer) {
         d.streaming.streamer->take_counters();  // start this step's counters from zero
@@ -331,6 +332,7 @@ bool Engine::Impl::step_once(StepResult & out) {
         token = d.verify(batch, draft.size(), out);
     }
     out.metrics.wall_ms = ms_since(t0);
+    out.metrics.net_bytes = d.rpc ? d.rpc->network_bytes() - net0 : 0;
     if (d.streaming.streamer) {
         const detail::StreamCounters c = d.streaming.streamer->take_counters();
         out.metrics.io_ms = c.io_ms;

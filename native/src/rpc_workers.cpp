@@ -1,7 +1,9 @@
 #include "rpc_workers.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <linux/tcp.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -82,6 +84,45 @@ void on_ggml_abort(const char * message) {
     _exit(1);
 }
 
+// "host:port" of a connected TCP socket's peer, numeric; "" for anything else.
+std::string peer_of(int fd) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    if (getpeername(fd, reinterpret_cast<sockaddr *>(&addr), &len) != 0) {
+        return "";
+    }
+    char host[NI_MAXHOST];
+    char port[NI_MAXSERV];
+    if (getnameinfo(reinterpret_cast<sockaddr *>(&addr), len, host, sizeof(host), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+        return "";
+    }
+    return std::string(host) + ":" + port;
+}
+
+// The numeric "address:port" forms of an endpoint (what getpeername will say).
+std::vector<std::string> numeric_forms(const std::string & endpoint) {
+    std::vector<std::string> out;
+    const size_t colon = endpoint.rfind(':');
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo * res = nullptr;
+    if (colon == std::string::npos ||
+        getaddrinfo(endpoint.substr(0, colon).c_str(), endpoint.substr(colon + 1).c_str(), &hints, &res) != 0) {
+        return out;
+    }
+    for (addrinfo * a = res; a != nullptr; a = a->ai_next) {
+        char host[NI_MAXHOST];
+        char port[NI_MAXSERV];
+        if (getnameinfo(a->ai_addr, a->ai_addrlen, host, sizeof(host), port, sizeof(port),
+                        NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+            out.push_back(std::string(host) + ":" + port);
+        }
+    }
+    freeaddrinfo(res);
+    return out;
+}
+
 uint64_t mem_available() {
     std::ifstream in("/proc/meminfo");
     std::string key;
@@ -117,6 +158,9 @@ RpcWorkers::RpcWorkers(const std::vector<std::string> & endpoints, double deadli
     }
     ggml_set_abort_callback(&on_ggml_abort);
     for (const auto & e : endpoints) {
+        for (auto & form : numeric_forms(e)) {
+            peers_.push_back(std::move(form));
+        }
         ggml_backend_reg_t reg = ggml_backend_rpc_add_server(e.c_str());
         if (reg == nullptr || ggml_backend_reg_dev_count(reg) == 0) {
             throw Error("RPC worker " + e + " has no device to compute on");
@@ -209,6 +253,33 @@ LayerPlacement RpcWorkers::place(const GgufMap & gguf, const std::vector<double>
     in.workers = endpoints_;
     in.main_keeps_one = streaming;
     return place_layers(in);
+}
+
+uint64_t RpcWorkers::network_bytes() const {
+    DIR * dir = opendir("/proc/self/fd");
+    if (dir == nullptr) {
+        return 0;
+    }
+    uint64_t total = 0;
+    while (const dirent * e = readdir(dir)) {
+        char * end = nullptr;
+        const long fd = std::strtol(e->d_name, &end, 10);
+        if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) {
+            continue;
+        }
+        const std::string peer = peer_of(static_cast<int>(fd));
+        if (peer.empty() || std::find(peers_.begin(), peers_.end(), peer) == peers_.end()) {
+            continue;
+        }
+        tcp_info info{};
+        socklen_t len = sizeof(info);
+        if (getsockopt(static_cast<int>(fd), IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
+            len >= offsetof(tcp_info, tcpi_bytes_received) + sizeof(info.tcpi_bytes_received)) {
+            total += info.tcpi_bytes_acked + info.tcpi_bytes_received;
+        }
+    }
+    closedir(dir);
+    return total;
 }
 
 std::vector<ggml_backend_device *> RpcWorkers::devices() const {

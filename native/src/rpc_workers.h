@@ -54,10 +54,16 @@ public:
 
     const std::vector<std::string> & endpoints() const { return endpoints_; }
 
+    // Bytes this process has sent to and received from its workers so far (TCP_INFO's bytes_acked +
+    // bytes_received over every socket connected to one of them): a step's difference is its
+    // network traffic. 0 where the kernel does not say.
+    uint64_t network_bytes() const;
+
 private:
     std::vector<std::string> endpoints_;
     std::vector<ggml_backend_device *> devices_;
     std::vector<uint64_t> free_;
+    std::vector<std::string> peers_;  // the endpoints as getpeername() says them
 
     void watchdog();
     double deadline_s_ = 0;

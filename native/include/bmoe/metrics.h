@@ -28,6 +28,7 @@ struct TokenMetrics {
     uint64_t pool_bytes = 0;             // memory the expert page pool holds (in use, or kept for reuse)
     int drafted = 0;                     // speculative step: draft tokens decoded with this one
     int accepted = 0;                    // ... of which the model agreed with (handed out next, no decode)
+    uint64_t net_bytes = 0;              // RPC: bytes sent to and received from the workers in this step
 };
 
 struct RunInfo {
