@@ -260,3 +260,17 @@ def test_workers_through_ssh_tunnels(model: Path, tmp_path: Path) -> None:
         assert tunneled == [r["id"] for r in map(json.loads, resident.stdout.splitlines()) if r["type"] == "token"]
     finally:
         emulated_board.stop(lab, "rpc")
+
+
+def test_bench_rpc_cells_run_small(model: Path, tmp_path: Path) -> None:
+    """The bench cells' code path on the tiny model, uncapped (the campaign itself needs a quiet machine):
+    0 and 1 worker, a record each, network bytes only with the worker."""
+    from bmoe_edge.bench import rpc_cells
+    from bmoe_edge.bench.cells import BenchCell
+
+    cell = BenchCell("stream", "stream", config={"threads": 1, "cache_mb": 0.2, "ctx": 256}, capped=False, tokens=4)
+    records = rpc_cells.run_rpc_cells(cell, model, 0, [0, 1], tmp_path, timeout=300)
+    assert [r["workers"] for r in records] == [0, 1]
+    assert all(r["status"] == "ok" and r["decode_tokens"] == 3 for r in records), records
+    assert records[0]["net_bytes_per_token"] == 0 < records[1]["net_bytes_per_token"]
+    assert records[1]["run"]["rpc_workers"] == 1 and records[1]["label"] == "stream+rpc1"

@@ -44,7 +44,7 @@ class BenchCell:
 
 TOKEN_COLUMNS = ("step", "n_tokens", "wall_ms", "io_ms", "stall_ms", "drain_ms", "compute_ms", "bytes_read",
                  "slice_bytes", "copy_bytes", "cache_lookups", "cache_hits", "evictions", "major_faults",
-                 "rss_bytes", "resident_expert_bytes", "storage_bytes")
+                 "rss_bytes", "resident_expert_bytes", "storage_bytes", "net_bytes")
 
 
 def _engine_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -139,6 +139,7 @@ def summarise_tokens(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "read_mib_s": round(bytes_read / MiB / (io_ms / 1000), 1) if io_ms > 0 else 0.0,
         "major_faults_per_token": round(total("major_faults") / n, 2),
         "evictions_per_token": round(total("evictions") / n, 2),
+        "net_bytes_per_token": round(total("net_bytes") / n),
     }
 
 

@@ -69,7 +69,7 @@ def run(argv: list[str], bind: str, port: int) -> None:
     os.execv(argv[0], argv)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -91,7 +91,7 @@ def local_workers(n: int, mem_mb: int = 0, threads: int = 1, log_dir: Path | Non
     workers: list[LocalWorker] = []
     try:
         for _ in range(n):
-            workers.append(start_worker(_free_port(), mem_mb, threads, log_dir))
+            workers.append(start_worker(free_port(), mem_mb, threads, log_dir))
         for w in workers:
             wait_ready(w, timeout)
         yield workers
