@@ -26,6 +26,7 @@ namespace {
 
 std::mutex g_endpoints_mutex;
 std::vector<std::string> g_endpoints;  // every worker of the process, for the abort handler
+ggml_abort_callback_t g_previous_abort = nullptr;
 
 bool refuses(const std::string & endpoint, int timeout_ms) {
     const size_t colon = endpoint.rfind(':');
@@ -148,15 +149,29 @@ std::vector<std::string> unreachable(const std::vector<std::string> & endpoints,
     return out;
 }
 
-RpcWorkers::RpcWorkers(const std::vector<std::string> & endpoints, double deadline_s)
-    : endpoints_(endpoints), deadline_s_(deadline_s) {
-    {
-        std::lock_guard<std::mutex> lock(g_endpoints_mutex);
-        for (const auto & e : endpoints) {
-            g_endpoints.push_back(e);
+AbortRegistration::AbortRegistration(const std::vector<std::string> & endpoints) : endpoints_(endpoints) {
+    std::lock_guard<std::mutex> lock(g_endpoints_mutex);
+    if (g_endpoints.empty()) {  // the first engine with workers: ours until the last one closes
+        g_previous_abort = ggml_set_abort_callback(&on_ggml_abort);
+    }
+    g_endpoints.insert(g_endpoints.end(), endpoints.begin(), endpoints.end());
+}
+
+AbortRegistration::~AbortRegistration() {
+    std::lock_guard<std::mutex> lock(g_endpoints_mutex);
+    for (const auto & e : endpoints_) {
+        const auto it = std::find(g_endpoints.begin(), g_endpoints.end(), e);
+        if (it != g_endpoints.end()) {
+            g_endpoints.erase(it);
         }
     }
-    ggml_set_abort_callback(&on_ggml_abort);
+    if (g_endpoints.empty()) {  // the last engine with workers: llama.cpp's own abort again
+        ggml_set_abort_callback(g_previous_abort);
+    }
+}
+
+RpcWorkers::RpcWorkers(const std::vector<std::string> & endpoints, double deadline_s)
+    : endpoints_(endpoints), abort_(endpoints), deadline_s_(deadline_s) {
     for (const auto & e : endpoints) {
         for (auto & form : numeric_forms(e)) {
             peers_.push_back(std::move(form));

@@ -19,6 +19,19 @@ struct ggml_backend_device;
 
 namespace bmoe::detail {
 
+// While it lives, ggml's abort handler is ours (one line naming the worker that went away, exit 1)
+// and knows these endpoints; the last one to go gives the handler back.
+class AbortRegistration {
+public:
+    explicit AbortRegistration(const std::vector<std::string> & endpoints);
+    ~AbortRegistration();
+    AbortRegistration(const AbortRegistration &) = delete;
+    AbortRegistration & operator=(const AbortRegistration &) = delete;
+
+private:
+    std::vector<std::string> endpoints_;
+};
+
 class RpcWorkers {
 public:
     // Registers every endpoint (connects to it) and reads its memory. From here on a worker that
@@ -61,6 +74,7 @@ public:
 
 private:
     std::vector<std::string> endpoints_;
+    AbortRegistration abort_;  // before anything can abort: the first connection
     std::vector<ggml_backend_device *> devices_;
     std::vector<uint64_t> free_;
     std::vector<std::string> peers_;  // the endpoints as getpeername() says them
