@@ -44,8 +44,8 @@ class BenchCell:
 
 TOKEN_COLUMNS = ("step", "n_tokens", "wall_ms", "io_ms", "stall_ms", "drain_ms", "compute_ms", "bytes_read",
                  "slice_bytes", "copy_bytes", "cache_lookups", "cache_hits", "evictions", "major_faults",
-                 "rss_bytes", "resident_expert_bytes", "storage_bytes", "read_ahead", "predicted", "predicted_correct",
-                 "ahead_bytes", "ahead_wasted_bytes")
+                 "rss_bytes", "resident_expert_bytes", "storage_bytes", "net_bytes", "read_ahead", "predicted",
+                 "predicted_correct", "ahead_bytes", "ahead_wasted_bytes")
 
 
 def _engine_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -145,6 +145,7 @@ def summarise_tokens(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "predicted_right_pct": round(100 * total("predicted_correct") / total("predicted"), 2)
         if total("predicted") else 0.0,
         "ahead_wasted_bytes_per_token": round(total("ahead_wasted_bytes") / n),
+        "net_bytes_per_token": round(total("net_bytes") / n),
     }
 
 

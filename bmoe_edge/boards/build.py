@@ -36,7 +36,7 @@ from pathlib import Path
 
 from bmoe_edge import __version__, llama_source
 from bmoe_edge.boards import bundle, profiles, signing, sysroot
-from bmoe_edge.boards.checks import BuildChecks, check_build, cmake_flags
+from bmoe_edge.boards.checks import RPC_SERVER, BuildChecks, check_build, cmake_flags
 from bmoe_edge.boards.compile import binutil, compile_wheel, compilers, locked
 from bmoe_edge.boards.plan import PROJECT_ROOT, TARGETS, BuildPlan, plan_build
 from bmoe_edge.boards.profiles import BoardProfile
@@ -272,7 +272,7 @@ def build_board(
                         for p in llama_source.patch_files())
         extra: dict[str, object] = {"build_dir": show_path(plan.build_dir), "cross": plan.cross,
                                     "soabi": plan.soabi, "extension": f"bmoe_edge/{checks.ext_name}",
-                                    "hook": checks.hook}
+                                    "rpc_server": RPC_SERVER, "hook": checks.hook}
         if plan.sysroot is not None:
             extra["sysroot"] = {"release": plan.sysroot.release, "arch": plan.sysroot.arch,
                                 "path": str(plan.sysroot.path),

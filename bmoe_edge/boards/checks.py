@@ -21,6 +21,9 @@ from bmoe_edge.errors import BmoeError, show_path
 HOOK_SYMBOL = llama_source.HOOK_SYMBOL
 # ELF e_machine values (elf.h) and the arch names profiles use.
 ELF_MACHINES = {62: "x86_64", 183: "aarch64"}
+# llama.cpp's RPC worker, installed beside the extension (`bmoe-edge rpc-worker` runs it): checked
+# like the extension (ELF machine, glibc, NEEDED libraries).
+RPC_SERVER = "bmoe_edge/rpc-server"
 # CMake cache entries that define a build (recorded in the manifest).
 _FLAG_PREFIXES = ("GGML_", "LLAMA_", "BMOE_")
 _FLAG_NAMES = ("CMAKE_BUILD_TYPE", "CMAKE_TOOLCHAIN_FILE", "CMAKE_C_COMPILER", "CMAKE_CXX_COMPILER",
@@ -112,9 +115,11 @@ def check_build(plan: BuildPlan, wheel: Path) -> BuildChecks:
         if want not in exts:
             raise BmoeError(f"{wheel.name} has no {want} (extensions: {', '.join(exts) or 'none'}); "
                             "the extension suffix is not the board Python's")
+        if RPC_SERVER not in zf.namelist():
+            raise BmoeError(f"{wheel.name} has no {RPC_SERVER}: the build did not install llama.cpp's RPC worker")
         glibc: list[str] = []
         needed: list[str] = []
-        for name in exts:
+        for name in [*exts, RPC_SERVER]:
             path = Path(zf.extract(name, tmp))
             machine = elf_machine(path)
             if machine != p.arch:
@@ -127,7 +132,7 @@ def check_build(plan: BuildPlan, wheel: Path) -> BuildChecks:
                         f"(glibc in {show_path(p.source)}): build with an older toolchain/sysroot")
     missing = sorted(set(needed) - set(p.libs))
     if missing:
-        raise BmoeError(f"the extension needs {', '.join(missing)}, which board {p.name} does not list in "
+        raise BmoeError(f"the binaries need {', '.join(missing)}, which board {p.name} does not list in "
                         f"`libs` ({show_path(p.source)}): link it statically, turn the feature off, or add "
                         "the library to the profile if the board really has it")
     marches = marches_used(plan.build_dir)

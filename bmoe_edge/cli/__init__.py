@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from bmoe_edge.cli import bench, boards, engine, fleet, proof, serve  # noqa: F401 - they register the commands
+from bmoe_edge.cli import bench, boards, engine, fleet, proof, rpc, serve  # noqa: F401 - they register the commands
 from bmoe_edge.cli.common import app
 from bmoe_edge.errors import BmoeError
 

@@ -138,3 +138,34 @@ def bench_cell_cmd(spec: Annotated[str, typer.Argument(help="The cell as JSON.")
     from bmoe_edge.bench import cells
 
     raise typer.Exit(cells.cell_main(spec))
+
+
+@bench_app.command("rpc")
+def bench_rpc_cmd(
+    model: Annotated[Path, typer.Option("-m", "--model", help="The gguf (bigger than any one participant's cap).")],
+    ram_cap: Annotated[str, typer.Option("--ram-cap", help="Every process's cap: PCT% of the model file, or MiB.")],
+    workers: Annotated[str, typer.Option("--workers", help="Worker counts (0 = streaming alone).")] = "0,1,2",
+    tokens: Annotated[int, typer.Option("--tokens", min=2, help="Generated tokens per cell.")] = 64,
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("bench-out/rpc"),
+    threads: Annotated[int, typer.Option("-t", "--threads", help="Compute threads of the main and each worker.")] = 1,
+    cap_method: Annotated[str, typer.Option("--cap-method", help="auto, cgroup-v1, cgroup-v2.")] = "auto",
+) -> None:
+    """Main + N rpc-server workers, each process in its own cgroup at the same cap, against streaming
+    alone: tok/s and bytes over the network per token (records in OUT/rpc.jsonl; docs/rpc.md)."""
+    from bmoe_edge.bench import ramcap, rpc_cells
+    from bmoe_edge.bench.cells import BenchCell
+
+    try:
+        counts = [int(n) for n in workers.split(",")]
+    except ValueError:
+        fail(f"--workers must be counts separated by commas, got {workers!r}")
+    cap = ramcap.parse_cap(ram_cap, model.stat().st_size)
+    cell = BenchCell("stream", "stream", config={**_machine_defaults(), "threads": threads}, tokens=tokens)
+    records = rpc_cells.run_rpc_cells(cell, model, cap, counts, out, cap_method=cap_method, threads=threads)
+    with (out / "rpc.jsonl").open("w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    for r in records:
+        typer.echo(f"{r['label']:<14} workers {r['workers']}  {r.get('status')}  {r.get('tok_s', 0):.2f} tok/s  "
+                   f"net {r.get('net_bytes_per_token', 0) / 1024:.1f} KiB/token  "
+                   f"main peak {r.get('cap_max_usage_mb', 0)} MiB  workers' peaks {r['worker_cap_peaks_mb']} MiB")

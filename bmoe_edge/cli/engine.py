@@ -206,6 +206,11 @@ def generate_cmd(
     install_dir: InstallDirOpt = None,
     ssh_config: SshConfigOpt = None,
     accept_new_host_key: AcceptNewOpt = False,
+    rpc_host: Annotated[str | None, typer.Option(
+        "--rpc-host", help="RPC workers on these boards, USER@HOST[:SSHPORT][,...], each reached through an SSH "
+        "tunnel to its 127.0.0.1:--rpc-port (docs/rpc.md).")] = None,
+    rpc_port: Annotated[int, typer.Option("--rpc-port", min=1, max=65535, help="With --rpc-host: the workers' "
+                                          "port on their boards.")] = 50052,
     *,
     engine: dict[str, Any],
 ) -> None:
@@ -226,6 +231,8 @@ def generate_cmd(
             fail(f"cannot read the prompt file {prompt_file}: {exc.strerror}")
         except UnicodeDecodeError:
             fail(f"the prompt file {prompt_file} is not UTF-8 text")
+    if host and rpc_host:
+        fail("--rpc-host is for a run on this machine; with --host, start the run on the main board itself")
     if host:
         from bmoe_edge.fleet import onboard, remote
 
@@ -235,6 +242,17 @@ def generate_cmd(
         options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
         raise typer.Exit(onboard.board_generate(remote.parse_target(host), str(model), prompt, args, options=options,
                                                 board_name=board, install_dir=install_dir))
-    config = machine_config(board, engine)
     outputs = runner.Outputs(as_json=as_json, progress=progress, csv_path=csv_path)
+    if rpc_host:
+        from bmoe_edge.fleet import remote, tunnel
+
+        options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+        say = (lambda m: typer.echo(m, err=True)) if progress else None
+        with tunnel.rpc_tunnels(tunnel.parse_hosts(rpc_host), options, rpc_port, say) as endpoints:
+            given = engine.get("rpc")
+            engine = {**engine, "rpc": ",".join([*([given] if given else []), *endpoints])}
+            config = machine_config(board, engine)
+            runner.generate(model, prompt, max_tokens, config, Sampling(temp, top_k, top_p, seed), outputs)
+        return
+    config = machine_config(board, engine)
     runner.generate(model, prompt, max_tokens, config, Sampling(temp, top_k, top_p, seed), outputs)

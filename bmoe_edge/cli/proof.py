@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 from pathlib import Path
@@ -24,6 +25,8 @@ def gates_cmd(
     full: Annotated[bool, typer.Option("--full", help="The whole matrix (with --host or --fixtures).")] = False,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N cells (a smoke check: "
                                               "deploy's health check runs one).")] = None,
+    rpc: Annotated[bool, typer.Option("--rpc", help="The RPC cells: two llama.cpp rpc-server workers on loopback "
+                                      "hold two thirds of the layers, the rest streams here (docs/rpc.md).")] = False,
     host: HostOpt = None,
     install_dir: InstallDirOpt = None,
     ssh_config: SshConfigOpt = None,
@@ -48,14 +51,21 @@ def gates_cmd(
 
         result = emulate.run_bundle(Path("dist") / board, gates.emulated_gate_args(Path("dist") / board, as_json))
         raise typer.Exit(emulate.exit_code(result.returncode))
-    cells = gates.quick_matrix() if quick else gates.full_matrix()
-    cells = cells[:limit] if limit else cells
-    steps = gates.QUICK_STEPS if quick else gates.STEPS
-    results = []
-    for result in gates.run_gates(cells, gates.fixture_resolver(fixtures), steps):
-        results.append(result)
-        if not as_json:
-            typer.echo(gates.format_result(result))
+    with contextlib.ExitStack() as stack:
+        if rpc:
+            from bmoe_edge.engine import rpc_worker
+
+            workers = stack.enter_context(rpc_worker.local_workers(gates.RPC_WORKERS))
+            cells = gates.rpc_matrix(rpc_worker.endpoints(workers))
+        else:
+            cells = gates.quick_matrix() if quick else gates.full_matrix()
+        cells = cells[:limit] if limit else cells
+        steps = gates.QUICK_STEPS if quick or rpc else gates.STEPS
+        results = []
+        for result in gates.run_gates(cells, gates.fixture_resolver(fixtures), steps):
+            results.append(result)
+            if not as_json:
+                typer.echo(gates.format_result(result))
     failed = sum(not r.passed for r in results)
     if as_json:
         typer.echo(json.dumps({"passed": len(results) - failed, "failed": failed,

@@ -68,6 +68,9 @@ def summary(gen: Generation, run_info: dict[str, object]) -> dict[str, object]:
         "predicted_correct": sum(m.predicted_correct for m in gen.metrics),
         "ahead_bytes": sum(m.ahead_bytes for m in gen.metrics),
         "ahead_wasted_bytes": sum(m.ahead_wasted_bytes for m in gen.metrics),
+        # RPC workers: what crossed the network (the prompt step apart: it carries the whole prompt)
+        "net_bytes": sum(m.net_bytes for m in gen.metrics),
+        "net_bytes_per_token": sum(m.net_bytes for m in decode) / n_decode if n_decode else 0.0,
         "run": run_info,
     }
 
@@ -96,6 +99,7 @@ def run_header(run: dict[str, object]) -> str:
         f" dense {run['dense']}; threads {run['threads']};"
         f" load {float(str(run['load_ms'])):.0f} ms, {int(str(run['load_bytes_read'])) / 2**20:.1f} MiB read",
         *([memory] if memory else []),
+        *([f"layers: {run['placement']}"] if run.get("placement") else []),
         *([f"LOSSY: {run['lossy']} (the output is not the model's)"] if run.get("lossy") else []),
     ])
 
@@ -110,6 +114,9 @@ def summary_text(s: dict[str, object]) -> str:
         f"hit {float(s['cache_hit_pct']):.1f}%; stall {float(s['stall_ms']):.0f} ms; "
         f"peak RSS {int(s['peak_rss_bytes']) / 2**20:.0f} MiB; stop: {s['stop_reason']}",
     ]
+    if int(s.get("net_bytes", 0)):
+        lines.append(f"RPC network: {int(s['net_bytes']) / 2**20:.2f} MiB, "
+                     f"{float(s['net_bytes_per_token']) / 2**10:.1f} KiB/token")
     if int(s.get("drafted", 0)):
         per_decode = int(s["generated_tokens"]) / max(1, int(s["decodes"]) + 1)
         lines.append(f"speculative: {s['accepted']} of {s['drafted']} drafted tokens accepted, "

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from bmoe_edge.engine import checksums, native
+from bmoe_edge.engine import checksums, native, rpc
 from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
 
@@ -51,6 +51,7 @@ class TokenMetrics:
     predicted_correct: int = 0   # ... that the router then chose
     ahead_bytes: int = 0         # bytes read for guesses
     ahead_wasted_bytes: int = 0  # ... for guesses the router did not choose
+    net_bytes: int = 0       # RPC: bytes sent to and received from the workers in this step
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,20 @@ def _metrics(m) -> TokenMetrics:
     return TokenMetrics(**{f.name: getattr(m, f.name) for f in fields(TokenMetrics)})
 
 
+def _check_workers(config: StreamConfig, protocol: str) -> None:
+    """Before any load: every worker reachable, of this protocol version, and on loopback (an SSH tunnel
+    ends there) unless the config says rpc_insecure. ggml-rpc would abort the process instead."""
+    endpoints = rpc.parse_endpoints(config.rpc)
+    exposed = [e for e in endpoints if not e.loopback]
+    if exposed and not config.rpc_insecure:
+        raise BmoeError(f"--rpc {exposed[0]}: the RPC protocol has no authentication or encryption (anyone who "
+                        "reaches the port can drive the worker and read the weights); reach the worker through an "
+                        "SSH tunnel ending on 127.0.0.1, or pass --rpc-insecure on a network you trust")
+    if config.rpc_split:
+        rpc.parse_split(config.rpc_split, len(endpoints))
+    rpc.probe_all(endpoints, protocol)
+
+
 def run_info_fields(info: Any) -> tuple[str, ...]:
     """The fields of the native RunInfo: whatever the engine reports (a field added in C++ shows up
     in `--json` and the CSV without a Python edit)."""
@@ -98,6 +113,8 @@ class Engine:
     def __init__(self, model_path: str | Path, config: StreamConfig | None = None) -> None:
         self.config = config or StreamConfig()
         n = native.load()
+        if self.config.rpc:
+            _check_workers(self.config, n.build_info().rpc_protocol)
         native_config = self.config.to_native()
         if self.config.verify_slices and self.config.stream:
             native_config.slice_sums = checksums.slice_sums(Path(model_path))

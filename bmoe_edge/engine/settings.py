@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 from typing import Any, Literal
 
+from bmoe_edge.engine import rpc
 from bmoe_edge.errors import BmoeError
 
 
@@ -139,6 +140,8 @@ class Setting:
             raise BmoeError(f"{self._where()} must be {' or '.join(self.choices) or 'a string'}, got {value!r}")
         if self.name == "fault":
             _fault(value)
+        if self.name == "rpc" and value:
+            rpc.parse_endpoints(value)
         return value
 
     def _in_bounds(self, value: float) -> Any:
@@ -225,6 +228,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("fault", str, "", "Test only: corrupt:N, fail:N, short:N or hang:N garbles, fails, cuts short or "
             "stalls the Nth slice read.",
             native=lambda v, n: {"fault_kind": getattr(n.FaultKind, _fault(v)[0]), "fault_nth": _fault(v)[1]}),
+    Setting("rpc", str, "", "llama.cpp RPC workers HOST:PORT[,HOST:PORT]: whole layers go there, resident; this "
+            "machine keeps the first layers and streams their experts (docs/rpc.md).", flags=("--rpc",),
+            native=lambda v, n: {"rpc_endpoints": [str(e) for e in rpc.parse_endpoints(v)] if v else []}),
+    Setting("rpc_split", str, "", "Layer shares W0,W1,...: this machine first, then each --rpc worker "
+            "(default: by free memory).", flags=("--rpc-split",),
+            native=lambda v, n: {"rpc_split": [float(w) for w in v.split(",")] if v else []}),
+    Setting("rpc_timeout", int, 300, "RPC: a decode waiting this many seconds on the workers ends the run with one "
+            "line (a stopped worker or a lost network); 0 = wait forever.", flags=("--rpc-timeout",), minimum=0,
+            native=lambda v, n: {"rpc_timeout_s": float(v)}),
+    Setting("rpc_insecure", bool, False, "Allow --rpc workers on a non-loopback address: RPC has no "
+            "authentication or encryption (docs/rpc.md).", flags=("--rpc-insecure/--no-rpc-insecure",),
+            native=lambda v, n: {}),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

@@ -154,6 +154,18 @@ def quick_matrix() -> list[GateCell]:
     return cells
 
 
+RPC_WORKERS = 2
+RPC_SPLIT = "1,1,1"  # this process, then each worker: a third of the layers each
+
+
+def rpc_matrix(endpoints: str) -> list[GateCell]:
+    """The quick fixtures with the first layers streamed here and the rest resident on RPC workers
+    (`endpoints`, started by the caller: `bmoe-edge gates --rpc` starts two on loopback)."""
+    case = StreamCase(f"rpc-{len(endpoints.split(','))}-workers", cache=0.3,
+                      overrides={"rpc": endpoints, "rpc_split": RPC_SPLIT, "overlap": True})
+    return [GateCell(spec, case) for spec in QUICK_FIXTURES]
+
+
 def stream_config(case: StreamCase, expert_bytes: int) -> StreamConfig:
     if case.overrides.get("n_expert_used", "auto") != "auto" or case.overrides.get("drop_cold", 0):
         raise BmoeError(f"gate case {case.name}: lossy settings (n_expert_used, drop_cold) have no place in the gates: "

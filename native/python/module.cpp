@@ -29,7 +29,8 @@ NB_MODULE(_native, m) {
         .def_ro("llama_pin", &bmoe::BuildInfo::llama_pin)
         .def_ro("llama_commit", &bmoe::BuildInfo::llama_commit)
         .def_ro("expert_ready_hook", &bmoe::BuildInfo::expert_ready_hook)
-        .def_ro("system_info", &bmoe::BuildInfo::system_info);
+        .def_ro("system_info", &bmoe::BuildInfo::system_info)
+        .def_ro("rpc_protocol", &bmoe::BuildInfo::rpc_protocol);
     m.def("build_info", &bmoe::build_info);
 
     nb::class_<bmoe::ModelInfo>(m, "ModelInfo")
@@ -141,6 +142,9 @@ NB_MODULE(_native, m) {
         .def_rw("verify_slices", &bmoe::StreamConfig::verify_slices)
         .def_rw("slice_sums", &bmoe::StreamConfig::slice_sums)
         .def_rw("parse_special", &bmoe::StreamConfig::parse_special)
+        .def_rw("rpc_endpoints", &bmoe::StreamConfig::rpc_endpoints)
+        .def_rw("rpc_split", &bmoe::StreamConfig::rpc_split)
+        .def_rw("rpc_timeout_s", &bmoe::StreamConfig::rpc_timeout_s)
         .def_prop_rw(
             "fault_kind", [](const bmoe::StreamConfig & c) { return c.fault.kind; },
             [](bmoe::StreamConfig & c, bmoe::FaultKind k) { c.fault.kind = k; })
@@ -167,7 +171,8 @@ NB_MODULE(_native, m) {
         BMOE_RO(TokenMetrics, resident_expert_bytes) BMOE_RO(TokenMetrics, cache_budget_bytes)
         BMOE_RO(TokenMetrics, pool_bytes) BMOE_RO(TokenMetrics, drafted) BMOE_RO(TokenMetrics, accepted)
         BMOE_RO(TokenMetrics, dropped) BMOE_RO(TokenMetrics, read_ahead) BMOE_RO(TokenMetrics, predicted) BMOE_RO(TokenMetrics, predicted_correct)
-        BMOE_RO(TokenMetrics, ahead_bytes) BMOE_RO(TokenMetrics, ahead_wasted_bytes);
+        BMOE_RO(TokenMetrics, ahead_bytes) BMOE_RO(TokenMetrics, ahead_wasted_bytes)
+        BMOE_RO(TokenMetrics, net_bytes);
 
     nb::class_<bmoe::RunInfo>(m, "RunInfo")
         BMOE_RO(RunInfo, model) BMOE_RO(RunInfo, architecture) BMOE_RO(RunInfo, n_layer) BMOE_RO(RunInfo, n_expert)
@@ -184,7 +189,8 @@ NB_MODULE(_native, m) {
         BMOE_RO(RunInfo, flash_attn) BMOE_RO(RunInfo, fault) BMOE_RO(RunInfo, io_timeout_s)
         BMOE_RO(RunInfo, verify_slices) BMOE_RO(RunInfo, parse_special) BMOE_RO(RunInfo, warning) BMOE_RO(RunInfo, load_ms)
         BMOE_RO(RunInfo, load_bytes_read) BMOE_RO(RunInfo, load_major_faults) BMOE_RO(RunInfo, rss_after_load)
-        BMOE_RO(RunInfo, routed_bytes_per_token) BMOE_RO(RunInfo, speculative) BMOE_RO(RunInfo, lossy);
+        BMOE_RO(RunInfo, routed_bytes_per_token) BMOE_RO(RunInfo, speculative) BMOE_RO(RunInfo, lossy)
+        BMOE_RO(RunInfo, placement) BMOE_RO(RunInfo, rpc_workers) BMOE_RO(RunInfo, main_layers);
 #undef BMOE_RO
 
     nb::class_<bmoe::StepResult>(m, "StepResult")

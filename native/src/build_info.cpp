@@ -1,5 +1,6 @@
 #include "bmoe/build_info.h"
 
+#include "ggml-rpc.h"
 #include "llama.h"
 
 #ifdef BMOE_HAVE_EXPERT_READY_HOOK
@@ -17,6 +18,8 @@ BuildInfo build_info() {
     info.expert_ready_hook = &ggml_cpu_set_expert_ready_hook != nullptr;
 #endif
     info.system_info = llama_print_system_info();
+    info.rpc_protocol = std::to_string(RPC_PROTO_MAJOR_VERSION) + "." + std::to_string(RPC_PROTO_MINOR_VERSION) + "." +
+                        std::to_string(RPC_PROTO_PATCH_VERSION);
     return info;
 }
 

@@ -102,11 +102,18 @@ int64_t meta_int(const llama_model * model, const std::string & key) {
 }
 
 #ifdef BMOE_HAVE_LAZY_TENSOR_SUFFIXES
-// The names llama.cpp must map lazily so loading does not read the experts (patch 0002).
-std::vector<std::string> lazy_suffixes(const Recipe & recipe) {
+// The names llama.cpp must map lazily so loading does not read the experts (patch 0002). A lazy
+// tensor always lands in this process's CPU buffer, whatever device its layer is on: with RPC
+// workers only the layers kept here (the first `local_layers`) are named, each in full.
+std::vector<std::string> lazy_suffixes(const Recipe & recipe, int local_layers) {
     std::vector<std::string> out;
     for (const auto & s : recipe.expert_suffixes) {
-        out.push_back("." + s + ".weight");
+        if (local_layers < 0) {
+            out.push_back("." + s + ".weight");
+        }
+        for (int il = 0; il < local_layers; ++il) {  // "blk.1.x" does not end "blk.11.x": no false match
+            out.push_back("blk." + std::to_string(il) + "." + s + ".weight");
+        }
     }
     return out;
 }
@@ -188,6 +195,15 @@ void Engine::Impl::open(const std::string & path) {
         throw Error(path + ": architecture '" + info.architecture + "' cannot be streamed: " + recipe_row.refused +
                     "; run it with --no-stream (bmoe-edge archs)");
     }
+    if (!config.rpc_endpoints.empty()) {
+        rpc = std::make_unique<detail::RpcWorkers>(config.rpc_endpoints, config.rpc_timeout_s);  // probed before
+        placement = rpc->place(*gguf, config.rpc_split, config.stream);
+        info.rpc_workers = static_cast<int>(config.rpc_endpoints.size());
+        info.main_layers = placement.main_layers;
+        info.placement = detail::describe(placement, config.rpc_endpoints, config.stream);
+    } else if (!config.rpc_split.empty()) {
+        throw Error("--rpc-split needs RPC workers (--rpc)");
+    }
     load_model(path, recipe);
     info.n_layer = llama_model_n_layer(model.get());
     info.n_expert = static_cast<int>(meta_int(model.get(), info.architecture + ".expert_count"));
@@ -210,6 +226,19 @@ void Engine::Impl::open(const std::string & path) {
     }
     warm_up_and_capture();
     streaming = detail::attach_streaming(*gguf, *seam, config, info);
+    if (rpc) {  // isolate only the routers of the layers computed here
+        for (const auto & c : seam->captured()) {  // a worker's layer computed here would read unrouted bytes
+            if (c.is_expert && c.host && c.layer >= placement.main_layers) {
+                throw Error("expert tensor " + c.name + " belongs to a layer placed on an RPC worker but sits in this "
+                            "process's memory: llama.cpp did not place it as asked");
+            }
+        }
+        std::vector<bool> local(static_cast<size_t>(info.n_layer), false);
+        for (int il = 0; il < placement.main_layers && il < info.n_layer; ++il) {
+            local[static_cast<size_t>(il)] = true;
+        }
+        seam->set_streamed_layers(std::move(local));
+    }
     size_cache();
     detail::Streamer & streamer = *streaming.streamer;
     if (config.overlap) {
@@ -258,11 +287,21 @@ void Engine::Impl::load_model(const std::string & path, const Recipe * recipe) {
     params.load_mode = LLAMA_LOAD_MODE_MMAP;
     params.use_extra_bufts = false;  // repacked experts would not be the file's bytes
     params.n_gpu_layers = 0;
+    std::vector<ggml_backend_dev_t> devices;
+    std::vector<float> split;
+    if (rpc) {  // llama.cpp's own placement: the first layers here, then each worker's run, in order
+        devices = rpc->devices();
+        split = detail::RpcWorkers::tensor_split(placement, llama_max_devices());
+        params.devices = devices.data();
+        params.tensor_split = split.data();
+        params.split_mode = LLAMA_SPLIT_MODE_LAYER;
+        params.n_gpu_layers = detail::RpcWorkers::offloaded_layers(placement);
+    }
     std::vector<std::string> suffixes;
     std::vector<const char *> suffix_ptrs;
 #ifdef BMOE_HAVE_LAZY_TENSOR_SUFFIXES
     if (recipe != nullptr) {
-        suffixes = lazy_suffixes(*recipe);
+        suffixes = lazy_suffixes(*recipe, rpc ? placement.main_layers : -1);
         for (const auto & s : suffixes) {
             suffix_ptrs.push_back(s.c_str());
         }
@@ -353,7 +392,7 @@ void Engine::Impl::size_cache() {
     }
     if (config.dense == DenseMode::Mmap) {  // with dense=anon they were read into the mirror already
         for (const auto & c : seam->captured()) {
-            if (!c.is_expert) {
+            if (!c.is_expert && c.host) {  // a worker's weights are not this process's memory
                 footprint.to_touch.push_back({detail::Seam::data(c), c.nbytes});
             }
         }

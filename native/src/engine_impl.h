@@ -17,6 +17,7 @@
 #include "ngram_draft.h"
 #include "prefetch_policy.h"
 #include "route_trace.h"
+#include "rpc_workers.h"
 #include "seam.h"
 #include "stream_setup.h"
 
@@ -59,6 +60,8 @@ struct Engine::Impl {
     StreamConfig config;
     RunInfo info;
     std::unique_ptr<detail::GgufMap> gguf;
+    std::unique_ptr<detail::RpcWorkers> rpc;  // registered before the model loads
+    detail::LayerPlacement placement;
     std::unique_ptr<detail::Seam> seam;
     detail::StreamingParts streaming;  // after the seam, before the model: outlives both uses
     std::unique_ptr<llama_model, detail::ModelDeleter> model;

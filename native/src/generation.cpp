@@ -50,6 +50,7 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
                 streaming.streamer->clear_failure();
             }
             int rc = 0;
+            const detail::RpcWorkers::Watch deadline(rpc.get());  // a worker that stops answering: one line
             if (all_logits) {
                 AllLogitsBatch b(tokens.data() + done, n, static_cast<llama_pos>(in_context.size()));
                 rc = llama_decode(ctx.get(), b.batch);
@@ -319,6 +320,7 @@ bool Engine::Impl::step_once(StepResult & out) {
     batch.insert(batch.end(), draft.begin(), draft.end());
     out.metrics.n_tokens = static_cast<int>(batch.size());
     const uint64_t faults0 = detail::major_faults();
+    const uint64_t net0 = d.rpc ? d.rpc->network_bytes() : 0;
     const auto t0 = Clock::now();
     if (d.streaming.streamer) {
         d.streaming.streamer->take_counters();  // start this step's counters from zero
@@ -348,6 +350,7 @@ bool Engine::Impl::step_once(StepResult & out) {
     if (d.prefetch && batch.size() == 1) {
         d.prefetch->record(out.metrics.wall_ms);
     }
+    out.metrics.net_bytes = d.rpc ? d.rpc->network_bytes() - net0 : 0;
     if (d.streaming.streamer) {
         const detail::StreamCounters c = d.streaming.streamer->take_counters();
         out.metrics.io_ms = c.io_ms;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 
@@ -80,11 +81,19 @@ bool Seam::on_ask(ggml_tensor * t) {
             capture_sources(t);
             return false;  // observe only
         case Mode::Stream:
-            return starts_with(t->name, kTopkPrefix);
+            return starts_with(t->name, kTopkPrefix) && streams_layer(t->name);
         case Mode::Off:
             return false;
     }
     return false;
+}
+
+bool Seam::streams_layer(const char * topk_name) const {
+    if (streamed_layers_.empty()) {
+        return true;
+    }
+    const long layer = std::strtol(topk_name + std::strlen(kTopkPrefix), nullptr, 10);
+    return layer >= 0 && static_cast<size_t>(layer) < streamed_layers_.size() && streamed_layers_[layer];
 }
 
 void Seam::note_runtime_buffer(const ggml_tensor * t) {
@@ -119,6 +128,7 @@ void Seam::capture_sources(ggml_tensor * node) {
         c.nbytes = ggml_nbytes(src);
         // An expert tensor is a per-layer weight the graph uses as src[0] of a MUL_MAT_ID, whatever its
         // name: a suffix the recipe does not list joins it, after the listed ones.
+        c.host = ggml_backend_buffer_is_host(src->buffer);
         c.is_expert = node->op == GGML_OP_MUL_MAT_ID && node->src[0] == src && adopt_expert_name(c);
         if (c.is_expert) {
             c.expert_stride = src->nb[2];
@@ -148,10 +158,14 @@ bool Seam::adopt_expert_name(CapturedTensor & c) {
 }
 
 bool Seam::on_computed(ggml_tensor * t) {
-    if (mode_ != Mode::Stream || !starts_with(t->name, kTopkPrefix)) {
+    if (mode_ != Mode::Stream || !starts_with(t->name, kTopkPrefix) || !streams_layer(t->name)) {
         return true;  // returning false would silently stop the rest of the graph
     }
     try {
+        const ggml_tensor * owner = t->view_src != nullptr ? t->view_src : t;
+        if (owner->buffer != nullptr && !ggml_backend_buffer_is_host(owner->buffer)) {
+            throw Error(std::string(t->name) + " was computed off this process (an RPC worker?): its ids cannot be read");
+        }
         const int layer = std::stoi(t->name + std::strlen(kTopkPrefix));
         if (t->type != GGML_TYPE_I32) {
             throw Error(std::string("unexpected type of ") + t->name + ": llama.cpp's MoE graph changed");

@@ -33,6 +33,7 @@ struct CapturedTensor {
     uint64_t nbytes = 0;
     uint64_t expert_stride = 0;  // nb[2]
     int n_expert = 0;            // ne[2]
+    bool host = true;            // in this process's memory; false: on an RPC worker (never streamed)
 };
 
 class NextLayerPredictor;
@@ -64,6 +65,10 @@ public:
     void set_cold_dropper(std::unique_ptr<ColdDropper> dropper);
     // Routed slots dropped since the last call.
     int take_dropped();
+    // The layers whose experts this process streams (index = layer). Only their ffn_moe_topk node is
+    // isolated: a layer on an RPC worker computes there, in one piece, and its ids are not ours to read.
+    // Empty: every layer.
+    void set_streamed_layers(std::vector<bool> layers) { streamed_layers_ = std::move(layers); }
     // The router's error from the last decode, if any (and clears it).
     std::string take_error();
 
@@ -100,6 +105,8 @@ private:
     std::vector<int> guess_;
     std::unique_ptr<ColdDropper> dropper_;
     int dropped_ = 0;
+    std::vector<bool> streamed_layers_;
+    bool streams_layer(const char * topk_name) const;
 };
 
 class Streamer;

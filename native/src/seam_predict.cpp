@@ -43,6 +43,9 @@ NextLayerPredictor::NextLayerPredictor(const std::vector<CapturedTensor> & captu
         return routers_[static_cast<size_t>(il)];
     };
     for (const CapturedTensor & c : captured) {
+        if (!c.host) {
+            continue;  // a layer placed on an RPC worker: its router's bytes are not in this process
+        }
         int il = -1;
         if ((il = layer_of(c.name, "ffn_gate_inp.weight")) >= 0) {
             slot(il).weight = c.tensor;

@@ -65,8 +65,8 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
     }
     std::vector<StreamedTensor> streamed;
     for (const auto & c : seam.captured()) {
-        if (!c.is_expert) {
-            continue;
+        if (!c.is_expert || !c.host) {
+            continue;  // an expert of a layer on an RPC worker stays there, resident
         }
         const TensorLocation * loc = gguf.find(c.name);
         uint64_t span = 0;
@@ -132,7 +132,7 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
             continue;  // a graph weight that is not in the file (llama.cpp made it): leave it
         }
         const bool move_dense = !c.is_expert && config.dense == DenseMode::Anon;
-        if (!c.is_expert && !move_dense) {
+        if (!c.host || (!c.is_expert && !move_dense)) {
             continue;
         }
         Mirror & mirror = *parts.mirrors[loc->file];

@@ -10,6 +10,7 @@ struct BuildInfo {
     std::string llama_commit;        // upstream llama.cpp commit of the pin
     bool expert_ready_hook = false;  // patch 0001 compiled in (I/O-compute overlap possible)
     std::string system_info;         // llama_print_system_info(): the CPU features ggml was built for
+    std::string rpc_protocol;        // ggml-rpc's protocol version "major.minor.patch" (a worker must match)
 };
 
 BuildInfo build_info();

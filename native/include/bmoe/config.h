@@ -63,6 +63,11 @@ struct StreamConfig {
     std::vector<SliceSum> slice_sums; // every streamed slice's sum (required with verify_slices)
     bool parse_special = false;       // tokenize() turns special-token text (e.g. "</s>") into control tokens
     FaultInjection fault;
+    // llama.cpp RPC workers (`host:port` of an rpc-server each, probed beforehand): whole layers are
+    // placed there, resident; this process keeps the first layers and streams their experts.
+    std::vector<std::string> rpc_endpoints;
+    std::vector<double> rpc_split;    // layer shares: this process first, then each worker; empty = by memory
+    double rpc_timeout_s = 300;       // a decode waiting this long on the workers ends the process; 0 = never
 };
 
 struct SamplingParams {

@@ -35,6 +35,7 @@ struct TokenMetrics {
     uint64_t predicted_correct = 0;      // ... that the router then chose
     uint64_t ahead_bytes = 0;            // bytes read for guesses
     uint64_t ahead_wasted_bytes = 0;     // ... for guesses the router did not choose
+    uint64_t net_bytes = 0;              // RPC: bytes sent to and received from the workers in this step
 };
 
 struct RunInfo {
@@ -88,6 +89,10 @@ struct RunInfo {
     uint64_t load_major_faults = 0;
     uint64_t rss_after_load = 0;
     uint64_t routed_bytes_per_token = 0;  // n_expert_used slices of every streamed tensor
+    // RPC: which layers live where ("main 0-3 (streamed); 10.0.0.2:50052 4-7 + output"), "" without workers
+    std::string placement;
+    int rpc_workers = 0;
+    int main_layers = 0;                  // layers [0, main_layers) are in this process
 };
 
 }  // namespace bmoe

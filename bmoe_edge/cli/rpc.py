@@ -1,0 +1,28 @@
+"""`rpc-worker`: lend this machine's memory and CPU to a main board's run (llama.cpp's rpc-server)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from bmoe_edge.cli.common import app
+from bmoe_edge.engine import rpc_worker
+from bmoe_edge.engine.rpc import DEFAULT_PORT
+
+
+@app.command("rpc-worker")
+def rpc_worker_cmd(
+    port: Annotated[int, typer.Option("--port", help="TCP port to listen on.")] = DEFAULT_PORT,
+    bind: Annotated[str, typer.Option("--bind", help="Address to listen on (loopback: reached through an SSH "
+                                      "tunnel).")] = "127.0.0.1",
+    threads: Annotated[int, typer.Option("--threads", min=0, help="Compute threads (0: llama.cpp's default).")] = 0,
+    mem_mb: Annotated[int, typer.Option("--mem-mb", min=0, help="Report at most this many MiB to the main board, "
+                                        "which places layers by it (0: the machine's memory).")] = 0,
+    insecure_bind: Annotated[bool, typer.Option(
+        "--insecure-bind", help="Allow a non-loopback --bind: RPC has no authentication or encryption.")] = False,
+) -> None:
+    """Run llama.cpp's rpc-server (the one built with this engine) until stopped: a main board's `generate
+    --rpc` places whole layers here (docs/rpc.md)."""
+    argv = rpc_worker.command(port, bind, threads, mem_mb, insecure_bind)
+    rpc_worker.run(argv, bind, port)

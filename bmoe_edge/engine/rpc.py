@@ -1,0 +1,133 @@
+"""llama.cpp RPC workers, seen from the main process: endpoints, and a probe of each before any load.
+
+ggml-rpc aborts the whole process on a worker it cannot reach or speak to, so every worker is asked
+here first, with the standard library and a deadline: the HELLO handshake (the protocol version must
+be this build's), the device count and the free memory (what the layer placement divides). One line
+names the worker that fails. The protocol (ggml-rpc.cpp): a command is `cmd:u8 | size:u64 | bytes`,
+a reply `size:u64 | bytes`; rpc-server serves one client at a time.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+from dataclasses import dataclass
+
+from bmoe_edge.errors import BmoeError
+
+DEFAULT_PORT = 50052
+_HELLO, _DEVICE_COUNT, _GET_DEVICE_MEMORY = 14, 15, 11
+_CONN_CAPS = 24  # RPC_CONN_CAPS_SIZE: transport capabilities; zeros ask for plain TCP
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def loopback(self) -> bool:
+        return is_loopback(self.host)
+
+
+@dataclass(frozen=True)
+class Worker:
+    endpoint: Endpoint
+    protocol: str      # "major.minor.patch"
+    devices: int
+    free_bytes: int
+    total_bytes: int
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_endpoints(text: str) -> list[Endpoint]:
+    """`host:port[,host:port...]` -> endpoints; a bad entry is one line saying which."""
+    out: list[Endpoint] = []
+    for item in (part.strip() for part in text.split(",")):
+        host, sep, port = item.rpartition(":")
+        if not item or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise BmoeError(f"--rpc: {item!r} is not HOST:PORT (e.g. 127.0.0.1:{DEFAULT_PORT})")
+        endpoint = Endpoint(host.strip("[]"), int(port))
+        if endpoint in out:
+            raise BmoeError(f"--rpc: worker {endpoint} is listed twice")
+        out.append(endpoint)
+    return out
+
+
+def parse_split(text: str, n_workers: int) -> list[float]:
+    """`--rpc-split W0,W1,...`: this machine's share of the layers first, then each worker's."""
+    try:
+        weights = [float(w) for w in text.split(",")]
+    except ValueError:
+        raise BmoeError(f"--rpc-split must be numbers separated by commas, got {text!r}") from None
+    if len(weights) != n_workers + 1:
+        raise BmoeError(f"--rpc-split needs {n_workers + 1} weights (this machine first, then each of {n_workers} "
+                        f"worker(s)), got {len(weights)}")
+    if any(not w >= 0 for w in weights) or sum(weights) <= 0:
+        raise BmoeError(f"--rpc-split weights must be >= 0 and not all 0, got {text!r}")
+    return weights
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("the worker closed the connection")
+        data += chunk
+    return data
+
+
+def _call(sock: socket.socket, cmd: int, payload: bytes, reply_size: int) -> bytes:
+    sock.sendall(struct.pack("<BQ", cmd, len(payload)) + payload)
+    (size,) = struct.unpack("<Q", _recv_exact(sock, 8))
+    if size != reply_size:
+        raise ConnectionError(f"unexpected reply size {size} to command {cmd}")
+    return _recv_exact(sock, size)
+
+
+def probe(endpoint: Endpoint, protocol: str, timeout: float = 10.0) -> Worker:
+    """Ask one worker; BmoeError naming it when it is unreachable, silent, of another protocol version or
+    without a device."""
+    where = f"RPC worker {endpoint}"
+    try:
+        with socket.create_connection((endpoint.host, endpoint.port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            major, minor, patch = struct.unpack("<BBB", _call(sock, _HELLO, bytes(_CONN_CAPS), 4 + _CONN_CAPS)[:3])
+            theirs = f"{major}.{minor}.{patch}"
+            ours = tuple(int(x) for x in protocol.split("."))
+            # ggml-rpc's own rule: the same major version, a minor version no newer than ours
+            if major != ours[0] or minor > ours[1]:
+                raise BmoeError(f"{where} speaks RPC protocol {theirs}, this build {protocol} (another llama.cpp "
+                                "version): deploy the same bmoe-edge release there")
+            (devices,) = struct.unpack("<I", _call(sock, _DEVICE_COUNT, b"", 4))
+            if devices == 0:
+                raise BmoeError(f"{where} has no device to compute on")
+            free, total = struct.unpack("<QQ", _call(sock, _GET_DEVICE_MEMORY, struct.pack("<I", 0), 16))
+    except BmoeError:
+        raise
+    except TimeoutError:
+        raise BmoeError(f"{where} did not answer within {timeout:g} s (an rpc-server serves one client at a "
+                        "time: is another run using it?)") from None
+    except ConnectionRefusedError:
+        raise BmoeError(f"{where} refused the connection: start it there (bmoe-edge rpc-worker --port "
+                        f"{endpoint.port})") from None
+    except (OSError, ConnectionError, struct.error) as exc:
+        raise BmoeError(f"{where} is not reachable or not an RPC worker ({exc})") from None
+    return Worker(endpoint, theirs, devices, free, total)
+
+
+def probe_all(endpoints: list[Endpoint], protocol: str, timeout: float = 10.0) -> list[Worker]:
+    return [probe(e, protocol, timeout) for e in endpoints]

@@ -1,0 +1,45 @@
+"""RPC workers reached through SSH: one connection per board, and a port of this machine's loopback
+forwarded to the worker on the board's loopback (fabric's local forwarding, like `serve --host`).
+
+The RPC protocol has no authentication or encryption, so a worker listens on its own 127.0.0.1 only
+(`bmoe-edge rpc-worker`'s default) and the main board comes in over SSH, with the host keys checked
+as for a deploy: nobody else on the network can drive the worker or read the weights it is sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator, Sequence
+
+from bmoe_edge.engine.rpc import DEFAULT_PORT
+from bmoe_edge.fleet.remote import Board, SshOptions, Target, parse_target
+
+
+def parse_hosts(text: str) -> list[Target]:
+    """`--rpc-host USER@HOST[:SSHPORT][,...]`: the boards whose workers are reached over SSH."""
+    return [parse_target(part.strip()) for part in text.split(",") if part.strip()]
+
+
+def _free_local_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def rpc_tunnels(targets: Sequence[Target], options: SshOptions, worker_port: int = DEFAULT_PORT,
+                say=None) -> Iterator[list[str]]:
+    """Open the tunnels; yields the loopback endpoints (`127.0.0.1:PORT`, in the order of `targets`) that
+    reach each board's 127.0.0.1:worker_port. They close with the block (and with the connection)."""
+    with contextlib.ExitStack() as stack:
+        endpoints = []
+        for target in targets:
+            board = stack.enter_context(Board(target, options))
+            local = _free_local_port()
+            stack.enter_context(board.conn.forward_local(local, remote_port=worker_port, remote_host="127.0.0.1",
+                                                         local_host="127.0.0.1"))
+            endpoints.append(f"127.0.0.1:{local}")
+            if say is not None:
+                say(f"rpc: 127.0.0.1:{local} -> {board.label} 127.0.0.1:{worker_port} (SSH tunnel)")
+        yield endpoints
