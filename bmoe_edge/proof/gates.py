@@ -160,9 +160,10 @@ RPC_SPLIT = "1,1,1"  # this process, then each worker: a third of the layers eac
 
 def rpc_matrix(endpoints: str) -> list[GateCell]:
     """The quick fixtures with the first layers streamed here and the rest resident on RPC workers
-    (`endpoints`, started by the caller: `bmoe-edge gates --rpc` starts two on loopback)."""
+    (`endpoints`, started by the caller: `bmoe-edge gates --rpc` starts two on loopback). Read-ahead
+    is on: a guess stops at the last layer kept here (the next one's router is on a worker)."""
     case = StreamCase(f"rpc-{len(endpoints.split(','))}-workers", cache=0.3,
-                      overrides={"rpc": endpoints, "rpc_split": RPC_SPLIT, "overlap": True})
+                      overrides={"rpc": endpoints, "rpc_split": RPC_SPLIT, "overlap": True, "prefetch": "predict"})
     return [GateCell(spec, case) for spec in QUICK_FIXTURES]
 
 
