@@ -28,7 +28,8 @@ site="$release/site"
 # The release's board and its profile are this machine's defaults (`generate` with no knobs).
 BMOE_EDGE_BOARD=@BOARD@
 BMOE_EDGE_PROFILES="$release/profile${BMOE_EDGE_PROFILES:+:$BMOE_EDGE_PROFILES}"
-export BMOE_EDGE_BOARD BMOE_EDGE_PROFILES
+BMOE_EDGE_SYSROOT=$sysroot  # for programs the release starts itself (rpc-worker's server)
+export BMOE_EDGE_BOARD BMOE_EDGE_PROFILES BMOE_EDGE_SYSROOT
 board_python() {
   PYTHONPATH="$site" PYTHONNOUSERSITE=1 PYTHONSAFEPATH=1 exec @EXEC_PREFIX@"$python" "$@"
 }

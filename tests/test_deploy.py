@@ -176,6 +176,18 @@ def test_service_unit_is_hardened_and_its_words_escaped() -> None:
     assert "@" not in "".join(fields.values())
 
 
+def test_rpc_worker_service_is_one_row_loopback_and_without_a_model() -> None:
+    spec = services.spec_for("rpc-worker", model=None, bind="127.0.0.1", port=None, api_key=None)
+    layout = board_state.Layout("/opt/bmoe")
+    fields = _unit_fields(services.render_unit(spec, layout, "pi", "rpi5", ram_mb=8192))
+    argv = shlex.split(fields["ExecStart"])
+    assert argv == ["/opt/bmoe/bin/bmoe-edge", "rpc-worker", "--board", "rpi5", "--bind", "127.0.0.1", "--port",
+                    "50052"]
+    assert fields["ReadOnlyPaths"] == '"/opt/bmoe"' and fields["NoNewPrivileges"] == "yes"
+    with pytest.raises(BmoeError, match="takes no API key"):
+        services.spec_for("rpc-worker", model=None, bind="127.0.0.1", port=None, api_key="k")
+
+
 @pytest.mark.parametrize("name, model, needle", [
     ("serve", None, "needs -m MODEL"),
     ("serve", "model.gguf", "absolute path"),
@@ -598,6 +610,49 @@ def test_serve_service_is_installed_and_its_execstart_serves(deployed: dict, boa
         assert status["services"]["serve"]["state"] == "not running (the board does not run systemd)"
     text = run_cli("status", "--host", board.target, env=_env(lab), timeout=120)
     assert "service:     serve " in text.stdout and f"127.0.0.1:{port}" in text.stdout, text.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.emulated
+def test_rpc_worker_service_execstart_serves_rpc_on_the_board(deployed: dict, board, bundle_a: Path,
+                                                               lab: Path) -> None:
+    """`deploy --service rpc-worker`: the unit is written (the lab board does not run systemd), and its
+    ExecStart line starts the bundle's aarch64 rpc-server through the board's exec wrapper, on
+    loopback, answering llama.cpp's RPC hello with this build's protocol."""
+    from bmoe_edge.engine import native, rpc
+
+    inst = board.install_dir
+    port = _free_port()
+    result = run_cli("deploy", "--bundle", str(bundle_a), "--host", board.target, "--install-dir", str(inst),
+                     "--service", "rpc-worker", "--port", str(port), env=_env(lab), timeout=900)
+    unit_name = "bmoe-edge-rpc-worker.service"
+    if not Path("/run/systemd/system").is_dir():
+        assert_one_error(result, "does not run systemd", f"{inst}/systemd/{unit_name}", "itself is deployed")
+    unit = inst / "systemd" / unit_name
+    if shutil.which("systemd-analyze"):
+        verified = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+        assert verified.returncode == 0 and not verified.stderr.strip(), verified.stderr
+    argv = shlex.split(_unit_fields(unit.read_text())["ExecStart"].replace("%%", "%").replace("$$", "$"))
+    assert argv[1:] == ["rpc-worker", "--board", "qemu-arm64", "--bind", "127.0.0.1", "--port", str(port)]
+    assert json.loads((inst / "state.json").read_text())["services"]["rpc-worker"]["port"] == port
+    workdir = inst / "services" / "rpc-worker"
+    worker = subprocess.Popen(argv, cwd=workdir, env={"PATH": os.environ["PATH"]}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, preexec_fn=emulate._no_core_dumps)
+    try:
+        protocol = native.load().build_info().rpc_protocol
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                found = rpc.probe(rpc.Endpoint("127.0.0.1", port), protocol, timeout=30)
+                break
+            except BmoeError:
+                assert worker.poll() is None, worker.stderr.read()[-2000:]
+                assert time.monotonic() < deadline, "the worker did not answer"
+                time.sleep(1)
+        assert found.protocol.split(".")[0] == protocol.split(".")[0] and found.devices >= 1
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
 
 
 @pytest.mark.slow

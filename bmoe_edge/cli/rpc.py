@@ -21,8 +21,11 @@ def rpc_worker_cmd(
                                         "which places layers by it (0: the machine's memory).")] = 0,
     insecure_bind: Annotated[bool, typer.Option(
         "--insecure-bind", help="Allow a non-loopback --bind: RPC has no authentication or encryption.")] = False,
+    board: Annotated[str | None, typer.Option("--board", help="This machine's board profile (default: the "
+                                              "deployed board's, else host): an emulated board's server runs "
+                                              "through its exec wrapper.")] = None,
 ) -> None:
     """Run llama.cpp's rpc-server (the one built with this engine) until stopped: a main board's `generate
-    --rpc` places whole layers here (docs/rpc.md)."""
-    argv = rpc_worker.command(port, bind, threads, mem_mb, insecure_bind)
+    --rpc` places whole layers here (docs/rpc.md). `deploy --service rpc-worker` runs it under systemd."""
+    argv = rpc_worker.command(port, bind, threads, mem_mb, insecure_bind, wrapper=rpc_worker.board_wrapper(board))
     rpc_worker.run(argv, bind, port)

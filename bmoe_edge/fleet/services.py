@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from bmoe_edge.engine.rpc import DEFAULT_PORT as RPC_PORT
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import remote
 from bmoe_edge.fleet.remote import Board
@@ -43,6 +44,10 @@ class ServiceKind:
 SERVICE_KINDS = (
     ServiceKind("serve", "OpenAI-compatible server", "serve", 8080, needs_model=True, api_key=True,
                 health_path="/health"),
+    # A worker of another board's run (docs/rpc.md): loopback only, reached through the main board's
+    # SSH tunnel; its health is its port accepting.
+    ServiceKind("rpc-worker", "llama.cpp RPC worker", "rpc-worker", RPC_PORT, needs_model=False, api_key=False,
+                health_path=None),
 )
 BY_NAME = {k.name: k for k in SERVICE_KINDS}
 UNIT_TEMPLATE = "bmoe-edge-service.service"
