@@ -81,7 +81,10 @@ def run(argv: list[str], bind: str, port: int) -> None:
     if not is_loopback(bind):
         print(INSECURE_NOTE.format(bind=bind, port=port), file=sys.stderr)
     print(f"rpc-worker: {' '.join(argv)}", file=sys.stderr, flush=True)
-    os.execv(argv[0], argv)
+    try:
+        os.execvp(argv[0], argv)  # an exec wrapper (qemu-aarch64) is found on PATH
+    except OSError as exc:
+        raise BmoeError(f"cannot start {argv[0]}: {exc.strerror}") from None
 
 
 def free_port() -> int:
