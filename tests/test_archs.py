@@ -92,3 +92,16 @@ def test_the_full_matrix_has_the_breadth_columns_once() -> None:
     assert set((c.fixture, c.case.name) for c in gates.breadth_matrix()) <= set(keys)
     assert {c.fixture.arch for c in full} == set(tinymoe.MOE_ARCHS)
     assert {c.fixture.quant for c in full} >= set(gates.TYPE_COLUMN_QUANTS)
+
+
+def test_streaming_an_unproven_architecture_is_said_not_silent() -> None:
+    from bmoe_edge.engine import info as engine_info
+
+    gated, recipes = gates.gated_architectures(), engine_info.recipes()
+    rows = {r.architecture: r.status for r in moe_archs.statuses(gated, recipes)}
+    untested = next(a for a, s in rows.items() if s == "untested")
+    note = moe_archs.unproven_note(untested, gated, recipes)
+    assert untested in note and "no gate has proven it" in note and "--no-stream" in note
+    assert moe_archs.unproven_note("qwen3moe", gated, recipes) == ""  # gated
+    refused = next(a for a, s in rows.items() if s == "refused")
+    assert moe_archs.unproven_note(refused, gated, recipes) == ""  # refused before loading, with its reason

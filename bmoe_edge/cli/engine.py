@@ -185,6 +185,10 @@ def archs_cmd(as_json: Annotated[bool, typer.Option("--json", help="One record p
                f"{counts['untested']} untested")
 
 
+def _unproven(architecture: str) -> str:
+    return moe_archs.unproven_note(architecture, gated_architectures(), info.recipes())
+
+
 @app.command("generate")
 @engine_options()
 def generate_cmd(
@@ -252,7 +256,9 @@ def generate_cmd(
             given = engine.get("rpc")
             engine = {**engine, "rpc": ",".join([*([given] if given else []), *endpoints])}
             config = machine_config(board, engine)
-            runner.generate(model, prompt, max_tokens, config, Sampling(temp, top_k, top_p, seed), outputs)
+            runner.generate(model, prompt, max_tokens, config, Sampling(temp, top_k, top_p, seed), outputs,
+                    arch_warning=_unproven)
         return
     config = machine_config(board, engine)
-    runner.generate(model, prompt, max_tokens, config, Sampling(temp, top_k, top_p, seed), outputs)
+    runner.generate(model, prompt, max_tokens, config, Sampling(temp, top_k, top_p, seed), outputs,
+                    arch_warning=_unproven)

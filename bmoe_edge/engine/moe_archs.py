@@ -150,6 +150,16 @@ def statuses(gated: dict[str, str], recipes: list) -> list[ArchStatus]:
     return out
 
 
+def unproven_note(architecture: str, gated: dict[str, str], recipes: list) -> str:
+    """A one-line warning for streaming an architecture no gate has proven ("" when gated, refused
+    or not a pinned MoE architecture)."""
+    for row in statuses(gated, recipes):
+        if row.architecture == architecture and row.status == "untested":
+            return (f"architecture '{architecture}' streams through the default expert discovery, but no gate "
+                    "has proven it bit-exact yet (bmoe-edge archs); --no-stream runs it resident")
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     from bmoe_edge import llama_source
 

@@ -7,6 +7,7 @@ section, then the flags that were given).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -25,10 +26,15 @@ class Outputs:
 
 
 def generate(model: Path, prompt: str, max_tokens: int, config: StreamConfig, sampling: Sampling,
-             outputs: Outputs, out: IO[str] = sys.stdout, err: IO[str] = sys.stderr) -> Generation:
-    """Print tokens as they come (text, or one JSON object per token), then a summary."""
+             outputs: Outputs, out: IO[str] = sys.stdout, err: IO[str] = sys.stderr,
+             arch_warning: Callable[[str], str] | None = None) -> Generation:
+    """Print tokens as they come (text, or one JSON object per token), then a summary. `arch_warning`
+    (architecture -> a warning or "") is said on stderr for a streamed run."""
     with Engine(model, config) as engine:
         info = engine.run_info
+        warning = arch_warning(str(info["architecture"])) if arch_warning and info["streaming"] else ""
+        if warning:
+            print(f"warning: {warning}", file=err, flush=True)
         if outputs.as_json:
             print(report.json_line({"type": "run", **info}), file=out, flush=True)
         elif outputs.progress:
