@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <mutex>
 
 #include "bmoe/error.h"
@@ -28,15 +29,30 @@ std::mutex g_endpoints_mutex;
 std::vector<std::string> g_endpoints;  // every worker of the process, for the abort handler
 ggml_abort_callback_t g_previous_abort = nullptr;
 
-bool refuses(const std::string & endpoint, int timeout_ms) {
+struct AddrinfoDeleter {
+    void operator()(addrinfo * a) const { freeaddrinfo(a); }
+};
+using Addresses = std::unique_ptr<addrinfo, AddrinfoDeleter>;
+
+// "host:port" resolved for a TCP connection; empty when it does not resolve.
+Addresses resolve(const std::string & endpoint) {
     const size_t colon = endpoint.rfind(':');
     addrinfo hints{};
     hints.ai_socktype = SOCK_STREAM;
     addrinfo * res = nullptr;
     if (colon == std::string::npos ||
         getaddrinfo(endpoint.substr(0, colon).c_str(), endpoint.substr(colon + 1).c_str(), &hints, &res) != 0) {
+        return nullptr;
+    }
+    return Addresses(res);
+}
+
+bool refuses(const std::string & endpoint, int timeout_ms) {
+    const Addresses addresses = resolve(endpoint);
+    if (!addresses) {
         return true;
     }
+    const addrinfo * res = addresses.get();
     const int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     bool ok = false;
     if (fd >= 0) {
@@ -50,7 +66,6 @@ bool refuses(const std::string & endpoint, int timeout_ms) {
         }
         close(fd);
     }
-    freeaddrinfo(res);
     return !ok;
 }
 
@@ -104,15 +119,8 @@ std::string peer_of(int fd) {
 // The numeric "address:port" forms of an endpoint (what getpeername will say).
 std::vector<std::string> numeric_forms(const std::string & endpoint) {
     std::vector<std::string> out;
-    const size_t colon = endpoint.rfind(':');
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo * res = nullptr;
-    if (colon == std::string::npos ||
-        getaddrinfo(endpoint.substr(0, colon).c_str(), endpoint.substr(colon + 1).c_str(), &hints, &res) != 0) {
-        return out;
-    }
-    for (addrinfo * a = res; a != nullptr; a = a->ai_next) {
+    const Addresses addresses = resolve(endpoint);
+    for (const addrinfo * a = addresses.get(); a != nullptr; a = a->ai_next) {
         char host[NI_MAXHOST];
         char port[NI_MAXSERV];
         if (getnameinfo(a->ai_addr, a->ai_addrlen, host, sizeof(host), port, sizeof(port),
@@ -120,7 +128,6 @@ std::vector<std::string> numeric_forms(const std::string & endpoint) {
             out.push_back(std::string(host) + ":" + port);
         }
     }
-    freeaddrinfo(res);
     return out;
 }
 
