@@ -262,6 +262,50 @@ def test_workers_through_ssh_tunnels(model: Path, tmp_path: Path) -> None:
         emulated_board.stop(lab, "rpc")
 
 
+def test_a_server_with_workers_through_ssh_tunnels(model: Path, tmp_path: Path) -> None:
+    """`serve --rpc-host`: the same tunnels as generate's; greedy completions equal the resident run."""
+    from http import client as http_client
+
+    from bmoe_edge.fleet import emulated_board
+
+    lab = tmp_path / "lab"
+    board = emulated_board.start(lab, "rpc-serve")
+    port = rpc_worker.free_port()
+    try:
+        with rpc_worker.local_workers(1, log_dir=tmp_path) as ws:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "bmoe_edge", "serve", "-m", str(model), "--port", str(port), "-t", "1",
+                 "--rpc-host", board.target, "--rpc-port", str(ws[0].endpoint.port), "--rpc-split", "1,1"],
+                env={**os.environ, "BMOE_EDGE_SSH_CONFIG": str(board.ssh_config)}, stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE, text=True)
+            try:
+                deadline = time.monotonic() + 120
+                while True:
+                    assert server.poll() is None, server.stderr.read()[-2000:]
+                    try:
+                        conn = http_client.HTTPConnection("127.0.0.1", port, timeout=120)
+                        conn.request("POST", "/v1/completions", json.dumps(
+                            {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}),
+                            {"Content-Type": "application/json"})
+                        reply = json.loads(conn.getresponse().read())
+                        break
+                    except ConnectionRefusedError:
+                        assert time.monotonic() < deadline, "the server did not come up"
+                        time.sleep(0.5)
+            finally:
+                server.terminate()
+                stderr = server.communicate(timeout=60)[1]
+        assert "(SSH tunnel)" in stderr
+        resident = run_cli("generate", "-m", str(model), "-p", "Once upon a time", "-n", "8", "-t", "1", "--json",
+                           "--no-stream")
+        text = "".join(r["text"] for r in map(json.loads, resident.stdout.splitlines()) if r["type"] == "token")
+        assert reply["choices"][0]["text"] == text
+    finally:
+        emulated_board.stop(lab, "rpc-serve")
+    assert_clean_error(run_cli("serve", "-m", str(model), "--rpc-host", "pi@board", "--host", "pi@board"),
+                       "--rpc-host is for a server on this machine")
+
+
 def test_bench_rpc_cells_run_small(model: Path, tmp_path: Path) -> None:
     """The bench cells' code path on the tiny model, uncapped (the campaign itself needs a quiet machine):
     0 and 1 worker, a record each, network bytes only with the worker."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -35,6 +36,11 @@ def fail(message: str) -> NoReturn:
 
 # Reaching boards over SSH (deploy, rollback, status, gates/generate --host); the logic is in bmoe_edge.fleet.
 HostOpt = Annotated[str | None, typer.Option("--host", help="Run it on this board over SSH: USER@HOST[:PORT].")]
+RpcHostOpt = Annotated[str | None, typer.Option(
+    "--rpc-host", help="RPC workers on these boards, USER@HOST[:SSHPORT][,...], each reached through an SSH "
+    "tunnel to its 127.0.0.1:--rpc-port (docs/rpc.md).")]
+RpcPortOpt = Annotated[int, typer.Option("--rpc-port", min=1, max=65535, help="With --rpc-host: the workers' "
+                                         "port on their boards.")]
 InstallDirOpt = Annotated[str | None, typer.Option(
     "--install-dir", help="Where releases live on the board (default: the inventory's, the profile's "
     "ssh.install_dir, or where the last deploy went).")]
@@ -81,3 +87,19 @@ def machine_config(board: str | None, given: dict[str, Any]) -> Any:
     from bmoe_edge.engine import settings
 
     return settings.resolve(profiles.load_profile(board or profiles.machine_board()).engine, given)
+
+
+@contextlib.contextmanager
+def rpc_tunnelled(engine: dict[str, Any], rpc_host: str | None, rpc_port: int, *, ssh_config: Path | None,
+                  accept_new_host_key: bool, say: Callable[[str], None] | None) -> Iterator[dict[str, Any]]:
+    """The engine flags with --rpc-host's workers added to --rpc as the loopback ends of SSH tunnels,
+    open for the block (unchanged without --rpc-host)."""
+    if not rpc_host:
+        yield engine
+        return
+    from bmoe_edge.fleet import remote, tunnel
+
+    options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+    with tunnel.rpc_tunnels(tunnel.parse_hosts(rpc_host), options, rpc_port, say) as endpoints:
+        given = engine.get("rpc")
+        yield {**engine, "rpc": ",".join([*([given] if given else []), *endpoints])}

@@ -15,13 +15,17 @@ from bmoe_edge.cli.common import (
     AcceptNewOpt,
     HostOpt,
     InstallDirOpt,
+    RpcHostOpt,
+    RpcPortOpt,
     SshConfigOpt,
     app,
     engine_options,
     fail,
     machine_config,
+    rpc_tunnelled,
 )
 from bmoe_edge.engine import checksums, info, moe_archs, runner
+from bmoe_edge.engine.rpc import DEFAULT_PORT as RPC_PORT
 from bmoe_edge.engine.session import Sampling
 from bmoe_edge.errors import BmoeError, show_path
 from bmoe_edge.fixtures import tinymoe
@@ -210,11 +214,8 @@ def generate_cmd(
     install_dir: InstallDirOpt = None,
     ssh_config: SshConfigOpt = None,
     accept_new_host_key: AcceptNewOpt = False,
-    rpc_host: Annotated[str | None, typer.Option(
-        "--rpc-host", help="RPC workers on these boards, USER@HOST[:SSHPORT][,...], each reached through an SSH "
-        "tunnel to its 127.0.0.1:--rpc-port (docs/rpc.md).")] = None,
-    rpc_port: Annotated[int, typer.Option("--rpc-port", min=1, max=65535, help="With --rpc-host: the workers' "
-                                          "port on their boards.")] = 50052,
+    rpc_host: RpcHostOpt = None,
+    rpc_port: RpcPortOpt = RPC_PORT,
     *,
     engine: dict[str, Any],
 ) -> None:
@@ -247,18 +248,8 @@ def generate_cmd(
         raise typer.Exit(onboard.board_generate(remote.parse_target(host), str(model), prompt, args, options=options,
                                                 board_name=board, install_dir=install_dir))
     outputs = runner.Outputs(as_json=as_json, progress=progress, csv_path=csv_path)
-    if rpc_host:
-        from bmoe_edge.fleet import remote, tunnel
-
-        options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
-        say = (lambda m: typer.echo(m, err=True)) if progress else None
-        with tunnel.rpc_tunnels(tunnel.parse_hosts(rpc_host), options, rpc_port, say) as endpoints:
-            given = engine.get("rpc")
-            engine = {**engine, "rpc": ",".join([*([given] if given else []), *endpoints])}
-            config = machine_config(board, engine)
-            runner.generate(model, prompt, max_tokens, config, Sampling(temp, top_k, top_p, seed), outputs,
-                    arch_warning=_unproven)
-        return
-    config = machine_config(board, engine)
-    runner.generate(model, prompt, max_tokens, config, Sampling(temp, top_k, top_p, seed), outputs,
-                    arch_warning=_unproven)
+    say = (lambda m: typer.echo(m, err=True)) if progress else None
+    with rpc_tunnelled(engine, rpc_host, rpc_port, ssh_config=ssh_config, accept_new_host_key=accept_new_host_key,
+                       say=say) as flags:
+        runner.generate(model, prompt, max_tokens, machine_config(board, flags), Sampling(temp, top_k, top_p, seed),
+                        outputs, arch_warning=_unproven)

@@ -11,12 +11,16 @@ from bmoe_edge.cli.common import (
     AcceptNewOpt,
     HostOpt,
     InstallDirOpt,
+    RpcHostOpt,
+    RpcPortOpt,
     SshConfigOpt,
     app,
     engine_options,
     fail,
     machine_config,
+    rpc_tunnelled,
 )
+from bmoe_edge.engine.rpc import DEFAULT_PORT as RPC_PORT
 from bmoe_edge.engine.session import Sampling
 
 ModelOpt = Annotated[Path, typer.Option("-m", "--model", help="The gguf model (first shard of a split model).")]
@@ -82,6 +86,8 @@ def serve_cmd(
     install_dir: InstallDirOpt = None,
     ssh_config: SshConfigOpt = None,
     accept_new_host_key: AcceptNewOpt = False,
+    rpc_host: RpcHostOpt = None,
+    rpc_port: RpcPortOpt = RPC_PORT,
     *,
     engine: dict[str, Any],
 ) -> None:
@@ -95,6 +101,8 @@ def serve_cmd(
             api_key = api_key_file.read_text().strip()
         except OSError as exc:
             fail(f"cannot read the API key file {api_key_file}: {exc.strerror}")
+    if host and rpc_host:
+        fail("--rpc-host is for a server on this machine; with --host, start it on the main board itself")
     if host:
         from bmoe_edge.fleet import onboard, remote
 
@@ -108,7 +116,11 @@ def serve_cmd(
             api_key=api_key, board_name=board, install_dir=install_dir, say=lambda s: typer.echo(s, err=True)))
     from bmoe_edge.serve import server
 
-    config = machine_config(board, engine)
-    server.serve(model, config, bind=bind, port=port, api_key=api_key, queue_size=queue,
-                 template=chat_template, parse_special=config.parse_special, model_id=model_id,
-                 say=lambda s: typer.echo(s, err=True))
+    def say(line: str) -> None:
+        typer.echo(line, err=True)
+
+    with rpc_tunnelled(engine, rpc_host, rpc_port, ssh_config=ssh_config, accept_new_host_key=accept_new_host_key,
+                       say=say) as flags:
+        config = machine_config(board, flags)
+        server.serve(model, config, bind=bind, port=port, api_key=api_key, queue_size=queue,
+                     template=chat_template, parse_special=config.parse_special, model_id=model_id, say=say)
