@@ -361,7 +361,7 @@ def test_second_unchanged_build_takes_under_a_minute(qemu_bundle: Path, dist: Pa
 @pytest.mark.slow
 @pytest.mark.parametrize("field, value, needle", [
     ("glibc", '"2.30"', "need GLIBC_2.3"),
-    ("libs", "[libc.so.6, libm.so.6, libgcc_s.so.1, ld-linux-aarch64.so.1]", "needs libstdc++.so.6"),
+    ("libs", "[libc.so.6, libm.so.6, libgcc_s.so.1, ld-linux-aarch64.so.1]", "need libstdc++.so.6"),
 ])
 def test_output_checks_fail_the_build_with_a_clear_error(
     qemu_bundle: Path, tmp_path: Path, field: str, value: str, needle: str,
