@@ -370,3 +370,16 @@ def profile_file_text(profile: BoardProfile) -> str:
     header = (f"# {profile.name}: the resolved board profile this bundle was built with, from "
               f"{', '.join(p.name for p in profile.files)}\n")
     return header + yaml.safe_dump(profile.to_dict(), sort_keys=False, default_flow_style=False)
+
+
+def exec_prefix_here(board: str | None = None) -> list[str]:
+    """How this machine runs its board's own programs (rpc-worker's server): [] on a real board; an
+    emulated board's exec wrapper, with the userland the release launcher exports as $BMOE_EDGE_SYSROOT."""
+    profile = load_profile(board or machine_board())
+    if not profile.exec_wrapper:
+        return []
+    sysroot = os.environ.get("BMOE_EDGE_SYSROOT", "")
+    if not sysroot:
+        raise BmoeError(f"board {profile.name} runs its programs through an exec wrapper that needs the board's "
+                        "userland: run this through the release's bin/bmoe-edge (it sets BMOE_EDGE_SYSROOT)")
+    return profile.exec_prefix(Path(sysroot))

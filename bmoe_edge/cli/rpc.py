@@ -27,5 +27,7 @@ def rpc_worker_cmd(
 ) -> None:
     """Run llama.cpp's rpc-server (the one built with this engine) until stopped: a main board's `generate
     --rpc` places whole layers here (docs/rpc.md). `deploy --service rpc-worker` runs it under systemd."""
-    argv = rpc_worker.command(port, bind, threads, mem_mb, insecure_bind, wrapper=rpc_worker.board_wrapper(board))
+    from bmoe_edge.boards import profiles
+
+    argv = rpc_worker.command(port, bind, threads, mem_mb, insecure_bind, wrapper=profiles.exec_prefix_here(board))
     rpc_worker.run(argv, bind, port)

@@ -61,21 +61,6 @@ def command(port: int = DEFAULT_PORT, bind: str = "127.0.0.1", threads: int = 0,
     return argv
 
 
-def board_wrapper(board: str | None) -> list[str]:
-    """The exec wrapper of this machine's board profile (an emulated board runs its aarch64 programs
-    through qemu, with the userland the release launcher exports as $BMOE_EDGE_SYSROOT); [] elsewhere."""
-    from bmoe_edge.boards import profiles
-
-    profile = profiles.load_profile(board or profiles.machine_board())
-    if not profile.exec_wrapper:
-        return []
-    sysroot = os.environ.get("BMOE_EDGE_SYSROOT", "")
-    if not sysroot:
-        raise BmoeError(f"board {profile.name} runs its programs through an exec wrapper that needs the board's "
-                        "userland: run this through the release's bin/bmoe-edge (it sets BMOE_EDGE_SYSROOT)")
-    return profile.exec_prefix(Path(sysroot))
-
-
 def run(argv: list[str], bind: str, port: int) -> None:
     """Replace this process with the server (signals and the exit code are its own)."""
     if not is_loopback(bind):
