@@ -181,6 +181,7 @@ std::vector<int> Streamer::admit(int layer, const std::vector<int> & routed, std
                 for_each_slice(layer, missing[j], false);
             }
             cache_.evict_layer(layer, std::vector<int>(missing.begin(), missing.begin() + static_cast<long>(i)));
+            cache_.evict_layer(layer, adopted);  // their slices stay the read-ahead's, released once by it
             throw;
         }
         cache_.insert({layer, missing[i]});
