@@ -37,6 +37,14 @@ void Batch::cancel_queued(const std::vector<size_t> & indices) {
     cv_.notify_all();
 }
 
+void Batch::cancel_queued() {
+    std::vector<size_t> all(jobs_.size());
+    for (size_t i = 0; i < all.size(); ++i) {
+        all[i] = i;
+    }
+    cancel_queued(all);
+}
+
 bool Batch::job_ok(size_t i) {
     std::lock_guard<std::mutex> lock(mutex_);
     return i < state_.size() && state_[i] == 2;

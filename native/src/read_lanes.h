@@ -53,6 +53,7 @@ public:
     // Jobs not yet started are dropped (they count as done, are not read, and their callback does
     // not run); jobs a lane is reading finish normally. Read-ahead uses it for wrong guesses.
     void cancel_queued(const std::vector<size_t> & indices);
+    void cancel_queued();  // every job not yet started
     // Once the job is done: its bytes landed (false: it failed or was cancelled).
     bool job_ok(size_t i);
     bool done() const { return remaining_.load(std::memory_order_acquire) == 0; }

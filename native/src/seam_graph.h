@@ -11,12 +11,13 @@ namespace bmoe::detail {
 
 // The first node found breadth-first behind `from` (itself included) for which `match` is true,
 // within `max_depth` steps; nullptr if none. Leaves (weights, inputs) are not walked into.
-template <typename Match>
-ggml_tensor * find_behind(ggml_tensor * from, int max_depth, Match match) {
-    std::vector<ggml_tensor *> frontier{from};
+// `Tensor` is ggml_tensor or const ggml_tensor: what is found comes back as the caller holds it.
+template <typename Tensor, typename Match>
+Tensor * find_behind(Tensor * from, int max_depth, Match match) {
+    std::vector<Tensor *> frontier{from};
     for (int depth = 0; depth <= max_depth && !frontier.empty(); ++depth) {
-        std::vector<ggml_tensor *> next;
-        for (ggml_tensor * t : frontier) {
+        std::vector<Tensor *> next;
+        for (Tensor * t : frontier) {
             if (match(t)) {
                 return t;
             }

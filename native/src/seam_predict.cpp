@@ -68,7 +68,7 @@ bool NextLayerPredictor::any() const {
 
 const ggml_tensor * NextLayerPredictor::router_input(const ggml_tensor * topk, const ggml_tensor * weight) const {
     // topk <- argsort <- [biased/masked] probs <- softmax|sigmoid <- [+bias] <- mul_mat(weight, x)
-    const ggml_tensor * logits = find_behind(const_cast<ggml_tensor *>(topk), 12, [&](const ggml_tensor * t) {
+    const ggml_tensor * logits = find_behind(topk, 12, [&](const ggml_tensor * t) {
         return t->op == GGML_OP_MUL_MAT && t->src[0] == weight;
     });
     return logits != nullptr ? logits->src[1] : nullptr;

@@ -88,11 +88,7 @@ Streamer::~Streamer() {
     }
     for (auto * ahead : {&ahead_batch_, &settle_batch_}) {
         if (*ahead) {
-            std::vector<size_t> all((*ahead)->jobs().size());
-            for (size_t i = 0; i < all.size(); ++i) {
-                all[i] = i;
-            }
-            (*ahead)->cancel_queued(all);
+            (*ahead)->cancel_queued();
             abandoned_.push_back(std::move(*ahead));
         }
     }

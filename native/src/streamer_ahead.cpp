@@ -10,17 +10,6 @@
 #include "streamer.h"
 
 namespace bmoe::detail {
-namespace {
-
-std::vector<size_t> job_indexes(const Batch & batch) {
-    std::vector<size_t> all(batch.jobs().size());
-    for (size_t i = 0; i < all.size(); ++i) {
-        all[i] = i;
-    }
-    return all;
-}
-
-}  // namespace
 
 bool Streamer::staged(int layer, int expert) const {
     return layer == ahead_layer_ && std::binary_search(ahead_staged_.begin(), ahead_staged_.end(), expert);
@@ -186,7 +175,7 @@ void Streamer::retire_ahead() {
     if (!batch) {
         return;
     }
-    batch->cancel_queued(job_indexes(*batch));
+    batch->cancel_queued();
     try {
         batch->wait(io_timeout_s_, false);
     } catch (...) {
