@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -107,6 +108,33 @@ def test_inventory_gives_boards_users_ports_and_install_dirs(tmp_path: Path) -> 
     inv.write_text("hosts:\n  - {host: a, install_dir: relative/dir}\n")
     with pytest.raises(BmoeError, match="must be an absolute path"):
         remote.load_inventory(inv)
+
+
+def test_inventory_roles_make_rpc_workers(tmp_path: Path) -> None:
+    """`role: rpc-worker` boards run the RPC worker service whatever --service asked for the others (at
+    their `rpc_port`); a typo in the role or an rpc_port without it is one line."""
+    inv = tmp_path / "fleet.yaml"
+    inv.write_text("defaults: {board: rpi5, user: pi}\n"
+                   "hosts:\n"
+                   "  - pi-a.local\n"
+                   "  - {host: pi-b.local, role: rpc-worker}\n"
+                   "  - {host: pi-c.local, role: rpc-worker, rpc_port: 50060}\n")
+    main, plain_worker, worker = remote.load_inventory(inv)
+    assert (main.role, plain_worker.role, worker.role, worker.rpc_port) == (None, "rpc-worker", "rpc-worker", 50060)
+    serve = services.spec_for("serve", model="/m.gguf", bind="127.0.0.1", port=None, api_key=None)
+    assert services.for_target(main, serve) is serve and services.for_target(main, None) is None
+    for asked in (serve, None):
+        spec = services.for_target(worker, asked)
+        assert spec is not None and spec.kind.name == "rpc-worker" and spec.listen_port == 50060
+    assert services.for_target(plain_worker, None).listen_port == 50052  # type: ignore[union-attr]
+    asked = services.spec_for("rpc-worker", model=None, bind="127.0.0.1", port=50070, api_key=None)
+    assert services.for_target(plain_worker, asked).listen_port == 50070  # type: ignore[union-attr]
+    for text, needle in (("{host: a, role: worker}", "role 'worker' is not one of rpc-worker"),
+                         ("{host: a, rpc_port: 50052}", "rpc_port goes with role: rpc-worker"),
+                         ("{host: a, role: rpc-worker, rpc_port: 0}", "rpc_port 0 is not a number from 1 to 65535")):
+        inv.write_text(f"hosts:\n  - {text}\n")
+        with pytest.raises(BmoeError, match=re.escape(needle)):
+            remote.load_inventory(inv)
 
 
 def _manifest_like(**changes: object) -> bundle.Manifest:
@@ -616,15 +644,20 @@ def test_serve_service_is_installed_and_its_execstart_serves(deployed: dict, boa
 @pytest.mark.emulated
 def test_rpc_worker_service_execstart_serves_rpc_on_the_board(deployed: dict, board, bundle_a: Path,
                                                                lab: Path) -> None:
-    """`deploy --service rpc-worker`: the unit is written (the lab board does not run systemd), and its
-    ExecStart line starts the bundle's aarch64 rpc-server through the board's exec wrapper, on
-    loopback, answering llama.cpp's RPC hello with this build's protocol."""
+    """A fleet inventory's `role: rpc-worker` board (what `deploy --service rpc-worker` does too): the
+    unit is written (the lab board does not run systemd), and its ExecStart line starts the bundle's
+    aarch64 rpc-server through the board's exec wrapper, on loopback at the inventory's `rpc_port`,
+    answering llama.cpp's RPC hello with this build's protocol."""
+    import yaml
+
     from bmoe_edge.engine import native, rpc
 
     inst = board.install_dir
     port = _free_port()
-    result = run_cli("deploy", "--bundle", str(bundle_a), "--host", board.target, "--install-dir", str(inst),
-                     "--service", "rpc-worker", "--port", str(port), env=_env(lab), timeout=900)
+    inventory = lab / "fleet.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": [{"host": board.target, "install_dir": str(inst),
+                                                    "role": "rpc-worker", "rpc_port": port}]}))
+    result = run_cli("deploy", "--bundle", str(bundle_a), "--inventory", str(inventory), env=_env(lab), timeout=900)
     unit_name = "bmoe-edge-rpc-worker.service"
     if not Path("/run/systemd/system").is_dir():
         assert_one_error(result, "does not run systemd", f"{inst}/systemd/{unit_name}", "itself is deployed")

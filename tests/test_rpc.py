@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bmoe_edge.engine import Engine, rpc, rpc_worker
 from bmoe_edge.errors import BmoeError
@@ -231,6 +232,45 @@ def test_rpc_worker_serves_and_warns_when_exposed() -> None:
     assert "warning: the RPC protocol has no authentication or encryption" in proc.stderr.read()
 
 
+@pytest.mark.parametrize("mem_args,note", [
+    ((), "reporting 96 MiB, the memory limit of cgroup"),
+    (("--mem-mb", "4000"), "--mem-mb 4000 is more than this process may hold (96 MiB"),
+])
+def test_rpc_worker_reports_its_memory_limit(mem_args: tuple[str, ...], note: str) -> None:
+    """Under a memory cgroup (a service's MemoryMax, here a real cgroup of 96 MiB) the worker reports the
+    limit, not the machine's RAM: a main board must never place more on it than it may hold."""
+    from bmoe_edge.bench import ramcap
+
+    try:
+        cap = ramcap.make_cap(96 << 20)
+        cap.prepare()
+    except (BmoeError, OSError) as exc:
+        pytest.skip(f"no memory cgroup to run in: {exc}")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "bmoe_edge", "rpc-worker", "--port", str(port), *mem_args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=cap.preexec)
+    worker = rpc_worker.LocalWorker(rpc.Endpoint("127.0.0.1", port), proc)
+    try:
+        rpc_worker.wait_ready(worker)
+        info = rpc.probe(worker.endpoint, rpc_worker.native.load().build_info().rpc_protocol)
+        assert info.free_bytes == info.total_bytes == 96 << 20
+    finally:
+        rpc_worker.stop_worker(worker)
+        cap.finish()
+    assert proc.stderr is not None
+    assert note in proc.stderr.read()
+
+
+def test_an_inventory_without_workers_is_one_line(model: Path, tmp_path: Path) -> None:
+    inventory = tmp_path / "fleet.yaml"
+    inventory.write_text("hosts: [pi@kitchen.local]\n")
+    assert_clean_error(run_cli("generate", "-m", str(model), "-p", "x", "--inventory", str(inventory)),
+                       f"inventory {inventory} has no host with `role: rpc-worker`")
+    inventory.write_text("hosts: [{host: pi@kitchen.local, role: worker}]\n")
+    assert_clean_error(run_cli("generate", "-m", str(model), "-p", "x", "--inventory", str(inventory)),
+                       "role 'worker' is not one of rpc-worker")
+
+
 def test_probe_rejects_a_silent_peer() -> None:
     with socket.create_server(("127.0.0.1", 0)) as silent:
         endpoint = rpc.Endpoint("127.0.0.1", silent.getsockname()[1])
@@ -238,18 +278,28 @@ def test_probe_rejects_a_silent_peer() -> None:
             rpc.probe(endpoint, "7.0.0", timeout=1.0)
 
 
-def test_workers_through_ssh_tunnels(model: Path, tmp_path: Path) -> None:
-    """--rpc-host: the worker listens on loopback only; the main side reaches it through the emulated
-    board's real sshd (fabric's local forwarding), no --rpc-insecure needed."""
+@pytest.mark.parametrize("reached_by", ["rpc-host", "inventory"])
+def test_workers_through_ssh_tunnels(model: Path, tmp_path: Path, reached_by: str) -> None:
+    """--rpc-host, or a fleet inventory's `role: rpc-worker` board: the worker listens on loopback only;
+    the main side reaches it through the emulated board's real sshd (fabric's local forwarding), no
+    --rpc-insecure needed."""
     from bmoe_edge.fleet import emulated_board
 
     lab = tmp_path / "lab"
     board = emulated_board.start(lab, "rpc")
     try:
         with rpc_worker.local_workers(1, log_dir=tmp_path) as ws:
+            if reached_by == "rpc-host":
+                workers = ["--rpc-host", board.target, "--rpc-port", str(ws[0].endpoint.port)]
+            else:
+                inventory = tmp_path / "fleet.yaml"
+                inventory.write_text(yaml.safe_dump({"hosts": [
+                    {"host": board.target, "board": "qemu-arm64"},     # a main board: not a worker
+                    {"host": board.target, "role": "rpc-worker", "rpc_port": ws[0].endpoint.port}]}))
+                workers = ["--inventory", str(inventory)]
             result = run_cli("generate", "-m", str(model), "-p", "Once upon a time", "-n", "8", "-t", "1", "--json",
-                             "--progress", "--rpc-host", board.target, "--rpc-port", str(ws[0].endpoint.port),
-                             "--rpc-split", "1,1", env={**os.environ, "BMOE_EDGE_SSH_CONFIG": str(board.ssh_config)})
+                             "--progress", *workers, "--rpc-split", "1,1",
+                             env={**os.environ, "BMOE_EDGE_SSH_CONFIG": str(board.ssh_config)})
         assert result.returncode == 0, result.stderr
         assert "(SSH tunnel)" in result.stderr
         records = [json.loads(line) for line in result.stdout.splitlines()]
@@ -303,7 +353,7 @@ def test_a_server_with_workers_through_ssh_tunnels(model: Path, tmp_path: Path) 
     finally:
         emulated_board.stop(lab, "rpc-serve")
     assert_clean_error(run_cli("serve", "-m", str(model), "--rpc-host", "pi@board", "--host", "pi@board"),
-                       "--rpc-host is for a server on this machine")
+                       "--rpc-host and --inventory are for a server on this machine")
 
 
 def test_bench_rpc_cells_run_small(model: Path, tmp_path: Path) -> None:

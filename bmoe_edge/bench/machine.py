@@ -9,12 +9,10 @@ import os
 import platform
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 MiB = 1 << 20
-UNLIMITED = 1 << 60         # cgroup "max" / v1's 2^63 - page
 PROMPT = "Once upon a time"
 
 
@@ -121,79 +119,3 @@ def ctx_for(tokens: int) -> int:
     return max(256, align_up(tokens + 64, 256))
 
 
-# ---------------------------------------------------------------------------------------------------
-# The memory limits that apply to this process (what `tune` reports; the engine reads the same in C++).
-
-
-@dataclass(frozen=True)
-class MemoryLimit:
-    source: str     # e.g. "cgroup v2 /sys/fs/cgroup/user.slice memory.max"
-    mb: int
-
-
-def _read_limit(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    if text == "max" or not text.isdigit():
-        return None
-    value = int(text)
-    return value if value < UNLIMITED else None
-
-
-def _mounts() -> list[tuple[str, str, str, list[str]]]:
-    """(root, mount point, fs type, super options) of every mount, from /proc/self/mountinfo."""
-    out = []
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
-        for line in f:
-            parts = line.split()
-            if "-" not in parts:
-                continue
-            sep = parts.index("-")
-            out.append((parts[3], parts[4], parts[sep + 1], parts[sep + 3].split(",") if len(parts) > sep + 3 else []))
-    return out
-
-
-def _ancestors(mount: str, root: str, cgroup: str) -> list[Path]:
-    """The cgroup's directory under its mount and every ancestor up to the mount, innermost first."""
-    rel = cgroup[len(root):] if root != "/" and cgroup.startswith(root) else cgroup
-    parts = [p for p in rel.split("/") if p]
-    return [Path(mount, *parts[:i]) for i in range(len(parts), -1, -1)]
-
-
-def memory_limits() -> tuple[MemoryLimit, ...]:
-    """Every memory limit of the cgroups this process is in, v2 and v1, with their ancestors."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return ()
-    v2 = v1 = None
-    for line in lines:
-        hid, controllers, path = line.split(":", 2)
-        if hid == "0" and controllers == "":
-            v2 = path
-        elif "memory" in controllers.split(","):
-            v1 = path
-    found: list[MemoryLimit] = []
-    for root, mount, fstype, options in _mounts():
-        if fstype == "cgroup2" and v2 is not None:
-            for d in _ancestors(mount, root, v2):
-                for name in ("memory.max", "memory.high"):
-                    value = _read_limit(d / name)
-                    if value is not None:
-                        found.append(MemoryLimit(f"cgroup v2 {d} {name}", value // MiB))
-        elif fstype == "cgroup" and "memory" in options and v1 is not None:
-            for d in _ancestors(mount, root, v1):
-                value = _read_limit(d / "memory.limit_in_bytes")
-                if value is not None:
-                    found.append(MemoryLimit(f"cgroup v1 {d} memory.limit_in_bytes", value // MiB))
-    return tuple(dict.fromkeys(found))
-
-
-def memory_pressure() -> float | None:
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/pressure/memory").read_text().splitlines():
-            if line.startswith("some "):
-                return float(line.split()[1].partition("=")[2])
-    return None

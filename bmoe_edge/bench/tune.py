@@ -2,7 +2,7 @@
 the engine only: it runs on a board). The choice rules and the profile it writes are `boards/tune.py`.
 
 - **memory**: RAM and MemAvailable, the page size, and every memory limit that applies to this process
-  (`machine.memory_limits`: the memory cgroup it is in and its ancestors, v2 `memory.max`/`memory.high`
+  (`engine.memlimits.memory_limits`: the memory cgroup it is in and its ancestors, v2 `memory.max`/`memory.high`
   and v1 `memory.limit_in_bytes`); the smallest of them and the RAM is the effective limit;
 - **reads**: random reads of each slice size with 1..N lanes (N = 2x the cores, at most 8), O_DIRECT
   and pread, cold (O_DIRECT never uses the page cache; pread cells start from a file whose pages were
@@ -31,8 +31,9 @@ from typing import Any
 
 from bmoe_edge.bench.io import io_sweep
 from bmoe_edge.bench.layout import gguf_layout
-from bmoe_edge.bench.machine import PROMPT, MemoryLimit, mem_info, memory_limits, memory_pressure
+from bmoe_edge.bench.machine import PROMPT, mem_info
 from bmoe_edge.engine import Engine, StreamConfig
+from bmoe_edge.engine.memlimits import MemoryLimit, memory_limits, memory_pressure
 from bmoe_edge.errors import BmoeError
 
 KiB = 1 << 10

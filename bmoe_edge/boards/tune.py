@@ -37,7 +37,6 @@ from typing import Any
 
 import yaml
 
-from bmoe_edge.bench.machine import MemoryLimit
 from bmoe_edge.bench.tune import (
     ComputeCell,
     IoCell,
@@ -55,6 +54,7 @@ from bmoe_edge.bench.tune import (
     size_label,
 )
 from bmoe_edge.boards import profiles
+from bmoe_edge.engine.memlimits import MemoryLimit
 from bmoe_edge.engine.settings import BY_NAME
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fixtures.specs import FixtureSpec, host_fixture_paths

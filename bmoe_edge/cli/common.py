@@ -40,7 +40,10 @@ RpcHostOpt = Annotated[str | None, typer.Option(
     "--rpc-host", help="RPC workers on these boards, USER@HOST[:SSHPORT][,...], each reached through an SSH "
     "tunnel to its 127.0.0.1:--rpc-port (docs/rpc.md).")]
 RpcPortOpt = Annotated[int, typer.Option("--rpc-port", min=1, max=65535, help="With --rpc-host: the workers' "
-                                         "port on their boards.")]
+                                         "port on their boards (an inventory's `rpc_port` wins).")]
+RpcInventoryOpt = Annotated[Path | None, typer.Option(
+    "--inventory", help="RPC workers: this fleet inventory's `role: rpc-worker` boards, each reached through an "
+    "SSH tunnel like --rpc-host (docs/rpc.md).")]
 InstallDirOpt = Annotated[str | None, typer.Option(
     "--install-dir", help="Where releases live on the board (default: the inventory's, the profile's "
     "ssh.install_dir, or where the last deploy went).")]
@@ -90,16 +93,20 @@ def machine_config(board: str | None, given: dict[str, Any]) -> Any:
 
 
 @contextlib.contextmanager
-def rpc_tunnelled(engine: dict[str, Any], rpc_host: str | None, rpc_port: int, *, ssh_config: Path | None,
-                  accept_new_host_key: bool, say: Callable[[str], None] | None) -> Iterator[dict[str, Any]]:
-    """The engine flags with --rpc-host's workers added to --rpc as the loopback ends of SSH tunnels,
-    open for the block (unchanged without --rpc-host)."""
-    if not rpc_host:
+def rpc_tunnelled(engine: dict[str, Any], rpc_host: str | None, rpc_port: int, *, inventory: Path | None = None,
+                  ssh_config: Path | None, accept_new_host_key: bool,
+                  say: Callable[[str], None] | None) -> Iterator[dict[str, Any]]:
+    """The engine flags with the workers of --rpc-host and --inventory added to --rpc as the loopback ends
+    of SSH tunnels, open for the block (unchanged without either)."""
+    if not rpc_host and inventory is None:
         yield engine
         return
     from bmoe_edge.fleet import remote, tunnel
 
+    targets = tunnel.parse_hosts(rpc_host or "")
+    if inventory is not None:
+        targets += tunnel.inventory_workers(inventory)
     options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
-    with tunnel.rpc_tunnels(tunnel.parse_hosts(rpc_host), options, rpc_port, say) as endpoints:
+    with tunnel.rpc_tunnels(targets, options, rpc_port, say) as endpoints:
         given = engine.get("rpc")
         yield {**engine, "rpc": ",".join([*([given] if given else []), *endpoints])}

@@ -16,6 +16,7 @@ from bmoe_edge.cli.common import (
     HostOpt,
     InstallDirOpt,
     RpcHostOpt,
+    RpcInventoryOpt,
     RpcPortOpt,
     SshConfigOpt,
     app,
@@ -216,6 +217,7 @@ def generate_cmd(
     accept_new_host_key: AcceptNewOpt = False,
     rpc_host: RpcHostOpt = None,
     rpc_port: RpcPortOpt = RPC_PORT,
+    inventory: RpcInventoryOpt = None,
     *,
     engine: dict[str, Any],
 ) -> None:
@@ -236,8 +238,9 @@ def generate_cmd(
             fail(f"cannot read the prompt file {prompt_file}: {exc.strerror}")
         except UnicodeDecodeError:
             fail(f"the prompt file {prompt_file} is not UTF-8 text")
-    if host and rpc_host:
-        fail("--rpc-host is for a run on this machine; with --host, start the run on the main board itself")
+    if host and (rpc_host or inventory is not None):
+        fail("--rpc-host and --inventory are for a run on this machine; with --host, start the run on the "
+             "main board itself")
     if host:
         from bmoe_edge.fleet import onboard, remote
 
@@ -249,7 +252,7 @@ def generate_cmd(
                                                 board_name=board, install_dir=install_dir))
     outputs = runner.Outputs(as_json=as_json, progress=progress, csv_path=csv_path)
     say = (lambda m: typer.echo(m, err=True)) if progress else None
-    with rpc_tunnelled(engine, rpc_host, rpc_port, ssh_config=ssh_config, accept_new_host_key=accept_new_host_key,
-                       say=say) as flags:
+    with rpc_tunnelled(engine, rpc_host, rpc_port, inventory=inventory, ssh_config=ssh_config,
+                       accept_new_host_key=accept_new_host_key, say=say) as flags:
         runner.generate(model, prompt, max_tokens, machine_config(board, flags), Sampling(temp, top_k, top_p, seed),
                         outputs, arch_warning=_unproven)

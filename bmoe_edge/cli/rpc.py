@@ -18,7 +18,8 @@ def rpc_worker_cmd(
                                       "tunnel).")] = "127.0.0.1",
     threads: Annotated[int, typer.Option("--threads", min=0, help="Compute threads (0: llama.cpp's default).")] = 0,
     mem_mb: Annotated[int, typer.Option("--mem-mb", min=0, help="Report at most this many MiB to the main board, "
-                                        "which places layers by it (0: the machine's memory).")] = 0,
+                                        "which places layers by it (0: this process's memory limit, e.g. "
+                                        "the service's MemoryMax, else the machine's memory).")] = 0,
     insecure_bind: Annotated[bool, typer.Option(
         "--insecure-bind", help="Allow a non-loopback --bind: RPC has no authentication or encryption.")] = False,
     board: Annotated[str | None, typer.Option("--board", help="This machine's board profile (default: the "
@@ -29,5 +30,8 @@ def rpc_worker_cmd(
     --rpc` places whole layers here (docs/rpc.md). `deploy --service rpc-worker` runs it under systemd."""
     from bmoe_edge.boards import profiles
 
-    argv = rpc_worker.command(port, bind, threads, mem_mb, insecure_bind, wrapper=profiles.exec_prefix_here(board))
+    reported, note = rpc_worker.reported_mem_mb(mem_mb)
+    if note:
+        typer.echo(note, err=True)
+    argv = rpc_worker.command(port, bind, threads, reported, insecure_bind, wrapper=profiles.exec_prefix_here(board))
     rpc_worker.run(argv, bind, port)

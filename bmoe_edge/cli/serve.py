@@ -12,6 +12,7 @@ from bmoe_edge.cli.common import (
     HostOpt,
     InstallDirOpt,
     RpcHostOpt,
+    RpcInventoryOpt,
     RpcPortOpt,
     SshConfigOpt,
     app,
@@ -88,6 +89,7 @@ def serve_cmd(
     accept_new_host_key: AcceptNewOpt = False,
     rpc_host: RpcHostOpt = None,
     rpc_port: RpcPortOpt = RPC_PORT,
+    inventory: RpcInventoryOpt = None,
     *,
     engine: dict[str, Any],
 ) -> None:
@@ -101,8 +103,9 @@ def serve_cmd(
             api_key = api_key_file.read_text().strip()
         except OSError as exc:
             fail(f"cannot read the API key file {api_key_file}: {exc.strerror}")
-    if host and rpc_host:
-        fail("--rpc-host is for a server on this machine; with --host, start it on the main board itself")
+    if host and (rpc_host or inventory is not None):
+        fail("--rpc-host and --inventory are for a server on this machine; with --host, start it on the "
+             "main board itself")
     if host:
         from bmoe_edge.fleet import onboard, remote
 
@@ -119,8 +122,8 @@ def serve_cmd(
     def say(line: str) -> None:
         typer.echo(line, err=True)
 
-    with rpc_tunnelled(engine, rpc_host, rpc_port, ssh_config=ssh_config, accept_new_host_key=accept_new_host_key,
-                       say=say) as flags:
+    with rpc_tunnelled(engine, rpc_host, rpc_port, inventory=inventory, ssh_config=ssh_config,
+                       accept_new_host_key=accept_new_host_key, say=say) as flags:
         config = machine_config(board, flags)
         server.serve(model, config, bind=bind, port=port, api_key=api_key, queue_size=queue,
                      template=chat_template, parse_special=config.parse_special, model_id=model_id, say=say)

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bmoe_edge.engine import native
+from bmoe_edge.engine import memlimits, native
 from bmoe_edge.engine.rpc import DEFAULT_PORT, Endpoint, is_loopback, probe
 from bmoe_edge.errors import BmoeError
 
@@ -59,6 +59,22 @@ def command(port: int = DEFAULT_PORT, bind: str = "127.0.0.1", threads: int = 0,
     if mem_mb > 0:  # patch 0003: what the worker reports, and so what a main board places on it
         argv += ["--mem", str(mem_mb)]
     return argv
+
+
+def reported_mem_mb(mem_mb: int) -> tuple[int, str | None]:
+    """What the worker tells main boards it has: `--mem-mb` where given, else the tightest memory limit
+    of this process (a service's `MemoryMax=`, a container's cgroup), else 0 (rpc-server reports the
+    machine's). A main board places layers by this number, so a worker must never report more than its
+    cgroup lets it hold: a larger `--mem-mb` is clamped, with the note saying so."""
+    limit = memlimits.tightest_limit()
+    if limit is None:
+        return mem_mb, None
+    if mem_mb == 0:
+        return limit.mb, f"rpc-worker: reporting {limit.mb} MiB, the memory limit of {limit.source}"
+    if mem_mb > limit.mb:
+        return limit.mb, (f"warning: --mem-mb {mem_mb} is more than this process may hold ({limit.mb} MiB, "
+                          f"{limit.source}): reporting {limit.mb} MiB")
+    return mem_mb, None
 
 
 def run(argv: list[str], bind: str, port: int) -> None:

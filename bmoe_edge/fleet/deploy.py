@@ -36,7 +36,8 @@ A deploy of one host, in order; each step is a one-line BmoeError naming the hos
 8. verify again, then **switch** `current` atomically and durably (sync, one rename, sync);
 9. **health check** through `current` (`--version`); on failure switch back, mark the release failed;
 10. write state.json (synced), bin/bmoe-edge, the systemd unit and the pointer file, prune;
-11. with `--service KIND`: install, enable and start that systemd service and wait for its health answer
+11. with `--service KIND` (or the inventory's `role: rpc-worker`: that board's service is the RPC
+    worker): install, enable and start that systemd service and wait for its health answer
     (services.py); without it, a deploy that moved `current` restarts the services already installed.
 
 Killing the command at any point leaves `current` on a complete, verified release (the switch is one
@@ -50,6 +51,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +73,7 @@ from bmoe_edge.fleet.lock import LOCK_TIMEOUT, board_lock
 from bmoe_edge.fleet.probe import check_facts, probe
 from bmoe_edge.fleet.remote import Board, SshOptions, Target
 from bmoe_edge.fleet.scripts import DEMOTE, REMOVE_IN, SWITCH
-from bmoe_edge.fleet.services import ServiceSpec, install_service, restart_services
+from bmoe_edge.fleet.services import ServiceSpec, for_target, install_service, restart_services
 from bmoe_edge.fleet.state import (
     FAILED,
     KEEP,
@@ -243,8 +245,7 @@ def resolve_targets(hosts: Sequence[str], inventory: Path | None, board: str | N
                     profile_host: str | None = None) -> list[Target]:
     targets = [remote.parse_target(h, board=board) for h in hosts]
     if inventory is not None:
-        targets += [t if t.board or not board else Target(t.host, t.user, t.port, board, t.install_dir)
-                    for t in remote.load_inventory(inventory)]
+        targets += [t if t.board or not board else replace(t, board=board) for t in remote.load_inventory(inventory)]
     if not targets and profile_host:
         targets = [remote.parse_target(profile_host, board=board)]
     if not targets:
@@ -317,7 +318,7 @@ def deploy(
     def work(target: Target) -> HostResult:
         return deploy_host(bundle_for(target), target, options=options, install_dir=install_dir, keep=keep,
                            gates=gates, log=log, hooks=hooks, lock_timeout=lock_timeout, health=health,
-                           trust=trust, service=service)
+                           trust=trust, service=for_target(target, service))
 
     return run_fleet(targets, work, max_parallel=max_parallel, fail_fast=fail_fast, host_timeout=host_timeout,
                      what="deploy")

@@ -3,7 +3,8 @@
 No hand-written SSH: every connection is a `fabric.Connection` (paramiko underneath). What this adds:
 
 - **Targets**: `USER@HOST[:PORT]` strings and inventory YAML files (hosts with their board names and
-  optional user, port and install dir).
+  optional user, port, install dir and role: `rpc-worker` boards lend their memory to a main board's
+  run, docs/rpc.md).
 - **SSH configuration**: `~/.ssh/config` (and `/etc/ssh/ssh_config`) through fabric, or one file given
   with `--ssh-config FILE` / `$BMOE_EDGE_SSH_CONFIG` (then only that one, like `ssh -F`). `User`,
   `Port`, `HostName`, `IdentityFile`, `ProxyJump`, `UserKnownHostsFile` and `StrictHostKeyChecking`
@@ -63,6 +64,8 @@ class Target:
     port: int | None = None
     board: str | None = None
     install_dir: str | None = None
+    role: str | None = None         # None: a board that runs models; ROLES
+    rpc_port: int | None = None     # role rpc-worker: its worker's port on the board (None: the default)
 
     @property
     def label(self) -> str:
@@ -102,7 +105,9 @@ def _port(text: str, spec: str) -> int:
     return int(text)
 
 
-_INVENTORY_KEYS = {"host", "board", "user", "port", "install_dir"}
+_INVENTORY_KEYS = {"host", "board", "user", "port", "install_dir", "role", "rpc_port"}
+# What a board is for in a fleet; a board without a role runs models (and may use the workers).
+ROLES = ("rpc-worker",)
 
 
 def load_inventory(path: Path) -> list[Target]:
@@ -112,6 +117,7 @@ def load_inventory(path: Path) -> list[Target]:
         hosts:
           - pi@kitchen.local                       # USER@HOST[:PORT]
           - {host: 10.0.0.7, port: 2222, board: rpi4, install_dir: /opt/bmoe-edge}
+          - {host: pi-b.local, role: rpc-worker, rpc_port: 50052}   # lends its RAM (docs/rpc.md)
     """
     import yaml
 
@@ -150,8 +156,15 @@ def load_inventory(path: Path) -> list[Target]:
             raise BmoeError(f"{where}: the port is given twice (in `host:` and `port:`)")
         user = user or merged.get("user")
         port = port if port is not None else merged.get("port")
-        if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535):
-            raise BmoeError(f"{where}: port {port!r} is not a number from 1 to 65535")
+        for key, value in (("port", port), ("rpc_port", merged.get("rpc_port"))):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65535):
+                raise BmoeError(f"{where}: {key} {value!r} is not a number from 1 to 65535")
+        role = merged.get("role")
+        if role is not None and role not in ROLES:
+            raise BmoeError(f"{where}: role {role!r} is not one of {', '.join(ROLES)} (leave it out for a board "
+                            "that runs models)")
+        if merged.get("rpc_port") is not None and role != "rpc-worker":
+            raise BmoeError(f"{where}: rpc_port goes with role: rpc-worker")
         for key in ("board", "install_dir", "user"):
             value = merged.get(key) if key != "user" else user
             if value is not None and not isinstance(value, str):
@@ -159,7 +172,7 @@ def load_inventory(path: Path) -> list[Target]:
         install_dir = merged.get("install_dir")
         if install_dir is not None and not str(install_dir).startswith("/"):
             raise BmoeError(f"{where}: install_dir {install_dir!r} must be an absolute path")
-        out.append(Target(target.host, user, port, merged.get("board"), install_dir))
+        out.append(Target(target.host, user, port, merged.get("board"), install_dir, role, merged.get("rpc_port")))
     return out
 
 

@@ -87,6 +87,17 @@ def spec_for(name: str, *, model: str | None, bind: str, port: int | None, api_k
     return ServiceSpec(kind, model, bind, port, api_key)
 
 
+def for_target(target: remote.Target, asked: ServiceSpec | None) -> ServiceSpec | None:
+    """The service a deploy installs on this host: its role's (an inventory `role: rpc-worker` board
+    always runs the worker, at its `rpc_port`), else the one `--service` asked for."""
+    if target.role != "rpc-worker":
+        return asked
+    port = target.rpc_port
+    if port is None and asked is not None and asked.kind.name == "rpc-worker":
+        port = asked.port
+    return ServiceSpec(BY_NAME["rpc-worker"], port=port)
+
+
 def unit_name(kind: ServiceKind) -> str:
     return f"bmoe-edge-{kind.name}.service"
 

@@ -11,14 +11,25 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from bmoe_edge.engine.rpc import DEFAULT_PORT
-from bmoe_edge.fleet.remote import Board, SshOptions, Target, parse_target
+from bmoe_edge.errors import BmoeError
+from bmoe_edge.fleet.remote import Board, SshOptions, Target, load_inventory, parse_target
 
 
 def parse_hosts(text: str) -> list[Target]:
     """`--rpc-host USER@HOST[:SSHPORT][,...]`: the boards whose workers are reached over SSH."""
     return [parse_target(part.strip()) for part in text.split(",") if part.strip()]
+
+
+def inventory_workers(path: Path) -> list[Target]:
+    """`--inventory FILE`: its `role: rpc-worker` boards (each with its `rpc_port`, else --rpc-port)."""
+    workers = [t for t in load_inventory(path) if t.role == "rpc-worker"]
+    if not workers:
+        raise BmoeError(f"inventory {path} has no host with `role: rpc-worker`: mark the boards that lend "
+                        "their memory (docs/rpc.md)")
+    return workers
 
 
 def _free_local_port() -> int:
@@ -31,15 +42,17 @@ def _free_local_port() -> int:
 def rpc_tunnels(targets: Sequence[Target], options: SshOptions, worker_port: int = DEFAULT_PORT,
                 say=None) -> Iterator[list[str]]:
     """Open the tunnels; yields the loopback endpoints (`127.0.0.1:PORT`, in the order of `targets`) that
-    reach each board's 127.0.0.1:worker_port. They close with the block (and with the connection)."""
+    reach each board's 127.0.0.1 at its `rpc_port`, else `worker_port`. They close with the block (and
+    with the connection)."""
     with contextlib.ExitStack() as stack:
         endpoints = []
         for target in targets:
             board = stack.enter_context(Board(target, options))
             local = _free_local_port()
-            stack.enter_context(board.conn.forward_local(local, remote_port=worker_port, remote_host="127.0.0.1",
+            port = target.rpc_port or worker_port
+            stack.enter_context(board.conn.forward_local(local, remote_port=port, remote_host="127.0.0.1",
                                                          local_host="127.0.0.1"))
             endpoints.append(f"127.0.0.1:{local}")
             if say is not None:
-                say(f"rpc: 127.0.0.1:{local} -> {board.label} 127.0.0.1:{worker_port} (SSH tunnel)")
+                say(f"rpc: 127.0.0.1:{local} -> {board.label} 127.0.0.1:{port} (SSH tunnel)")
         yield endpoints

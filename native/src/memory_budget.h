@@ -53,6 +53,10 @@ public:
 
     bool adaptive() const { return adaptive_; }
 
+    // What a cgroup could still give this process: its limit less its usage, plus the page cache the
+    // kernel takes back first (never our own mapped dense weights). Negative when it is over.
+    static int64_t cgroup_free(const CgroupMemory & c, const MemoryReading & reading);
+
 private:
     struct Headroom {
         int64_t bytes = 0;
@@ -60,7 +64,6 @@ private:
         uint64_t limit = 0;
     };
     Headroom headroom(const MemoryReading & reading, uint64_t pool_held) const;
-    static int64_t cgroup_free(const CgroupMemory & c, const MemoryReading & reading);
     uint64_t pending() const;
 
     StreamConfig config_;

@@ -15,7 +15,7 @@ struct PlacementInput {
     std::vector<uint64_t> layer_bytes;   // every repeating layer's weights (blk.N.*), in order
     uint64_t output_bytes = 0;           // the output layer's (output.weight, output_norm.weight)
     std::vector<double> weights;         // main first, then each worker; empty = by memory
-    uint64_t main_free = 0;              // what the main process could hold (MemAvailable)
+    uint64_t main_free = 0;              // what the main process could hold (MemAvailable, or its cgroup's)
     std::vector<uint64_t> worker_free;   // what each worker reports free
     std::vector<std::string> workers;    // their names, for errors
     bool main_keeps_one = true;          // streaming: the main process keeps at least one layer

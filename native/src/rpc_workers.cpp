@@ -14,11 +14,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <mutex>
 
 #include "bmoe/error.h"
+#include "memory_budget.h"
+#include "telemetry.h"
 #include "ggml-backend.h"
 #include "ggml-rpc.h"
 
@@ -131,17 +132,16 @@ std::vector<std::string> numeric_forms(const std::string & endpoint) {
     return out;
 }
 
-uint64_t mem_available() {
-    std::ifstream in("/proc/meminfo");
-    std::string key;
-    uint64_t kb = 0;
-    std::string unit;
-    while (in >> key >> kb >> unit) {
-        if (key == "MemAvailable:") {
-            return kb * 1024;
-        }
+// What this process may still use: the machine's MemAvailable, or less where a memory cgroup limits
+// it (a service's MemoryMax=, a container, a benchmark's cap) — the same kind of number a worker
+// reports (rpc-worker reports its own cgroup's limit), so layers are placed by like against like.
+uint64_t main_free() {
+    const MemoryReading m = read_memory();
+    int64_t free = static_cast<int64_t>(std::min<uint64_t>(m.mem_available, INT64_MAX));
+    for (const CgroupMemory & c : m.cgroups) {
+        free = std::min(free, MemoryBudget::cgroup_free(c, m));
     }
-    return 0;
+    return free > 0 ? static_cast<uint64_t>(free) : 0;
 }
 
 }  // namespace
@@ -270,7 +270,7 @@ LayerPlacement RpcWorkers::place(const GgufMap & gguf, const std::vector<double>
         }
     }
     in.weights = weights;
-    in.main_free = mem_available();
+    in.main_free = main_free();
     in.worker_free = free_;
     in.workers = endpoints_;
     in.main_keeps_one = streaming;
