@@ -73,6 +73,36 @@ def test_no_knobs_take_this_machines_profile(model: Path) -> None:
     assert json_lines(on_board.stdout)[0]["io_threads"] == 1  # qemu-arm64.yaml
 
 
+def test_no_knobs_size_the_context_and_batch_to_the_job(model: Path) -> None:
+    """A one-shot `generate` leaves the memory a job cannot use to the expert cache: its context holds the
+    prompt and -n (in steps of 256), its batch the prompt (at least 64). The tokens and every logit equal
+    a run with the table's 2048/512, given explicitly (and kept)."""
+    runs = {}
+    for name, flags in (("fitted", []), ("given", ["--ctx", "2048"])):
+        result = run_cli("generate", "-m", str(model), "-p", "Once upon a time", "-n", "300", "-t", "1", "--json",
+                         *flags)
+        assert result.returncode == 0, result.stderr
+        runs[name] = json_lines(result.stdout)
+    fitted, given = runs["fitted"][0], runs["given"][0]
+    assert (fitted["ctx"], fitted["batch"], fitted["ubatch"]) == (512, 64, 64)  # 24 + 300 + 9 -> 512
+    assert (given["ctx"], given["batch"]) == (2048, 64)                          # --ctx kept, the batch fitted
+    assert [r["id"] for r in runs["fitted"] if r["type"] == "token"] == \
+           [r["id"] for r in runs["given"] if r["type"] == "token"]
+
+
+def test_fitting_never_grows_a_setting_and_keeps_what_was_given() -> None:
+    from bmoe_edge.engine import runner
+    from bmoe_edge.engine.settings import StreamConfig
+
+    table = StreamConfig()
+    long_prompt = "x" * 5000
+    assert runner.fit_to_job(table, long_prompt, 4000) == table
+    short = runner.fit_to_job(table, "Hi", 8)
+    assert (short.ctx, short.batch, short.ubatch) == (256, 64, 64)
+    kept = runner.fit_to_job(StreamConfig(ctx=1024, batch=256, ubatch=128), "Hi", 8, fixed={"ctx", "ubatch"})
+    assert (kept.ctx, kept.batch, kept.ubatch) == (1024, 128, 128)
+
+
 def test_a_failed_read_stops_generation_with_one_line(model: Path) -> None:
     env = dict(os.environ, BMOE_FAULT="fail:60")
     result = run_cli("generate", "-m", str(model), "-p", "Once upon a time", "-n", "40", "--cache-mb", "0",

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from bmoe_edge.cli.common import bench_app, fail
+from bmoe_edge.cli.common import bench_app, fail, machine_config
 
 
 @bench_app.command("io")
@@ -30,12 +30,12 @@ def bench_io_cmd(
     typer.echo(io.io_summary(rows), nl=False)
 
 
-def _machine_defaults() -> dict[str, object]:
-    """The settings `generate` uses with no knobs on this machine, as a cell's config."""
-    from bmoe_edge.boards import profiles
+def _machine_defaults(tokens: int) -> dict[str, object]:
+    """The settings `generate -p PROMPT -n TOKENS` uses with no knobs on this machine, as a cell's config."""
+    from bmoe_edge.bench.machine import PROMPT
     from bmoe_edge.engine import settings
 
-    config = settings.resolve(profiles.load_profile(profiles.machine_board()).engine, {})
+    config = machine_config(None, {}, (PROMPT, tokens))
     values = {name: getattr(config, name) for name in settings.config_fields()}
     return {k: str(v) if isinstance(v, settings.CacheBudget) else v for k, v in values.items()}
 
@@ -67,7 +67,7 @@ def bench_stream_cmd(
     matrix = campaign.default_cells(model_layout, cap, tokens=tokens, mmap_tokens=mmap_tokens or tokens,
                                     threads=threads,
                                     budgets_mb=[float(b) for b in budgets.split(",")] if budgets else None,
-                                    defaults=_machine_defaults())
+                                    defaults=_machine_defaults(tokens))
     if cells:
         wanted = [c.strip() for c in cells.split(",")]
         unknown = sorted(set(wanted) - {c.label for c in matrix})
@@ -160,7 +160,7 @@ def bench_rpc_cmd(
     except ValueError:
         fail(f"--workers must be counts separated by commas, got {workers!r}")
     cap = ramcap.parse_cap(ram_cap, model.stat().st_size)
-    cell = BenchCell("stream", "stream", config={**_machine_defaults(), "threads": threads}, tokens=tokens)
+    cell = BenchCell("stream", "stream", config={**_machine_defaults(tokens), "threads": threads}, tokens=tokens)
     records = rpc_cells.run_rpc_cells(cell, model, cap, counts, out, cap_method=cap_method, threads=threads)
     with (out / "rpc.jsonl").open("w") as f:
         for r in records:

@@ -83,13 +83,19 @@ def engine_options(settings: Sequence[Setting] = FLAG_SETTINGS) -> Callable[[Cal
     return wrap
 
 
-def machine_config(board: str | None, given: dict[str, Any]) -> Any:
+def machine_config(board: str | None, given: dict[str, Any], job: tuple[str, int] | None = None) -> Any:
     """The engine settings of a run here: the flags that were given over the profile of `board`, else of
-    the machine this runs on (the deployed board's, else host). No knobs is the fast path."""
+    the machine this runs on (the deployed board's, else host). No knobs is the fast path. With `job`
+    (`generate`'s prompt and -n), the context and batch not given are sized to it (runner.fit_to_job)."""
     from bmoe_edge.boards import profiles
-    from bmoe_edge.engine import settings
+    from bmoe_edge.engine import runner, settings
 
-    return settings.resolve(profiles.load_profile(board or profiles.machine_board()).engine, given)
+    profile = profiles.load_profile(board or profiles.machine_board())
+    config = settings.resolve(profile.engine, given)
+    if job is None:
+        return config
+    fixed = set(profile.engine) | {name for name, value in given.items() if value is not None}
+    return runner.fit_to_job(config, *job, fixed=fixed)
 
 
 @contextlib.contextmanager

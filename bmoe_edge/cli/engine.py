@@ -254,5 +254,6 @@ def generate_cmd(
     say = (lambda m: typer.echo(m, err=True)) if progress else None
     with rpc_tunnelled(engine, rpc_host, rpc_port, inventory=inventory, ssh_config=ssh_config,
                        accept_new_host_key=accept_new_host_key, say=say) as flags:
-        runner.generate(model, prompt, max_tokens, machine_config(board, flags), Sampling(temp, top_k, top_p, seed),
+        runner.generate(model, prompt, max_tokens, machine_config(board, flags, (prompt, max_tokens)),
+                        Sampling(temp, top_k, top_p, seed),
                         outputs, arch_warning=_unproven)

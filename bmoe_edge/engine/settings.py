@@ -197,7 +197,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("threads", int, 0, "Compute threads (0 = auto: all cores, one left to the read lanes when streaming).",
             flags=("-t", "--threads"), minimum=0,
             profile="required"),
-    Setting("ctx", int, 2048, "Context length.", flags=("-c", "--ctx"), minimum=1),
+    Setting("ctx", int, 2048, "Context length (`generate` without it: the prompt and -n, in steps of 256, up to "
+            "this).", flags=("-c", "--ctx"), minimum=1),
     Setting("batch", int, 512, "Logical batch size.", minimum=1),
     Setting("ubatch", int, 512, "Physical batch size.", minimum=1),
     Setting("flash_attn", bool, False, "Flash attention."),
