@@ -21,6 +21,7 @@ import yaml
 from bmoe_edge.bench import layout, machine, ramcap
 from bmoe_edge.bench import tune as measure
 from bmoe_edge.boards import profiles, tune
+from bmoe_edge.engine import memlimits
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fixtures import tinymoe
 from bmoe_edge.fleet import emulated_board, remote
@@ -147,8 +148,8 @@ def _cells(mode: str, by_lanes: dict[int, float]) -> list[measure.IoCell]:
     return [measure.IoCell(mode, 648 << 10, n, v, 100) for n, v in by_lanes.items()]
 
 
-MACHINE = measure.Machine("b", "aarch64", 4, 8064, 7000, 16384, (machine.MemoryLimit("cgroup v2 /x memory.max", 4096),),
-                       None)
+MACHINE = measure.Machine("b", "aarch64", 4, 8064, 7000, 16384,
+                          (memlimits.MemoryLimit("cgroup v2 /x memory.max", 4096),), None)
 
 
 def test_choice_rules() -> None:
