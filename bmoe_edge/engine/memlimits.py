@@ -12,7 +12,6 @@ MiB = 1 << 20
 UNLIMITED = 1 << 60         # cgroup "max" / v1's 2^63 - page
 
 
-
 @dataclass(frozen=True)
 class MemoryLimit:
     source: str     # e.g. "cgroup v2 /sys/fs/cgroup/user.slice memory.max"
