@@ -24,7 +24,7 @@ namespace {
 
 // A mirror and the pool behind it, as the engine pairs them.
 struct MirrorWithPool {
-    MirrorWithPool(uint64_t file_size, uint64_t unit) : pool(unit), mirror(file_size, pool) {}
+    MirrorWithPool(uint64_t file_size, uint64_t unit) : pool(unit, file_size), mirror(file_size, pool) {}
     PagePool pool;
     Mirror mirror;
 };
@@ -59,6 +59,7 @@ void bind_parts(nb::module_ & parent) {
         .def("release", [](MirrorWithPool & w, uint64_t off, uint64_t len) { w.mirror.release(off, len); })
         .def("references", [](MirrorWithPool & w, uint64_t off) { return w.mirror.references(off); })
         .def_prop_ro("resident_bytes", [](MirrorWithPool & w) { return w.mirror.resident_bytes(); })
+        .def_prop_ro("base_address", [](MirrorWithPool & w) { return reinterpret_cast<uintptr_t>(w.mirror.base()); })
         .def("write",
              [](MirrorWithPool & w, uint64_t off, nb::bytes data) {
                  std::memcpy(w.mirror.base() + off, data.c_str(), data.size());

@@ -22,7 +22,8 @@ BenchReader::BenchReader(const std::string & path, int lanes, ReadPath read_path
         throw Error("lanes must be between 1 and 64, got " + std::to_string(lanes));
     }
     const auto kernel_page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-    pool_ = std::make_unique<PagePool>(page_kb > 0 ? static_cast<uint64_t>(page_kb) * 1024 : kernel_page);
+    pool_ = std::make_unique<PagePool>(page_kb > 0 ? static_cast<uint64_t>(page_kb) * 1024 : kernel_page,
+                                       model_file_->size());
     mirror_ = std::make_unique<Mirror>(model_file_->size(), *pool_);
     file_ = std::make_unique<SliceFile>(*model_file_, read_path, lanes, mirror_->base());
     lanes_ = std::make_unique<ReadLanes>(lanes, FaultInjection{});

@@ -386,6 +386,14 @@ void Engine::Impl::warm_up_and_capture() {
 // KV cache and compute buffers are allocated (detail/memory_budget.h says how).
 void Engine::Impl::size_cache() {
     detail::Streamer & streamer = *streaming.streamer;
+    // Loading left the file's pages in the page cache; the experts come by O_DIRECT (or into the
+    // mirror) and the dense weights are mapped, so those pages only crowd a memory limit. Under one,
+    // every page the cache's pool took later would first make the kernel reclaim one of them, and
+    // pages freed one by one come back scattered: a slice's read then has ~50 physical segments
+    // instead of ~8, and on a virtualized disk each segment costs (docs/memory.md).
+    for (const auto & file : streaming.files) {
+        file->drop_unmapped_page_cache();
+    }
     detail::Footprint footprint;
     for (const auto & [data, size] : seam->runtime_buffers()) {
         footprint.to_touch.push_back({data, size});
@@ -406,9 +414,10 @@ void Engine::Impl::size_cache() {
     // layer's guesses, each slice rounded out to units.
     const uint64_t slices = static_cast<uint64_t>(info.n_expert_used) * projections;
     footprint.in_flight_bytes = (config.prefetch != Prefetch::Off ? 3 : 2) * (static_cast<uint64_t>(info.n_expert_used) * widest_layer + slices * 2 * info.page_size);
-    // Each cached slice is one pool mapping plus the split of the reservation around it.
+    // Each cached slice is a mapping moved into the mirror, splitting the reservation around it,
+    // and leaves the same split behind in the pool.
     const uint64_t maps_free = detail::mappings_left();
-    const uint64_t per_expert_maps = 2 * projections;
+    const uint64_t per_expert_maps = 4 * projections;
     if (maps_free != UINT64_MAX && per_expert_maps > 0) {
         const uint64_t cap = maps_free / per_expert_maps / std::max(1, streamer.n_layers()) *
                              streamer.cache().bytes_per_token_slot();

@@ -23,6 +23,41 @@ std::string map_count_hint() {
                       : "";
 }
 
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4  // Linux 5.7
+#endif
+
+// One mremap of [from, from + bytes) to `to` (page-table entries only: no copy, no fault), leaving
+// `from` mapped and empty so nothing else can be mapped into it. Returns 0 or an errno.
+int move_once(uint8_t * from, uint8_t * to, uint64_t bytes) {
+    static bool dont_unmap = true;
+    if (dont_unmap) {
+        if (mremap(from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to) != MAP_FAILED) {
+            return 0;
+        }
+        if (errno != EINVAL) {
+            return errno;
+        }
+        dont_unmap = false;  // a kernel before 5.7: move, then reserve the hole again
+    }
+    if (mremap(from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, to) == MAP_FAILED) {
+        return errno;
+    }
+    mmap(from, bytes, PROT_READ | PROT_WRITE, kReserveFlags | MAP_FIXED, -1, 0);
+    return 0;
+}
+
+// A range over several mappings (pieces moved in separately; mremap takes one) moves in halves.
+int move_pages(uint8_t * from, uint8_t * to, uint64_t bytes, uint64_t unit) {
+    const int err = move_once(from, to, bytes);
+    if (err != EFAULT || bytes <= unit) {
+        return err;
+    }
+    const uint64_t half = bytes / unit / 2 * unit;
+    const int first = move_pages(from, to, half, unit);
+    return first != 0 ? first : move_pages(from + half, to + half, bytes - half, unit);
+}
+
 }  // namespace
 
 Mirror::Mirror(uint64_t file_size, PagePool & pool) : pool_(pool), unit_(pool.unit()) {
@@ -50,21 +85,13 @@ void Mirror::map_run(uint64_t first_unit, uint64_t count) {
     uint64_t at = first_unit;
     for (size_t i = 0; i < extents.size(); ++i) {
         const PoolExtent & e = extents[i];
-        void * want = base_ + at * unit_;
-        // MAP_POPULATE installs the page-table entries here, in batches (fault-around), writable (a
-        // shared memfd mapping needs no write notification), so the O_DIRECT read that follows
-        // finds them instead of faulting once per page: a third less system time per byte read.
-        void * got = mmap(want, e.count * unit_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
-                          pool_.fd(), static_cast<off_t>(e.first * unit_));
-        if (got == MAP_FAILED) {
-            const int err = errno;
-            // Undo this run: what was mapped goes back to being reservation, every extent to the pool.
-            if (at > first_unit) {
-                mmap(base_ + first_unit * unit_, (at - first_unit) * unit_, PROT_READ | PROT_WRITE,
-                     kReserveFlags | MAP_FIXED, -1, 0);
-            }
-            for (const PoolExtent & back : extents) {
-                pool_.give(back);
+        const int err = move_pages(pool_.address(e.first), base_ + at * unit_, e.count * unit_, unit_);
+        if (err != 0) {
+            // Undo this run: pages already moved here are freed (their units are populated afresh
+            // when taken again), the rest of the extents go back to the pool with their pages.
+            madvise(base_ + first_unit * unit_, count * unit_, MADV_DONTNEED);
+            for (size_t j = 0; j < extents.size(); ++j) {
+                pool_.give(extents[j], j > i);
             }
             throw Error(std::string("cannot map expert pages into the mirror: ") + std::strerror(err) +
                         (err == ENOMEM ? map_count_hint() : ""));
@@ -77,17 +104,21 @@ void Mirror::map_run(uint64_t first_unit, uint64_t count) {
 }
 
 void Mirror::unmap_run(uint64_t first_unit, uint64_t count) {
-    // Give the pool units back in runs of consecutive slots (usually one per slice).
+    // Move the pages home in runs of consecutive slots (usually one per slice). The range here
+    // stays mapped and empty, so no stale alias of a unit stays where it may be mapped next.
     uint64_t start = first_unit;
     for (uint64_t u = first_unit + 1; u <= first_unit + count; ++u) {
         if (u == first_unit + count || slot_[u] != slot_[u - 1] + 1) {
-            pool_.give({slot_[start], u - start});
+            uint8_t * here = base_ + start * unit_;
+            const uint64_t bytes = (u - start) * unit_;
+            const bool home = move_pages(here, pool_.address(slot_[start]), bytes, unit_) == 0;
+            if (!home) {
+                madvise(here, bytes, MADV_DONTNEED);  // the units get fresh pages when taken again
+            }
+            pool_.give({slot_[start], u - start}, home);
             start = u;
         }
     }
-    // Back to plain reservation: the units may be mapped elsewhere next, and no stale alias of
-    // them may stay here. (A failure leaves an alias nobody reads; it is replaced on next use.)
-    mmap(base_ + first_unit * unit_, count * unit_, PROT_READ | PROT_WRITE, kReserveFlags | MAP_FIXED, -1, 0);
 }
 
 void Mirror::acquire(uint64_t offset, uint64_t length) {

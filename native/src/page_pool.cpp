@@ -1,42 +1,101 @@
 #include "page_pool.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <string>
 
 #include "bmoe/error.h"
 
 namespace bmoe::detail {
+namespace {
 
-PagePool::PagePool(uint64_t unit_bytes) : unit_(unit_bytes) {
-    fd_ = memfd_create("bmoe-expert-pages", MFD_CLOEXEC);
-    if (fd_ < 0) {
-        throw Error(std::string("cannot create the expert page pool (memfd_create): ") + std::strerror(errno));
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels get the touch loop below
+#endif
+
+// Larger huge pages (32 MiB on a 16 KiB kernel, 512 MiB on a 64 KiB one) would make the pool grow
+// in steps too coarse for a memory budget: there the pool grows a unit at a time.
+constexpr uint64_t kMaxChunkBytes = 32ULL << 20;
+
+uint64_t huge_page_bytes() {
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
+    uint64_t bytes = 0;
+    return f >> bytes ? bytes : 0;
+}
+
+}  // namespace
+
+PagePool::PagePool(uint64_t unit_bytes, uint64_t capacity_bytes) : unit_(unit_bytes) {
+    const uint64_t huge = huge_page_bytes();
+    const uint64_t align = huge > unit_ && huge % unit_ == 0 ? huge : unit_;
+    if (align > unit_ && align <= kMaxChunkBytes) {
+        chunk_units_ = align / unit_;
     }
+    capacity_units_ = std::max<uint64_t>(1, (capacity_bytes + unit_ - 1) / unit_);
+    reserved_bytes_ = capacity_units_ * unit_ + align;
+    // MAP_NORESERVE: the reservation is address space; only populated units are memory.
+    void * p = mmap(nullptr, reserved_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        throw Error(std::string("cannot reserve the expert page pool (") + std::to_string(reserved_bytes_) +
+                    " bytes of address space): " + std::strerror(errno));
+    }
+    reserved_ = static_cast<uint8_t *>(p);
+    base_ = reinterpret_cast<uint8_t *>((reinterpret_cast<uintptr_t>(reserved_) + align - 1) / align * align);
+    // Advice: without huge pages the pool works the same, its pages are only scattered.
+    madvise(base_, capacity_units_ * unit_, MADV_HUGEPAGE);
+    // A forked child (a subprocess) must not share pages a read lane is writing into.
+    madvise(base_, capacity_units_ * unit_, MADV_DONTFORK);
+    populated_.assign(capacity_units_, 0);
 }
 
 PagePool::~PagePool() {
-    if (fd_ >= 0) {
-        close(fd_);
+    if (reserved_ != nullptr) {
+        munmap(reserved_, reserved_bytes_);
     }
 }
 
-void PagePool::grow_to(uint64_t units) {
-    // Growing the file allocates nothing: a unit's page appears when it is first written.
-    if (ftruncate(fd_, static_cast<off_t>(units * unit_)) != 0) {
-        throw Error(std::string("cannot grow the expert page pool to ") + std::to_string((units * unit_) >> 20) +
-                    " MiB: " + std::strerror(errno));
+void PagePool::populate(PoolExtent e) {
+    uint8_t * at = address(e.first);
+    const uint64_t bytes = e.count * unit_;
+    if (madvise(at, bytes, MADV_POPULATE_WRITE) != 0) {
+        if (errno != EINVAL) {
+            throw Error(std::string("cannot allocate ") + std::to_string(bytes >> 10) +
+                        " KiB for the expert page pool: " + std::strerror(errno));
+        }
+        const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+        for (uint64_t off = 0; off < bytes; off += page) {
+            static_cast<volatile uint8_t *>(at)[off] = 0;
+        }
     }
-    size_units_ = units;
+    for (uint64_t u = e.first; u < e.first + e.count; ++u) {
+        if (!populated_[u]) {
+            populated_[u] = 1;
+            ++populated_count_;
+        }
+    }
+}
+
+void PagePool::grow_by(uint64_t units) {
+    // A whole chunk at once: while it is one untouched, aligned range the kernel can back it
+    // with one huge page.
+    const uint64_t grown = std::min(capacity_units_, (size_units_ + units + chunk_units_ - 1) / chunk_units_ * chunk_units_);
+    if (grown < size_units_ + units) {
+        throw Error("internal error: the expert page pool is asked for more than the mirrors hold");
+    }
+    const PoolExtent fresh{size_units_, grown - size_units_};
+    populate(fresh);
+    size_units_ = grown;
+    insert_free(fresh);
 }
 
 void PagePool::erase_free(std::map<uint64_t, uint64_t>::iterator it) {
     by_size_.erase({it->second, it->first});
+    free_units_ -= it->second;
     free_.erase(it);
 }
 
@@ -58,22 +117,20 @@ void PagePool::insert_free(PoolExtent e) {
     }
     free_[e.first] = e.count;
     by_size_.insert({e.count, e.first});
+    free_units_ += e.count;
 }
 
 std::vector<PoolExtent> PagePool::take(uint64_t units) {
+    if (free_units_ < units) {
+        grow_by(units - free_units_);
+    }
     std::vector<PoolExtent> out;
     in_use_ += units;
-    held_ = std::max(held_, in_use_);
     while (units > 0) {
-        // Best fit first; otherwise the largest free extent; otherwise grow.
+        // Best fit first; otherwise the largest free extent.
         auto fit = by_size_.lower_bound({units, 0});
-        if (fit == by_size_.end() && !by_size_.empty()) {
-            fit = std::prev(by_size_.end());
-        }
         if (fit == by_size_.end()) {
-            out.push_back({size_units_, units});
-            grow_to(size_units_ + units);
-            return out;
+            fit = std::prev(by_size_.end());
         }
         const uint64_t first = fit->second;
         const uint64_t count = fit->first;
@@ -85,27 +142,52 @@ std::vector<PoolExtent> PagePool::take(uint64_t units) {
         }
         units -= used;
     }
+    for (const PoolExtent & e : out) {
+        if (std::find(populated_.begin() + static_cast<long>(e.first), populated_.begin() + static_cast<long>(e.first + e.count),
+                      0) != populated_.begin() + static_cast<long>(e.first + e.count)) {
+            try {
+                populate(e);  // trimmed since, or its pages were lost on a failed move back
+            } catch (...) {
+                for (const PoolExtent & back : out) {
+                    give(back);
+                }
+                throw;
+            }
+        }
+    }
     return out;
 }
 
-void PagePool::give(PoolExtent extent) {
+void PagePool::give(PoolExtent extent, bool pages_back) {
     if (extent.count == 0) {
         return;
     }
     in_use_ -= extent.count;
+    if (!pages_back) {
+        for (uint64_t u = extent.first; u < extent.first + extent.count; ++u) {
+            if (populated_[u]) {
+                populated_[u] = 0;
+                --populated_count_;
+            }
+        }
+    }
     insert_free(extent);
 }
 
 uint64_t PagePool::trim() {
-    uint64_t punched = 0;
+    uint64_t dropped = 0;
     for (const auto & [first, count] : free_) {
-        if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(first * unit_),
-                      static_cast<off_t>(count * unit_)) == 0) {
-            punched += count;
+        if (madvise(address(first), count * unit_, MADV_DONTNEED) == 0) {
+            for (uint64_t u = first; u < first + count; ++u) {
+                if (populated_[u]) {
+                    populated_[u] = 0;
+                    --populated_count_;
+                    ++dropped;
+                }
+            }
         }
     }
-    held_ = in_use_;
-    return punched;
+    return dropped;
 }
 
 }  // namespace bmoe::detail

@@ -1,9 +1,13 @@
-// Physical pages for the mirrors, recycled: one memfd whose units are mapped at a slice's mirror
-// address when the slice is admitted and handed back when it is evicted. A unit that comes back
-// keeps its page (it is neither freed nor zeroed), so the next read into it neither allocates nor
-// faults in fresh memory: releasing pages with MADV_DONTNEED and faulting them in again cost more
-// than half of the CPU of a cache-off run (docs/bench-data/2026-11-29). Pure mechanism: which
-// units back which mirror range is the mirror's business. Used from the eval thread only.
+// Physical pages for the mirrors, recycled: one anonymous region whose units' pages are moved
+// (mremap, page-table entries only) to a slice's mirror address when the slice is admitted and
+// moved back when it is evicted. A unit that comes back keeps its page (it is neither freed nor
+// zeroed), so the next read into it neither allocates nor faults in fresh memory: releasing pages
+// with MADV_DONTNEED and faulting them in again cost more than half of the CPU of a cache-off run
+// (docs/bench-data/2026-11-29). The region grows in transparent-huge-page sized chunks, populated
+// at once, so a slice's pages are physically contiguous where the kernel has huge pages: an
+// O_DIRECT read is then a few DMA segments, not one per 4 KiB page (a virtualized disk pays per
+// segment: docs/bench-data/2026-12-01/contiguity). Pure mechanism: which units back which mirror
+// range is the mirror's business. Used from the eval thread only.
 #pragma once
 
 #include <cstdint>
@@ -21,38 +25,47 @@ struct PoolExtent {
 
 class PagePool {
 public:
-    // `unit_bytes`: the engine's page unit, a multiple of the kernel's page size.
-    explicit PagePool(uint64_t unit_bytes);
+    // `unit_bytes`: the engine's page unit, a multiple of the kernel's page size. `capacity_bytes`:
+    // the most the mirrors can ever hold (their sizes); only address space is reserved for it.
+    PagePool(uint64_t unit_bytes, uint64_t capacity_bytes);
     ~PagePool();
     PagePool(const PagePool &) = delete;
     PagePool & operator=(const PagePool &) = delete;
 
     uint64_t unit() const { return unit_; }
-    int fd() const { return fd_; }
 
-    // `units` units, in as few extents as the free list allows (each extent is one mmap). Free
-    // units are reused before the pool grows, so the pool's size is the peak of units in use.
+    // `units` units, in as few extents as the free list allows (each extent is one move), their
+    // pages present and writable at address(first). Free units are reused before the pool grows.
     std::vector<PoolExtent> take(uint64_t units);
-    void give(PoolExtent extent);
+    uint8_t * address(uint64_t unit) const { return base_ + unit * unit_; }
+    // The extent's pages are back at address(first) (`pages_back`), or lost (the move back failed:
+    // they are populated afresh when the units are taken again).
+    void give(PoolExtent extent, bool pages_back = true);
     // Return the pages of every free unit to the kernel (memory pressure); they stay usable.
     uint64_t trim();
 
     uint64_t units_in_use() const { return in_use_; }
     uint64_t size_units() const { return size_units_; }
-    // Units whose pages the pool holds at most: in use, or free and kept for reuse since the last
-    // trim (the peak of units in use since then).
-    uint64_t held_units() const { return held_; }
+    // Units whose pages the pool holds: in use, or free and kept for reuse since the last trim.
+    uint64_t held_units() const { return populated_count_; }
 
 private:
-    void grow_to(uint64_t units);
+    void grow_by(uint64_t units);
+    void populate(PoolExtent extent);
     void insert_free(PoolExtent extent);
     void erase_free(std::map<uint64_t, uint64_t>::iterator it);
 
     uint64_t unit_;
-    int fd_ = -1;
+    uint64_t chunk_units_ = 1;  // growth step: one huge page, or one unit where there are none
+    uint8_t * reserved_ = nullptr;
+    uint64_t reserved_bytes_ = 0;
+    uint8_t * base_ = nullptr;  // reserved_, aligned to the huge page size
+    uint64_t capacity_units_ = 0;
     uint64_t size_units_ = 0;
     uint64_t in_use_ = 0;
-    uint64_t held_ = 0;
+    uint64_t free_units_ = 0;
+    std::vector<uint8_t> populated_;  // per unit: its pages are present at address(unit)
+    uint64_t populated_count_ = 0;
     std::map<uint64_t, uint64_t> free_;      // first -> count, coalesced
     std::set<std::pair<uint64_t, uint64_t>> by_size_;  // (count, first)
 };

@@ -169,6 +169,12 @@ ReadResult SliceFile::read(int lane, uint64_t offset, uint64_t length) const {
     return used_ == ReadPath::ODirect ? read_direct(lane, offset, length) : read_buffered(lane, offset, length);
 }
 
+void SliceFile::drop_unmapped_page_cache() const {
+    if (!buffered_fds_.empty()) {
+        posix_fadvise(buffered_fds_[0], 0, 0, POSIX_FADV_DONTNEED);  // advice: a failure changes nothing
+    }
+}
+
 ReadResult SliceFile::read_buffered(int lane, uint64_t offset, uint64_t length) const {
     const uint64_t n = pread_full(buffered_fds_[lane], base_ + offset, length, offset, path_);
     if (n != length) {

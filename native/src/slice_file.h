@@ -39,6 +39,10 @@ public:
     // on any failure (EIO, a short read before EOF): the caller must not compute on the range.
     ReadResult read(int lane, uint64_t offset, uint64_t length) const;
 
+    // Ask the kernel to drop the file's cached pages nobody maps (what loading read and left
+    // behind); mapped pages, the dense weights in use, stay.
+    void drop_unmapped_page_cache() const;
+
 private:
     void open_lanes(int lanes);
     bool verify_direct(std::string & why);

@@ -54,7 +54,11 @@ void attach_sums(std::vector<StreamedTensor> & streamed, const std::vector<Slice
 StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config, RunInfo & info) {
     const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     StreamingParts parts;
-    parts.pool = std::make_unique<PagePool>(info.page_size);
+    uint64_t mirrored = 0;  // the pool never holds more than every mirror at once
+    for (const uint64_t size : gguf.file_sizes()) {
+        mirrored += (size + info.page_size - 1) / info.page_size * info.page_size;
+    }
+    parts.pool = std::make_unique<PagePool>(info.page_size, mirrored);
 
     // Every expert tensor the file has must have been seen in the graph as a MUL_MAT_ID weight.
     std::set<std::string> expected;
