@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import struct
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -133,7 +134,7 @@ def test_a_slice_gets_physically_contiguous_pages_where_the_kernel_has_huge_page
         f.seek((m.base_address + 3 * PAGE) // PAGE * 8)
         frames = [v & ((1 << 55) - 1) for v in struct.unpack(f"<{pages}Q", f.read(8 * pages))]
     assert all(frames)
-    runs = 1 + sum(1 for a, b in zip(frames, frames[1:]) if b != a + 1)
+    runs = 1 + sum(1 for a, b in pairwise(frames) if b != a + 1)
     assert runs <= 2, runs  # one huge page, or the boundary of two
     m.release(3 * PAGE, slice_bytes)
 

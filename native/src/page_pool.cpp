@@ -89,6 +89,9 @@ void PagePool::grow_by(uint64_t units) {
     }
     const PoolExtent fresh{size_units_, grown - size_units_};
     populate(fresh);
+    // The huge pages are in; now keep khugepaged off these ranges: wherever they are moved, it
+    // would only copy them, and fill a slice's neighbouring holes with zeroed memory.
+    madvise(address(fresh.first), fresh.count * unit_, MADV_NOHUGEPAGE);
     size_units_ = grown;
     insert_free(fresh);
 }

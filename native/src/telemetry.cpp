@@ -100,7 +100,6 @@ MemoryReading read_memory() {
     r.mem_available = field_from("/proc/meminfo", "MemAvailable:", 1024);
     r.rss_anon = field_from("/proc/self/status", "RssAnon:", 1024);
     r.rss_file = field_from("/proc/self/status", "RssFile:", 1024);
-    r.rss_shmem = field_from("/proc/self/status", "RssShmem:", 1024);
     r.pressure_some_avg10 = pressure_avg10();
     std::ifstream f("/proc/self/cgroup");
     std::string line;

@@ -24,9 +24,8 @@ struct MemoryReading {
     uint64_t mem_total = 0;
     uint64_t mem_available = 0;
     std::vector<CgroupMemory> cgroups;  // only those with a limit
-    uint64_t rss_anon = 0;
+    uint64_t rss_anon = 0;   // the expert page pool included
     uint64_t rss_file = 0;   // mapped file pages (dense weights with dense=mmap)
-    uint64_t rss_shmem = 0;  // the expert page pool
     double pressure_some_avg10 = 0;  // /proc/pressure/memory (percent), 0 where absent
 };
 
