@@ -224,7 +224,11 @@ void Engine::Impl::open(const std::string & path) {
         info.rss_after_load = detail::rss_bytes();
         return;
     }
+    if (!rpc) {  // a worker's experts are read there
+        seam->set_warm_up_hint(detail::warm_up_reads(*gguf, *recipe));
+    }
     warm_up_and_capture();
+    seam->set_warm_up_hint(nullptr);
     streaming = detail::attach_streaming(*gguf, *seam, config, info);
     if (rpc) {  // isolate only the routers of the layers computed here
         for (const auto & c : seam->captured()) {  // a worker's layer computed here would read unrouted bytes

@@ -79,7 +79,7 @@ bool Seam::on_ask(ggml_tensor * t) {
     switch (mode_) {
         case Mode::Capture:
             capture_sources(t);
-            return false;  // observe only
+            return warm_up_hint_ && starts_with(t->name, kTopkPrefix);  // otherwise observe only
         case Mode::Stream:
             return starts_with(t->name, kTopkPrefix) && streams_layer(t->name);
         case Mode::Off:
@@ -157,29 +157,42 @@ bool Seam::adopt_expert_name(CapturedTensor & c) {
     return parse_expert_name(c.name, recipe_, c.layer, c.projection);
 }
 
+int Seam::read_ids(ggml_tensor * t) {
+    const ggml_tensor * owner = t->view_src != nullptr ? t->view_src : t;
+    if (owner->buffer != nullptr && !ggml_backend_buffer_is_host(owner->buffer)) {
+        throw Error(std::string(t->name) + " was computed off this process (an RPC worker?): its ids cannot be read");
+    }
+    const int layer = std::stoi(t->name + std::strlen(kTopkPrefix));
+    if (t->type != GGML_TYPE_I32) {
+        throw Error(std::string("unexpected type of ") + t->name + ": llama.cpp's MoE graph changed");
+    }
+    if (dropper_ && mode_ == Mode::Stream) {
+        dropped_ += dropper_->apply(t, layer);  // before the ids are read: the router sees what is computed
+    }
+    ids_.clear();
+    const auto * data = static_cast<const char *>(t->data);
+    for (int64_t j = 0; j < t->ne[1]; ++j) {
+        for (int64_t k = 0; k < t->ne[0]; ++k) {
+            ids_.push_back(*reinterpret_cast<const int32_t *>(data + j * t->nb[1] + k * t->nb[0]));
+        }
+    }
+    return layer;
+}
+
 bool Seam::on_computed(ggml_tensor * t) {
+    if (mode_ == Mode::Capture && warm_up_hint_ && starts_with(t->name, kTopkPrefix)) {
+        try {
+            const int layer = read_ids(t);
+            warm_up_hint_(layer, ids_);
+        } catch (...) {  // a hint: the warm-up reads the experts through the mapping either way
+        }
+        return true;
+    }
     if (mode_ != Mode::Stream || !starts_with(t->name, kTopkPrefix) || !streams_layer(t->name)) {
         return true;  // returning false would silently stop the rest of the graph
     }
     try {
-        const ggml_tensor * owner = t->view_src != nullptr ? t->view_src : t;
-        if (owner->buffer != nullptr && !ggml_backend_buffer_is_host(owner->buffer)) {
-            throw Error(std::string(t->name) + " was computed off this process (an RPC worker?): its ids cannot be read");
-        }
-        const int layer = std::stoi(t->name + std::strlen(kTopkPrefix));
-        if (t->type != GGML_TYPE_I32) {
-            throw Error(std::string("unexpected type of ") + t->name + ": llama.cpp's MoE graph changed");
-        }
-        if (dropper_) {
-            dropped_ += dropper_->apply(t, layer);  // before the ids are read: the router sees what is computed
-        }
-        ids_.clear();
-        const auto * data = static_cast<const char *>(t->data);
-        for (int64_t j = 0; j < t->ne[1]; ++j) {
-            for (int64_t k = 0; k < t->ne[0]; ++k) {
-                ids_.push_back(*reinterpret_cast<const int32_t *>(data + j * t->nb[1] + k * t->nb[0]));
-            }
-        }
+        const int layer = read_ids(t);
         router_(layer, ids_, static_cast<int>(t->ne[0]));
         // Only small batches (a decode, a speculative step): a prompt's batch routes to nearly
         // every expert anyway, and its tokens would make a guess as costly as it is useless.

@@ -47,6 +47,9 @@ public:
 
     // A guess of the experts `layer` will route to, made before its router runs (read-ahead).
     using ReadAhead = std::function<void(int layer, const std::vector<int> & experts)>;
+    // Capture only: a layer's routed experts, before its expert matmuls read them through
+    // llama.cpp's mapping (the warm-up decode); advisory, its errors are ignored.
+    using RoutedHint = std::function<void(int layer, const std::vector<int> & experts)>;
 
     explicit Seam(Recipe recipe);
     ~Seam();
@@ -56,6 +59,7 @@ public:
 
     void set_mode(Mode mode) { mode_ = mode; }
     void set_router(Router router) { router_ = std::move(router); }
+    void set_warm_up_hint(RoutedHint hint) { warm_up_hint_ = std::move(hint); }
     // After capture: guess each next layer's experts from the routers' weights (seam_predict.h)
     // and hand the guess over, in the decodes where set_reading_ahead(true) is in force.
     void set_read_ahead(ReadAhead read_ahead);
@@ -90,10 +94,13 @@ private:
     void capture_sources(ggml_tensor * t);
     bool adopt_expert_name(CapturedTensor & c);
     void note_runtime_buffer(const ggml_tensor * t);
+    // ids_ = the routed ids of a computed ffn_moe_topk node; throws bmoe::Error where unreadable.
+    int read_ids(ggml_tensor * t);
 
     Recipe recipe_;
     Mode mode_ = Mode::Off;
     Router router_;
+    RoutedHint warm_up_hint_;
     std::string error_;
     std::vector<CapturedTensor> captured_;
     std::unordered_map<const ggml_tensor *, size_t> seen_;

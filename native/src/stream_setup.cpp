@@ -51,6 +51,41 @@ void attach_sums(std::vector<StreamedTensor> & streamed, const std::vector<Slice
 
 }  // namespace
 
+Seam::RoutedHint warm_up_reads(const GgufMap & gguf, const Recipe & recipe) {
+    struct ExpertTensor {
+        int fd;
+        uint64_t offset;
+        uint64_t expert_bytes;
+        int n_expert;
+    };
+    std::vector<std::vector<ExpertTensor>> by_layer;
+    for (const auto & [name, loc] : gguf.tensors()) {
+        int layer = 0;
+        int projection = 0;
+        if (loc.n_slices < 2 || !parse_expert_name(name, recipe, layer, projection) || layer < 0) {
+            continue;
+        }
+        if (static_cast<size_t>(layer) >= by_layer.size()) {
+            by_layer.resize(static_cast<size_t>(layer) + 1);
+        }
+        by_layer[static_cast<size_t>(layer)].push_back(
+            {gguf.file(loc.file).fd(), loc.offset, loc.size / loc.n_slices, static_cast<int>(loc.n_slices)});
+    }
+    return [by_layer = std::move(by_layer)](int layer, const std::vector<int> & experts) {
+        if (layer < 0 || static_cast<size_t>(layer) >= by_layer.size()) {
+            return;
+        }
+        for (const ExpertTensor & t : by_layer[static_cast<size_t>(layer)]) {
+            for (int e : experts) {
+                if (e >= 0 && e < t.n_expert) {
+                    posix_fadvise(t.fd, static_cast<off_t>(t.offset + static_cast<uint64_t>(e) * t.expert_bytes),
+                                  static_cast<off_t>(t.expert_bytes), POSIX_FADV_WILLNEED);
+                }
+            }
+        }
+    };
+}
+
 StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config, RunInfo & info) {
     const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     StreamingParts parts;

@@ -28,6 +28,11 @@ struct StreamingParts {
     std::unique_ptr<Streamer> streamer;
 };
 
+// The warm-up decode's hint (Seam::set_warm_up_hint): ask the kernel for each routed expert slice in
+// whole reads. llama.cpp advises its expert ranges MADV_RANDOM, so without it the warm-up faults
+// them in a page at a time: 86,000 requests for one token's experts on the 3 GB preset.
+Seam::RoutedHint warm_up_reads(const GgufMap & gguf, const Recipe & recipe);
+
 // The streamer starts with the cache off; the engine gives it a budget once memory is measured.
 StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config, RunInfo & info);
 
