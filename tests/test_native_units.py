@@ -139,6 +139,18 @@ def test_a_slice_gets_physically_contiguous_pages_where_the_kernel_has_huge_page
     m.release(3 * PAGE, slice_bytes)
 
 
+def test_a_pool_without_huge_pages_grows_a_unit_at_a_time() -> None:
+    """A cache that holds every expert (the engine's choice) needs no contiguity: no overshoot."""
+    m = T.Mirror(file_size=64 << 20, unit=PAGE)
+    m.set_huge_pages(False)
+    m.acquire(PAGE, 5 * PAGE)
+    assert m.pool_size_units == 5 and m.pool_held_units == 5
+    m.set_huge_pages(True)  # growth rounds up to a whole huge page again
+    m.acquire(10 * PAGE, PAGE)
+    chunk = _pool_chunk_units(PAGE)
+    assert m.pool_size_units == (chunk if chunk > 1 else 6)
+
+
 def test_mirror_refuses_to_release_what_it_never_held() -> None:
     m = T.Mirror(file_size=8 * PAGE, unit=PAGE)
     m.acquire(0, PAGE)

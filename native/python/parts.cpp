@@ -71,6 +71,7 @@ void bind_parts(nb::module_ & parent) {
         .def_prop_ro("pool_units_in_use", [](MirrorWithPool & w) { return w.pool.units_in_use(); })
         .def_prop_ro("pool_size_units", [](MirrorWithPool & w) { return w.pool.size_units(); })
         .def_prop_ro("pool_held_units", [](MirrorWithPool & w) { return w.pool.held_units(); })
+        .def("set_huge_pages", [](MirrorWithPool & w, bool on) { w.pool.set_huge_pages(on); })
         .def("trim", [](MirrorWithPool & w) { return w.pool.trim(); });
 
     nb::class_<BenchReader>(m, "Reader")

@@ -34,7 +34,7 @@ PagePool::PagePool(uint64_t unit_bytes, uint64_t capacity_bytes) : unit_(unit_by
     const uint64_t huge = huge_page_bytes();
     const uint64_t align = huge > unit_ && huge % unit_ == 0 ? huge : unit_;
     if (align > unit_ && align <= kMaxChunkBytes) {
-        chunk_units_ = align / unit_;
+        huge_units_ = chunk_units_ = align / unit_;
     }
     capacity_units_ = std::max<uint64_t>(1, (capacity_bytes + unit_ - 1) / unit_);
     reserved_bytes_ = capacity_units_ * unit_ + align;
@@ -56,6 +56,15 @@ PagePool::PagePool(uint64_t unit_bytes, uint64_t capacity_bytes) : unit_(unit_by
 PagePool::~PagePool() {
     if (reserved_ != nullptr) {
         munmap(reserved_, reserved_bytes_);
+    }
+}
+
+void PagePool::set_huge_pages(bool on) {
+    chunk_units_ = on ? huge_units_ : 1;
+    // With THP "always" even plain growth would get huge pages: say no for the rest of the region.
+    const uint64_t rest = capacity_units_ - size_units_;
+    if (rest > 0) {
+        madvise(address(size_units_), rest * unit_, on ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     }
 }
 

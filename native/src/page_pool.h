@@ -33,6 +33,9 @@ public:
     PagePool & operator=(const PagePool &) = delete;
 
     uint64_t unit() const { return unit_; }
+    // Grow in huge pages (the default, where the kernel has them) or a unit at a time. Takes effect
+    // for growth from now on; pages already in the pool stay as they are.
+    void set_huge_pages(bool on);
 
     // `units` units, in as few extents as the free list allows (each extent is one move), their
     // pages present and writable at address(first). Free units are reused before the pool grows.
@@ -56,7 +59,8 @@ private:
     void erase_free(std::map<uint64_t, uint64_t>::iterator it);
 
     uint64_t unit_;
-    uint64_t chunk_units_ = 1;  // growth step: one huge page, or one unit where there are none
+    uint64_t huge_units_ = 1;   // one huge page in units, or 1 where the kernel has none to give
+    uint64_t chunk_units_ = 1;  // growth step: huge_units_, or 1 with huge pages off
     uint8_t * reserved_ = nullptr;
     uint64_t reserved_bytes_ = 0;
     uint8_t * base_ = nullptr;  // reserved_, aligned to the huge page size
