@@ -18,8 +18,9 @@ namespace {
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels get the touch loop below
 #endif
 
-// Larger huge pages (32 MiB on a 16 KiB kernel, 512 MiB on a 64 KiB one) would make the pool grow
-// in steps too coarse for a memory budget: there the pool grows a unit at a time.
+// Huge pages up to 32 MiB (2 MiB on a 4 KiB kernel, 32 MiB on a 16 KiB one like the Pi 5's) are the
+// pool's growth step; 512 MiB ones (a 64 KiB kernel) would be too coarse for a memory budget, and
+// there the pool grows a unit at a time.
 constexpr uint64_t kMaxChunkBytes = 32ULL << 20;
 
 uint64_t huge_page_bytes() {
