@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -30,15 +31,15 @@ std::string map_count_hint() {
 // One mremap of [from, from + bytes) to `to` (page-table entries only: no copy, no fault), leaving
 // `from` mapped and empty so nothing else can be mapped into it. Returns 0 or an errno.
 int move_once(uint8_t * from, uint8_t * to, uint64_t bytes) {
-    static bool dont_unmap = true;
-    if (dont_unmap) {
+    static std::atomic<bool> dont_unmap{true};  // engines on other threads may move pages too
+    if (dont_unmap.load(std::memory_order_relaxed)) {
         if (mremap(from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to) != MAP_FAILED) {
             return 0;
         }
         if (errno != EINVAL) {
             return errno;
         }
-        dont_unmap = false;  // a kernel before 5.7: move, then reserve the hole again
+        dont_unmap.store(false, std::memory_order_relaxed);  // a kernel before 5.7: move, then reserve the hole again
     }
     if (mremap(from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, to) == MAP_FAILED) {
         return errno;
