@@ -82,12 +82,24 @@ void PagePool::populate(PoolExtent e) {
             static_cast<volatile uint8_t *>(at)[off] = 0;
         }
     }
+    mark_populated(e, true);
+}
+
+uint64_t PagePool::mark_populated(PoolExtent e, bool present) {
+    uint64_t changed = 0;
     for (uint64_t u = e.first; u < e.first + e.count; ++u) {
-        if (!populated_[u]) {
-            populated_[u] = 1;
-            ++populated_count_;
+        if ((populated_[u] != 0) != present) {
+            populated_[u] = present ? 1 : 0;
+            ++changed;
         }
     }
+    populated_count_ = present ? populated_count_ + changed : populated_count_ - changed;
+    return changed;
+}
+
+bool PagePool::all_populated(PoolExtent e) const {
+    const auto first = populated_.begin() + static_cast<long>(e.first);
+    return std::find(first, first + static_cast<long>(e.count), 0) == first + static_cast<long>(e.count);
 }
 
 void PagePool::grow_by(uint64_t units) {
@@ -156,8 +168,7 @@ std::vector<PoolExtent> PagePool::take(uint64_t units) {
         units -= used;
     }
     for (const PoolExtent & e : out) {
-        if (std::find(populated_.begin() + static_cast<long>(e.first), populated_.begin() + static_cast<long>(e.first + e.count),
-                      0) != populated_.begin() + static_cast<long>(e.first + e.count)) {
+        if (!all_populated(e)) {
             try {
                 populate(e);  // trimmed since, or its pages were lost on a failed move back
             } catch (...) {
@@ -177,12 +188,7 @@ void PagePool::give(PoolExtent extent, bool pages_back) {
     }
     in_use_ -= extent.count;
     if (!pages_back) {
-        for (uint64_t u = extent.first; u < extent.first + extent.count; ++u) {
-            if (populated_[u]) {
-                populated_[u] = 0;
-                --populated_count_;
-            }
-        }
+        mark_populated(extent, false);
     }
     insert_free(extent);
 }
@@ -191,13 +197,7 @@ uint64_t PagePool::trim() {
     uint64_t dropped = 0;
     for (const auto & [first, count] : free_) {
         if (madvise(address(first), count * unit_, MADV_DONTNEED) == 0) {
-            for (uint64_t u = first; u < first + count; ++u) {
-                if (populated_[u]) {
-                    populated_[u] = 0;
-                    --populated_count_;
-                    ++dropped;
-                }
-            }
+            dropped += mark_populated({first, count}, false);
         }
     }
     return dropped;

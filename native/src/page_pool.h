@@ -55,6 +55,9 @@ public:
 private:
     void grow_by(uint64_t units);
     void populate(PoolExtent extent);
+    // Record the extent's pages as present or gone; returns how many units changed.
+    uint64_t mark_populated(PoolExtent extent, bool present);
+    bool all_populated(PoolExtent extent) const;
     void insert_free(PoolExtent extent);
     void erase_free(std::map<uint64_t, uint64_t>::iterator it);
 

@@ -52,13 +52,13 @@ void attach_sums(std::vector<StreamedTensor> & streamed, const std::vector<Slice
 }  // namespace
 
 Seam::RoutedHint warm_up_reads(const GgufMap & gguf, const Recipe & recipe) {
-    struct ExpertTensor {
+    struct ExpertRanges {  // one expert tensor: n_expert slices of expert_bytes from offset
         int fd;
         uint64_t offset;
         uint64_t expert_bytes;
         int n_expert;
     };
-    std::vector<std::vector<ExpertTensor>> by_layer;
+    std::vector<std::vector<ExpertRanges>> by_layer;
     for (const auto & [name, loc] : gguf.tensors()) {
         int layer = 0;
         int projection = 0;
@@ -75,7 +75,7 @@ Seam::RoutedHint warm_up_reads(const GgufMap & gguf, const Recipe & recipe) {
         if (layer < 0 || static_cast<size_t>(layer) >= by_layer.size()) {
             return;
         }
-        for (const ExpertTensor & t : by_layer[static_cast<size_t>(layer)]) {
+        for (const ExpertRanges & t : by_layer[static_cast<size_t>(layer)]) {
             for (int e : experts) {
                 if (e >= 0 && e < t.n_expert) {
                     posix_fadvise(t.fd, static_cast<off_t>(t.offset + static_cast<uint64_t>(e) * t.expert_bytes),
