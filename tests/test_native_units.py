@@ -203,5 +203,6 @@ def test_expert_names_parse_by_the_recipe() -> None:
     assert T.parse_expert_name("blk.12.ffn_up_exps.weight", suffixes) == (12, 1)
     assert T.parse_expert_name("blk.0.ffn_down_exps.weight", suffixes) == (0, 2)
     for name in ("blk.1.ffn_up_exps.bias", "blk.x.ffn_up_exps.weight", "blk..ffn_up_exps.weight",
-                 "blk.1.ffn_up_shexp.weight", "output.weight", "blk.1.weight"):
+                 "blk.1.ffn_up_shexp.weight", "output.weight", "blk.1.weight",
+                 "blk.99999999999.ffn_up_exps.weight"):  # a lying file's layer number: not one, no throw
         assert T.parse_expert_name(name, suffixes) is None, name

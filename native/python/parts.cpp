@@ -13,6 +13,7 @@
 
 #include "bench_reader.h"
 #include "expert_cache.h"
+#include "expert_names.h"
 #include "mirror.h"
 #include "page_pool.h"
 #include "seam.h"

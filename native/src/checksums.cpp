@@ -10,9 +10,9 @@
 #include "bmoe/error.h"
 #include "bmoe/recipes.h"
 #include "crc32c.h"
+#include "expert_names.h"
 #include "gguf_map.h"
 #include "model_file.h"
-#include "seam.h"
 
 namespace bmoe {
 

@@ -13,7 +13,7 @@
 #include "bmoe/recipes.h"
 #include "gguf.h"
 #include "gguf_map.h"
-#include "seam.h"
+#include "expert_names.h"
 #include "llama.h"
 #include "llama_runtime.h"
 
@@ -90,12 +90,8 @@ ModelInfo probe_model(const std::string & path) {
     info.n_expert_used = meta_int(model.get(), info.architecture + ".expert_used_count");
     info.n_vocab = static_cast<uint64_t>(llama_vocab_n_tokens(llama_model_get_vocab(model.get())));
     const Recipe recipe = recipe_for(info.architecture);
-    for (const auto & [name, loc] : gguf.tensors()) {
-        int layer = 0;
-        int projection = 0;
-        if (detail::parse_expert_name(name, recipe, layer, projection)) {
-            info.expert_bytes += loc.size;
-        }
+    for (const auto & t : detail::named_expert_tensors(gguf, recipe)) {
+        info.expert_bytes += t.location->size;
     }
     return info;
 }
@@ -106,19 +102,15 @@ std::vector<ExpertTensor> expert_tensors(const std::string & path) {
     const detail::GgufMap gguf(path);
     std::vector<ExpertTensor> out;
     const Recipe recipe = recipe_for(gguf.architecture());
-    for (const auto & [name, loc] : gguf.tensors()) {
+    for (const auto & named : detail::named_expert_tensors(gguf, recipe)) {
         ExpertTensor t;
-        int layer = 0;
-        int projection = 0;
-        if (detail::parse_expert_name(name, recipe, layer, projection)) {
-            t.name = printable(name);
-            t.layer = layer;
-            t.projection = projection;
-            t.file = loc.file;
-            t.offset = loc.offset;
-            t.bytes = loc.size;
-            out.push_back(t);
-        }
+        t.name = printable(*named.name);
+        t.layer = named.layer;
+        t.projection = named.projection;
+        t.file = named.location->file;
+        t.offset = named.location->offset;
+        t.bytes = named.location->size;
+        out.push_back(t);
     }
     std::sort(out.begin(), out.end(), [](const ExpertTensor & a, const ExpertTensor & b) {
         return a.layer != b.layer ? a.layer < b.layer : a.projection < b.projection;

@@ -10,6 +10,7 @@
 
 #include "bmoe/engine.h"
 #include "bmoe/error.h"
+#include "expert_names.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
@@ -25,32 +26,6 @@ constexpr const char * kTopkPrefix = "ffn_moe_topk-";
 bool starts_with(const char * s, const char * prefix) { return std::strncmp(s, prefix, std::strlen(prefix)) == 0; }
 
 }  // namespace
-
-bool parse_expert_name(const std::string & name, const Recipe & recipe, int & layer, int & projection) {
-    static const std::string blk = "blk.";
-    static const std::string weight = ".weight";
-    if (name.compare(0, blk.size(), blk) != 0 || name.size() <= blk.size() + weight.size() ||
-        name.compare(name.size() - weight.size(), weight.size(), weight) != 0) {
-        return false;
-    }
-    const size_t dot = name.find('.', blk.size());
-    if (dot == std::string::npos || dot == blk.size()) {
-        return false;
-    }
-    const std::string digits = name.substr(blk.size(), dot - blk.size());
-    if (digits.find_first_not_of("0123456789") != std::string::npos) {
-        return false;
-    }
-    const std::string suffix = name.substr(dot + 1, name.size() - weight.size() - dot - 1);
-    for (size_t i = 0; i < recipe.expert_suffixes.size(); ++i) {
-        if (recipe.expert_suffixes[i] == suffix) {
-            layer = std::stoi(digits);
-            projection = static_cast<int>(i);
-            return true;
-        }
-    }
-    return false;
-}
 
 Seam::Seam(Recipe recipe) : recipe_(std::move(recipe)) {}
 Seam::~Seam() = default;

@@ -129,7 +129,4 @@ public:
     ExpertReadyHook & operator=(const ExpertReadyHook &) = delete;
 };
 
-// "blk.<il>.<suffix>.weight" with suffix from the recipe -> layer and projection index.
-bool parse_expert_name(const std::string & name, const Recipe & recipe, int & layer, int & projection);
-
 }  // namespace bmoe::detail

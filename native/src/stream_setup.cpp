@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "bmoe/error.h"
+#include "expert_names.h"
 
 namespace bmoe::detail {
 namespace {
@@ -59,16 +60,15 @@ Seam::RoutedHint warm_up_reads(const GgufMap & gguf, const Recipe & recipe) {
         int n_expert;
     };
     std::vector<std::vector<ExpertRanges>> by_layer;
-    for (const auto & [name, loc] : gguf.tensors()) {
-        int layer = 0;
-        int projection = 0;
-        if (loc.n_slices < 2 || !parse_expert_name(name, recipe, layer, projection) || layer < 0) {
+    for (const auto & t : named_expert_tensors(gguf, recipe)) {
+        const TensorLocation & loc = *t.location;
+        if (loc.n_slices < 2) {
             continue;
         }
-        if (static_cast<size_t>(layer) >= by_layer.size()) {
-            by_layer.resize(static_cast<size_t>(layer) + 1);
+        if (static_cast<size_t>(t.layer) >= by_layer.size()) {
+            by_layer.resize(static_cast<size_t>(t.layer) + 1);
         }
-        by_layer[static_cast<size_t>(layer)].push_back(
+        by_layer[static_cast<size_t>(t.layer)].push_back(
             {gguf.file(loc.file).fd(), loc.offset, loc.size / loc.n_slices, static_cast<int>(loc.n_slices)});
     }
     return [by_layer = std::move(by_layer)](int layer, const std::vector<int> & experts) {
@@ -134,11 +134,9 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
     // mapping: still correct, but read on demand by page faults. Say so.
     int unstreamed = 0;
     std::string first_unstreamed;
-    for (const auto & [name, loc] : gguf.tensors()) {
-        int layer = 0;
-        int projection = 0;
-        if (parse_expert_name(name, seam.recipe(), layer, projection) && expected.count(name) == 0) {
-            first_unstreamed = unstreamed++ == 0 ? name : first_unstreamed;
+    for (const auto & t : named_expert_tensors(gguf, seam.recipe())) {
+        if (expected.count(*t.name) == 0) {
+            first_unstreamed = unstreamed++ == 0 ? *t.name : first_unstreamed;
         }
     }
     if (unstreamed > 0) {
