@@ -1,7 +1,8 @@
 """Side by side: decode tok/s cache-off with and without --verify-slices on the bench preset."""
-import sys, time
+import sys
 from dataclasses import replace
 from pathlib import Path
+
 from bmoe_edge.engine import Engine, StreamConfig
 
 model = Path(sys.argv[1])
