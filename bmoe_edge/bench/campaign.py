@@ -48,10 +48,11 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
     def stream(label: str, **kw: Any) -> BenchCell:
         capped = kw.pop("capped", True)
         warm = kw.pop("warmup", 0)
+        against = kw.pop("against", {})
         # Read-ahead pinned off unless a cell asks: each mechanism measured alone, as before it existed.
         return BenchCell(label, "stream", {**base, "stream": True, "io_threads": 4, "read_path": "odirect",
                                       "overlap": False, "prefetch": "off", "cache_mb": 0, **kw},
-                    capped=capped, tokens=tokens, warmup=warm, group="stream")
+                    capped=capped, tokens=tokens, warmup=warm, group="stream", against=against)
 
     if defaults is not None:
         # What `generate -m M -p P` does with no knobs: every setting from the machine's profile.
@@ -82,6 +83,9 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
     cells += [
         stream("fullcache-serial", cache_mb=full, capped=False, warmup=tokens),
         stream("fullcache-overlap", cache_mb=full, overlap=True, capped=False, warmup=tokens),
+        # P1's measure: the same full cache beside the resident model, token by token in one process.
+        stream("fullcache-paired", cache_mb=full, overlap=True, capped=False, warmup=tokens,
+               against={**base, "stream": False}),
     ]
     io_tokens = min(tokens, 32)  # steady state is reached at once: no cache, no compute
     cells += [
@@ -102,7 +106,7 @@ CELL_COLUMNS = (
     "peak_rss_bytes", "cap_method", "cap_mb", "cap_max_usage_mb", "cap_failcnt",
     "cap_oom_kills", "threads", "io_threads", "read_path", "overlap", "prefetch", "cache_mode", "cache_budget_mb",
     "process_threads", "loadavg_before", "loadavg_after", "load_s", "load_storage_bytes", "distinct_tokens",
-    "stop_reason", "cell_s", "wall_s", "warning", "error",
+    "stop_reason", "cell_s", "wall_s", "paired_ratio", "paired_mean_ratio", "paired_same_tokens", "warning", "error",
 )
 
 

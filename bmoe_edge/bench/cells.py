@@ -35,11 +35,14 @@ class BenchCell:
     warmup: int = 0  # tokens generated (same prompt) before the measured run, same engine
     io: dict[str, Any] = field(default_factory=dict)  # io cells: mode, lanes, barrier
     group: str = ""  # for plots: resident | mmap | stream | io
+    # Engine cells: a second engine (this config) in the same process, stepped token by token in turn
+    # with the cell's own; the record gets the per-token time ratio against it (see _paired_cell).
+    against: dict[str, Any] = field(default_factory=dict)
 
     def spec(self, model: Path, tokens_csv: Path | None) -> dict[str, Any]:
         return {"label": self.label, "kind": self.kind, "model": str(model), "config": self.config,
                 "tokens": self.tokens, "warmup": self.warmup, "io": self.io, "prompt": PROMPT,
-                "tokens_csv": str(tokens_csv) if tokens_csv else ""}
+                "against": self.against, "tokens_csv": str(tokens_csv) if tokens_csv else ""}
 
 
 TOKEN_COLUMNS = ("step", "n_tokens", "wall_ms", "io_ms", "stall_ms", "drain_ms", "compute_ms", "bytes_read",
@@ -76,6 +79,51 @@ def _engine_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, A
     return record, rows
 
 
+def _paired_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Two engines on the same file in one process, stepped in turn (ABBA) token by token: this cell's
+    configuration and `against` (e.g. the model resident). On a shared machine whose speed drifts by
+    ±20% between processes, a 3% difference only shows as per-token ratios taken side by side. The rows
+    are this cell's engine's; the tokens of both must agree."""
+    from bmoe_edge.engine import Engine, Generation, StreamConfig
+
+    t0 = time.perf_counter()
+    with Engine(spec["model"], StreamConfig(**spec["against"])) as base, \
+            Engine(spec["model"], StreamConfig(**spec["config"])) as engine:
+        info = engine.run_info
+        load_s = time.perf_counter() - t0
+        if spec["warmup"]:
+            base.run(spec["prompt"], spec["warmup"])
+            engine.run(spec["prompt"], spec["warmup"])
+        results = (Generation([]), Generation([]))
+        steps = (engine.generate(spec["prompt"], spec["tokens"], result=results[0]),
+                 base.generate(spec["prompt"], spec["tokens"], result=results[1]))
+        rows: list[dict[str, Any]] = []
+        base_rows: list[dict[str, Any]] = []
+        for i in range(spec["tokens"]):
+            taken: dict[int, Any] = {}
+            for k in ((0, 1) if i % 2 == 0 else (1, 0)):
+                taken[k] = next(steps[k], None)
+            if taken[0] is None or taken[1] is None:
+                break
+            rows.append(asdict(taken[0].metrics) | {"storage_bytes": 0})
+            base_rows.append(asdict(taken[1].metrics))
+        for step in steps:
+            step.close()
+        threads = proc_threads()
+    pairs = [(b["wall_ms"], r["wall_ms"]) for r, b in zip(rows, base_rows, strict=True)
+             if r.get("step", 0) > 0 and r["wall_ms"] > 0]
+    if not pairs:
+        raise BmoeError("the paired cell decoded no token: nothing to compare")
+    return {
+        "stop_reason": results[0].stop_reason, "generated": len(results[0].tokens),
+        "distinct_tokens": len(set(results[0].tokens)), "process_threads": threads, "load_s": round(load_s, 3),
+        "paired_ratio": round(statistics.median(b / a for b, a in pairs), 4),
+        "paired_mean_ratio": round(sum(b for b, _ in pairs) / sum(a for _, a in pairs), 4),
+        "paired_same_tokens": results[0].tokens == results[1].tokens,
+        "run": {k: v for k, v in info.items() if k != "model"},
+    }, rows
+
+
 def _io_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     io = spec["io"]
     rows = io_replay(Path(spec["model"]), tokens=spec["tokens"] + 1, lanes=int(io.get("lanes", 4)),
@@ -93,6 +141,8 @@ def measure_cell(spec: dict[str, Any]) -> dict[str, Any]:
     record: dict[str, Any] = {"label": spec["label"], "kind": spec["kind"], "loadavg_before": la0}
     if spec["kind"] == "io":
         extra, rows = _io_cell(spec)
+    elif spec.get("against"):
+        extra, rows = _paired_cell(spec)
     else:
         extra, rows = _engine_cell(spec)
     record.update(extra)

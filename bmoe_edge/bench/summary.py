@@ -97,9 +97,15 @@ def targets(out: Path) -> dict[str, Any]:
     def have(*labels: str) -> bool:
         return all(lbl in aggs and aggs[lbl].tok_s for lbl in labels)
 
-    if have("fullcache-overlap", "resident") or have("fullcache-serial", "resident"):
+    in_one_process = [to_num(r["paired_ratio"]) for r in cells
+                      if r["label"] == "fullcache-paired" and r.get("status") == "ok" and r.get("paired_ratio")]
+    if have("fullcache-overlap", "resident") or have("fullcache-serial", "resident") or in_one_process:
         p1 = {lbl: paired_ratio(cells, lbl, "resident") for lbl in ("fullcache-serial", "fullcache-overlap")}
-        best = max(p1, key=lambda k: statistics.median(p1[k]) if p1[k] else 0)
+        if in_one_process:  # the measure that survives a machine drifting between processes
+            p1["fullcache-paired"] = in_one_process
+            best = "fullcache-paired"
+        else:
+            best = max(p1, key=lambda k: statistics.median(p1[k]) if p1[k] else 0)
         t["P1"] = {"ratio": statistics.median(p1[best]) if p1[best] else 0, "by_config": p1, "config": best,
                    "target": 0.97}
     streamed = [a for a in aggs.values() if a.kind == "stream" and a.tok_s and a.rows[0].get("cap_method") != "none"
@@ -269,7 +275,9 @@ def _targets_lines(t: dict[str, Any]) -> list[str]:
 
     if "P1" in t:
         p = t["P1"]
-        out.append(f"- P1 resident parity ({p['config']} vs resident, per-repeat ratio, median): "
+        how = ("per-token ratio in one process, median of repeats" if p["config"] == "fullcache-paired"
+               else "per-repeat ratio, median")
+        out.append(f"- P1 resident parity ({p['config']} vs resident, {how}): "
                    f"{p['ratio']:.3f} (target ≥ {p['target']}) {met(p['ratio'], p['target'])}; "
                    + "; ".join(f"{k} {med_spread(v, '{:.3f}')}" for k, v in p["by_config"].items()))
     if "P2" in t:
