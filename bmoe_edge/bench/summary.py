@@ -97,8 +97,10 @@ def targets(out: Path) -> dict[str, Any]:
     def have(*labels: str) -> bool:
         return all(lbl in aggs and aggs[lbl].tok_s for lbl in labels)
 
+    # Only where both engines generated the same tokens: a speed ratio between different outputs means nothing.
     in_one_process = [to_num(r["paired_ratio"]) for r in cells
-                      if r["label"] == "fullcache-paired" and r.get("status") == "ok" and r.get("paired_ratio")]
+                      if r["label"] == "fullcache-paired" and r.get("status") == "ok" and r.get("paired_ratio")
+                      and r.get("paired_same_tokens") == "True"]
     if have("fullcache-overlap", "resident") or have("fullcache-serial", "resident") or in_one_process:
         p1 = {lbl: paired_ratio(cells, lbl, "resident") for lbl in ("fullcache-serial", "fullcache-overlap")}
         if in_one_process:  # the measure that survives a machine drifting between processes
