@@ -105,6 +105,7 @@ def _paired_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, A
                 taken[k] = next(steps[k], None)
             if taken[0] is None or taken[1] is None:
                 break
+            # /proc/self/io counts both engines' reads: a full cache's own are in its metrics (bytes_read).
             rows.append(asdict(taken[0].metrics) | {"storage_bytes": 0})
             base_rows.append(asdict(taken[1].metrics))
         for step in steps:

@@ -16,7 +16,6 @@
 #include "expert_names.h"
 #include "mirror.h"
 #include "page_pool.h"
-#include "seam.h"
 
 namespace nb = nanobind;
 using namespace bmoe::detail;

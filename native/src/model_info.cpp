@@ -11,9 +11,9 @@
 #include <memory>
 
 #include "bmoe/recipes.h"
+#include "expert_names.h"
 #include "gguf.h"
 #include "gguf_map.h"
-#include "expert_names.h"
 #include "llama.h"
 #include "llama_runtime.h"
 
