@@ -15,12 +15,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bmoe_edge.bench.io import io_replay
 from bmoe_edge.bench.machine import PROMPT, MiB, drop_page_cache, loadavg, proc_read_bytes, proc_threads
 from bmoe_edge.bench.ramcap import MemCap
 from bmoe_edge.errors import BmoeError
+
+if TYPE_CHECKING:
+    from bmoe_edge.engine import Generation
 
 RECORD_PREFIX = "BMOE-BENCH-RECORD "
 
@@ -71,12 +74,16 @@ def _engine_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, A
             rows.append(asdict(token.metrics) | {"storage_bytes": now - prev})
             prev = now
         threads = proc_threads()
-    record = {
+    return _generation_record(gen, threads, load_s, info) | {"load_storage_bytes": load_storage}, rows
+
+
+def _generation_record(gen: Generation, threads: int, load_s: float, info: dict[str, Any]) -> dict[str, Any]:
+    """What every engine cell's record says of its measured generation and its engine."""
+    return {
         "stop_reason": gen.stop_reason, "generated": len(gen.tokens), "distinct_tokens": len(set(gen.tokens)),
-        "process_threads": threads, "load_s": round(load_s, 3), "load_storage_bytes": load_storage,
+        "process_threads": threads, "load_s": round(load_s, 3),
         "run": {k: v for k, v in info.items() if k != "model"},
     }
-    return record, rows
 
 
 def _paired_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -98,7 +105,7 @@ def _paired_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, A
         steps = (engine.generate(spec["prompt"], spec["tokens"], result=results[0]),
                  base.generate(spec["prompt"], spec["tokens"], result=results[1]))
         rows: list[dict[str, Any]] = []
-        base_rows: list[dict[str, Any]] = []
+        base_ms: list[float] = []
         for i in range(spec["tokens"]):
             taken: dict[int, Any] = {}
             for k in ((0, 1) if i % 2 == 0 else (1, 0)):
@@ -107,21 +114,17 @@ def _paired_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, A
                 break
             # /proc/self/io counts both engines' reads: a full cache's own are in its metrics (bytes_read).
             rows.append(asdict(taken[0].metrics) | {"storage_bytes": 0})
-            base_rows.append(asdict(taken[1].metrics))
+            base_ms.append(taken[1].metrics.wall_ms)
         for step in steps:
             step.close()
         threads = proc_threads()
-    pairs = [(b["wall_ms"], r["wall_ms"]) for r, b in zip(rows, base_rows, strict=True)
-             if r.get("step", 0) > 0 and r["wall_ms"] > 0]
+    pairs = [(b, r["wall_ms"]) for r, b in zip(rows, base_ms, strict=True) if r.get("step", 0) > 0 and r["wall_ms"] > 0]
     if not pairs:
         raise BmoeError("the paired cell decoded no token: nothing to compare")
-    return {
-        "stop_reason": results[0].stop_reason, "generated": len(results[0].tokens),
-        "distinct_tokens": len(set(results[0].tokens)), "process_threads": threads, "load_s": round(load_s, 3),
+    return _generation_record(results[0], threads, load_s, info) | {
         "paired_ratio": round(statistics.median(b / a for b, a in pairs), 4),
         "paired_mean_ratio": round(sum(b for b, _ in pairs) / sum(a for _, a in pairs), 4),
         "paired_same_tokens": results[0].tokens == results[1].tokens,
-        "run": {k: v for k, v in info.items() if k != "model"},
     }, rows
 
 
