@@ -15,17 +15,17 @@ FOUNDATION = {"errors", "llama_source", "doctor", "__init__", "__main__", "_nati
 # profile (data) -> build -> bundle -> deploy -> run -> report; the engine is what every stage runs on.
 ALLOWED = {
     "engine": set(),
-    "fixtures": {"engine"},
-    "boards": {"engine", "fixtures", "bench"},
+    "synthetic": {"engine"},
+    "boards": {"engine", "synthetic", "bench"},
     "fleet": {"engine", "boards"},
-    "proof": {"engine", "fixtures"},
+    "proof": {"engine", "synthetic"},
     "bench": {"engine"},
     "serve": {"engine"},
-    "cli": {"engine", "fixtures", "boards", "fleet", "proof", "bench", "serve"},
+    "cli": {"engine", "synthetic", "boards", "fleet", "proof", "bench", "serve"},
 }
 # What a board's Python has: the standard library and the runtime dependencies (pyproject.toml).
 BOARD_SIDE = ["engine/*.py", "boards/bundle.py", "boards/profiles.py", "boards/profile_schema.py",
-              "proof/gates.py", "fixtures/specs.py", "bench/machine.py", "bench/layout.py", "bench/io.py",
+              "proof/gates.py", "synthetic/specs.py", "bench/machine.py", "bench/layout.py", "bench/io.py",
               "bench/ramcap.py", "bench/cells.py", "bench/routing.py", "bench/tune.py", "boards/tune.py",
               "serve/*.py", "cli/*.py"]
 HOST_ONLY = {"numpy", "gguf", "matplotlib", "fabric", "paramiko"}

@@ -23,8 +23,8 @@ from bmoe_edge.bench import tune as measure
 from bmoe_edge.boards import profiles, tune
 from bmoe_edge.engine import memlimits
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fixtures import tinymoe
 from bmoe_edge.fleet import emulated_board, remote
+from bmoe_edge.synthetic import tinymoe
 
 import test_deploy
 from conftest import assert_clean_error, run_cli

@@ -57,7 +57,7 @@ from bmoe_edge.boards import profiles
 from bmoe_edge.engine.memlimits import MemoryLimit
 from bmoe_edge.engine.settings import BY_NAME
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fixtures.specs import FixtureSpec, host_fixture_paths
+from bmoe_edge.synthetic.specs import FixtureSpec, host_fixture_paths
 
 MiB = 1 << 20
 KiB = 1 << 10

@@ -96,8 +96,8 @@ def faults_cmd(
 ) -> None:
     """The fault campaign: corrupt, failed, short and hung reads under random streaming configurations;
     every run must end in an error or in output identical to resident (docs/integrity.md)."""
-    from bmoe_edge.fixtures import tinymoe
     from bmoe_edge.proof import faults
+    from bmoe_edge.synthetic import tinymoe
 
     results = []
     campaign = faults.run_campaign(tinymoe.fixture("qwen3moe", "Q8_0"), workdir, count, seed)
