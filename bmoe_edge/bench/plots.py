@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bmoe_edge.bench.machine import MiB, read_csv
+from bmoe_edge.bench.machine import read_csv
 from bmoe_edge.bench.summary import KIND_ORDER, aggregate, targets, to_num
+from bmoe_edge.units import MiB
 
 
 def plots(out: Path, routing: dict[str, Any] | None = None) -> list[Path]:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bmoe_edge.bench.machine import MiB, read_csv, size_text
+from bmoe_edge.bench.machine import read_csv
+from bmoe_edge.units import MiB, size_text
 
 
 def to_num(v: Any) -> float:

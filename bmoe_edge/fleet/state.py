@@ -43,10 +43,6 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def mib(n: float) -> str:
-    return f"{n / 2**20:.1f} MiB"
-
-
 # ---------------------------------------------------------------------------------------------------
 # Remote paths: everything under the install dir, bundle paths checked to stay inside the release.
 

@@ -15,7 +15,8 @@ from typing import Any
 
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet.remote import Target, Watch, watched
-from bmoe_edge.fleet.state import Log, mib
+from bmoe_edge.fleet.state import Log
+from bmoe_edge.units import size_text
 
 HOST_TIMEOUT = 4 * 3600.0     # a host still at work after this is cut off (--host-timeout)
 
@@ -146,9 +147,9 @@ def format_table(results: Sequence[HostResult]) -> str:
             elif r.action == "rolled back":
                 detail = f"{r.previous} -> {r.bundle_id}"
             elif r.action == "pushed":
-                detail = f"{', '.join(r.releases)}; sent {mib(r.bytes_uploaded)}; {r.seconds:.0f} s"
+                detail = f"{', '.join(r.releases)}; sent {size_text(r.bytes_uploaded)}; {r.seconds:.0f} s"
             else:
-                detail = (f"{r.bundle_id}; uploaded {r.files_uploaded} files ({mib(r.bytes_uploaded)}); "
+                detail = (f"{r.bundle_id}; uploaded {r.files_uploaded} files ({size_text(r.bytes_uploaded)}); "
                           f"gates {_gates_text(r.gates)}; {r.seconds:.0f} s")
             rows.append((r.host, r.board or "-", "ok", detail))
         else:
@@ -180,8 +181,8 @@ def format_one(r: HostResult) -> str:
         return f"{r.host}: rolled back to {r.bundle_id} (was {r.previous})"
     if r.action == "pushed":
         return (f"{r.host}: {', '.join(r.releases)} in place, sha256 verified; sent {r.files_uploaded} of "
-                f"{r.files} files ({mib(r.bytes_uploaded)}) in {r.seconds:.0f} s")
-    moved = (f"uploaded {r.files_uploaded} of {r.files} files ({mib(r.bytes_uploaded)}), "
+                f"{r.files} files ({size_text(r.bytes_uploaded)}) in {r.seconds:.0f} s")
+    moved = (f"uploaded {r.files_uploaded} of {r.files} files ({size_text(r.bytes_uploaded)}), "
              f"{r.files_copied} copied on the board, {r.files_present} already there")
     service = "".join(f"; service {name} active on {s.get('bind')}:{s.get('port')}"
                       for name, s in (r.services or {}).items())

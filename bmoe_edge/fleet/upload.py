@@ -16,8 +16,9 @@ from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import remote
 from bmoe_edge.fleet.remote import Board
 from bmoe_edge.fleet.scripts import COPY, HASH, MKDIRS, REMOVE_IN, SCAN, SITE_HASH
-from bmoe_edge.fleet.state import MARKS, SITE_FACTOR, Hooks, Layout, Log, Releases, inside, mib
+from bmoe_edge.fleet.state import MARKS, SITE_FACTOR, Hooks, Layout, Log, Releases, inside
 from bmoe_edge.fleet.table import HostResult
+from bmoe_edge.units import size_text
 
 
 def hash_remote(board: Board, base: str, paths: Sequence[str], what: str) -> dict[str, str | None]:
@@ -159,7 +160,8 @@ def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, res
     need = sum(sizes[p] for p in missing) + SITE_FACTOR * sum(sizes[w] for w in m.wheels)
     if releases.avail_kb is not None and releases.avail_kb * 1024 < need:
         raise BmoeError(f"{board.label}: not enough space in {layout.install_dir}: the release needs about "
-                        f"{mib(need)}, {mib(releases.avail_kb * 1024)} is free (lower --keep, or free space)")
+                        f"{size_text(need)}, {size_text(releases.avail_kb * 1024)} is free "
+                        "(lower --keep, or free space)")
     dirs = sorted({posixpath.dirname(p) for p in missing if "/" in p})
     if dirs:
         board.sh(MKDIRS, partial, *dirs, what="creating directories")
@@ -171,7 +173,7 @@ def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, res
              f"{', '.join(copies)} on the board")
     if upload:
         total = sum(sizes[p] for p in upload)
-        say(log, board.label, f"uploading {len(upload)} files ({mib(total)})")
+        say(log, board.label, f"uploading {len(upload)} files ({size_text(total)})")
         for p in upload:
             local = b.dir / p
             board.put(local, inside(partial, p))
