@@ -26,7 +26,7 @@ import pytest
 from bmoe_edge import llama_source
 from bmoe_edge.boards import build, bundle, emulate, signing
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet import deploy, emulated_board, install, onboard, probe, remote, services
+from bmoe_edge.fleet import deploy, emulated_board, onboard, probe, remote, services, systemd
 from bmoe_edge.fleet import state as board_state
 
 from conftest import run_cli
@@ -174,13 +174,13 @@ def test_remote_paths_cannot_escape_the_release(path: str) -> None:
 
 def test_unit_rendering_escapes_the_install_dir() -> None:
     template = build.DEPLOY_DIR / "bmoe-edge-generate@.service"
-    text = install.render_unit(template.read_text(), "/opt/my 100% \"odd\" $dir", "pi")
+    text = systemd.render_job_unit(template.read_text(), "/opt/my 100% \"odd\" $dir", "pi")
     exec_start = next(ln for ln in text.splitlines() if ln.startswith("ExecStart="))
     assert exec_start == ('ExecStart="/opt/my 100%% \\"odd\\" $$dir/current/launcher/bmoe-edge-job.sh" '
                           '"/opt/my 100%% \\"odd\\" $$dir/jobs/%i"')
     assert "User=pi" in text and "@INSTALL_DIR@" not in text
     with pytest.raises(BmoeError):
-        install.render_unit(template.read_text(), "/opt/a\nb", "pi")
+        systemd.render_job_unit(template.read_text(), "/opt/a\nb", "pi")
 
 
 def _unit_fields(text: str) -> dict[str, str]:

@@ -70,8 +70,10 @@ from bmoe_edge.fleet.install import (
     write_board_files,
 )
 from bmoe_edge.fleet.lock import LOCK_TIMEOUT, board_lock
+from bmoe_edge.fleet.parallel import HOST_TIMEOUT, run_fleet
 from bmoe_edge.fleet.probe import check_facts, probe
 from bmoe_edge.fleet.remote import Board, SshOptions, Target
+from bmoe_edge.fleet.report import HostResult, Log, say, stderr_log
 from bmoe_edge.fleet.scripts import DEMOTE, REMOVE_IN, SWITCH
 from bmoe_edge.fleet.services import ServiceSpec, for_target, install_service, restart_services
 from bmoe_edge.fleet.state import (
@@ -79,16 +81,14 @@ from bmoe_edge.fleet.state import (
     KEEP,
     Hooks,
     Layout,
-    Log,
     Releases,
     list_releases,
     now,
     read_gates,
     read_state,
 )
-from bmoe_edge.fleet.table import HOST_TIMEOUT, HostResult, run_fleet, stderr_log
 from bmoe_edge.fleet.trust import TrustOptions, check_trust, verify_signature
-from bmoe_edge.fleet.upload import LocalBundle, load_bundle, say, upload, verify_release, verify_site
+from bmoe_edge.fleet.upload import LocalBundle, load_bundle, upload, verify_release, verify_site
 
 
 def deploy_host(b: LocalBundle, target: Target, *, options: SshOptions, install_dir: str | None = None,

@@ -20,11 +20,11 @@ from pathlib import Path
 
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import channel
+from bmoe_edge.fleet.parallel import run_fleet
 from bmoe_edge.fleet.remote import MIN_RATE, STEP_TIMEOUT, Board, SshOptions, Target, tail
+from bmoe_edge.fleet.report import HostResult, Log, say, stderr_log
 from bmoe_edge.fleet.scripts import MODEL_APPEND, MODEL_COMMIT, MODEL_PART
-from bmoe_edge.fleet.state import Log, connect
-from bmoe_edge.fleet.table import HostResult, run_fleet, stderr_log
-from bmoe_edge.fleet.upload import say
+from bmoe_edge.fleet.state import connect
 from bmoe_edge.units import size_text
 
 _SHARD = re.compile(r"^(?P<stem>.*)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")

@@ -48,7 +48,7 @@ STEP_TIMEOUT = 600.0      # default deadline of one remote step
 MIN_RATE = 256 * 1024     # bytes/s an upload is allowed before its deadline (plus STEP_TIMEOUT)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 _known_hosts_lock = threading.Lock()
-_watch = threading.local()   # the fleet Watch of this worker thread (table.run_fleet), if any
+_watch = threading.local()   # the fleet Watch of this worker thread (parallel.run_fleet), if any
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -481,7 +481,7 @@ class Board:
 
 
 class Watch:
-    """The connections one fleet worker opened (table.run_fleet): aborted together at its deadline."""
+    """The connections one fleet worker opened (parallel.run_fleet): aborted together at its deadline."""
 
     def __init__(self) -> None:
         self.boards: list[Board] = []

@@ -23,9 +23,10 @@ from bmoe_edge.engine.rpc import DEFAULT_PORT as RPC_PORT
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import remote
 from bmoe_edge.fleet.remote import Board
+from bmoe_edge.fleet.report import Log, say
 from bmoe_edge.fleet.scripts import SERVICE
-from bmoe_edge.fleet.state import HEALTH_TIMEOUT, Layout, Log, now, read_state, write_state
-from bmoe_edge.fleet.upload import say
+from bmoe_edge.fleet.state import HEALTH_TIMEOUT, Layout, now, read_state, write_state
+from bmoe_edge.fleet.systemd import memory_max, systemd_escape
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,6 @@ def exec_argv(spec: ServiceSpec, layout: Layout, board_name: str) -> list[str]:
 
 
 def render_unit(spec: ServiceSpec, layout: Layout, user: str, board_name: str, ram_mb: int) -> str:
-    from bmoe_edge.fleet.install import memory_max, systemd_escape
-
     def word(text: str) -> str:
         return f'"{systemd_escape(text)}"'
 
@@ -285,8 +284,3 @@ def describe(board: Board, state: Mapping[str, Any]) -> dict[str, dict[str, Any]
                     info["state"] += f", {restarts} restarts"
         out[name] = info
     return out
-
-
-def describe_text(services: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    return [f"{name} {info.get('state')}, {info.get('bind')}:{info.get('port')}"
-            + (f", model {info['model']}" if info.get("model") else "") for name, info in services.items()]

@@ -18,7 +18,6 @@ from bmoe_edge.fleet import remote
 from bmoe_edge.fleet.remote import Board, SshOptions, Target
 from bmoe_edge.fleet.scripts import CONFIG_HOME, PREPARE
 
-Log = Callable[[str], None]
 Hooks = Mapping[str, Callable[[str], None]]
 
 
@@ -33,7 +32,6 @@ GATES_TIMEOUT = 3 * 3600.0
 INSTALL_TIMEOUT = 1800.0
 VERSION_TIMEOUT = 600.0
 HEALTH_TIMEOUT = 300.0
-JOB_RUNTIME_MAX = "6h"    # the systemd job unit's RuntimeMaxSec
 SITE_FACTOR = 4          # unpacked wheels take up to ~4x their size (site/): free-space estimate
 FAILED = ".bmoe-failed"  # a release whose health check failed after its switch: never rolled back to
 MARKS = (STAMP, FAILED)  # the deploy's own files in a release (not in the bundle)

@@ -18,9 +18,10 @@ from bmoe_edge.boards import signing
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import remote
 from bmoe_edge.fleet.remote import Board
+from bmoe_edge.fleet.report import Log, say
 from bmoe_edge.fleet.scripts import SIG_VERIFY
-from bmoe_edge.fleet.state import Layout, Log
-from bmoe_edge.fleet.upload import LocalBundle, say
+from bmoe_edge.fleet.state import Layout
+from bmoe_edge.fleet.upload import LocalBundle
 
 ALLOWED = "allowed_signers"
 

@@ -15,9 +15,9 @@ from bmoe_edge.boards.profiles import BoardProfile
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import remote
 from bmoe_edge.fleet.remote import Board
+from bmoe_edge.fleet.report import HostResult, Log, say
 from bmoe_edge.fleet.scripts import COPY, HASH, MKDIRS, REMOVE_IN, SCAN, SITE_HASH
-from bmoe_edge.fleet.state import MARKS, SITE_FACTOR, Hooks, Layout, Log, Releases, inside
-from bmoe_edge.fleet.table import HostResult
+from bmoe_edge.fleet.state import MARKS, SITE_FACTOR, Hooks, Layout, Releases, inside
 from bmoe_edge.units import size_text
 
 
@@ -114,10 +114,6 @@ class LocalBundle:
             signed = self.manifest.extra.get("site_sha256")
             self._site = signed if isinstance(signed, str) else bundle.site_digest(self.dir, self.manifest.wheels)
         return self._site
-
-
-def say(log: Log, label: str, message: str) -> None:
-    log(f"[{label}] {message}")
 
 
 def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, result: HostResult, log: Log,
