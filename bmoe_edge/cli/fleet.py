@@ -88,10 +88,10 @@ def deploy_cmd(
 
     default_host = None
     if not host and inventory is None and (board or bundle_dir):
-        from bmoe_edge.boards import bundle, emulate
+        from bmoe_edge.boards import bundle
 
         where = bundle_dir or dist / str(board)
-        ssh = emulate.bundle_profile(where, bundle.load_manifest(where)).ssh
+        ssh = bundle.bundle_profile(where, bundle.load_manifest(where)).ssh
         if ssh.host:
             default_host = f"{ssh.host}:{ssh.port}" if ssh.port else ssh.host
     targets = deploy.resolve_targets(host or [], inventory, board, default_host)

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bmoe_edge.boards import bundle
-from bmoe_edge.boards.emulate import bundle_profile
 from bmoe_edge.boards.profiles import BoardProfile
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import remote
@@ -189,5 +188,5 @@ def load_bundle(bundle_dir: Path) -> LocalBundle:
     remote.check_name(manifest.board, "board")
     sig = Path(bundle_dir) / bundle.SIGNATURE_NAME
     return LocalBundle(Path(bundle_dir), manifest, bundle.sha256_file(Path(bundle_dir) / bundle.MANIFEST_NAME),
-                       bundle_profile(bundle_dir, manifest),
+                       bundle.bundle_profile(bundle_dir, manifest),
                        bundle.sha256_file(sig) if sig.is_file() and not sig.is_symlink() else None)
