@@ -28,8 +28,9 @@ import pytest
 
 from bmoe_edge.boards import bundle, signing
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet import deploy, emulated_board, lock, parallel, remote, report, systemd
+from bmoe_edge.fleet import commands, deploy, emulated_board, lock, parallel, remote, report, systemd
 from bmoe_edge.fleet import state as board_state
+from bmoe_edge.fleet import targets as fleet_targets
 
 import test_deploy as shared
 from conftest import run_cli
@@ -83,8 +84,8 @@ def boards(tmp_path: Path):
         emulated_board.stop(lab_dir, b.name)
 
 
-def _board(b: emulated_board.EmulatedBoard, **options) -> remote.Board:
-    return remote.Board(remote.parse_target(b.target), remote.SshOptions(ssh_config=b.ssh_config, **options))
+def _board(b: emulated_board.EmulatedBoard, **options) -> commands.Board:
+    return commands.Board(fleet_targets.parse_target(b.target), remote.SshOptions(ssh_config=b.ssh_config, **options))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -168,9 +169,9 @@ def test_a_frozen_board_is_cut_off_by_the_keepalive(boards) -> None:
 def test_host_deadline_and_fail_fast(boards) -> None:
     _lab, start = boards
     b = start("slow")
-    target = remote.parse_target(b.target)
+    target = fleet_targets.parse_target(b.target)
 
-    def slow(t: remote.Target) -> report.HostResult:
+    def slow(t: fleet_targets.Target) -> report.HostResult:
         with _board(b, keepalive=0) as board:
             board.sh("sleep 600", what="a step that hangs", timeout=None)
         return report.HostResult(host=t.label, ok=True)
@@ -181,10 +182,10 @@ def test_host_deadline_and_fail_fast(boards) -> None:
     # --fail-fast: one at a time, the first fails (nobody listens there), the others are skipped
     with emulated_board.socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        dead = remote.parse_target(f"root@127.0.0.1:{s.getsockname()[1]}")
+        dead = fleet_targets.parse_target(f"root@127.0.0.1:{s.getsockname()[1]}")
 
-    def status(t: remote.Target) -> report.HostResult:
-        with remote.Board(t, remote.SshOptions(ssh_config=b.ssh_config)):
+    def status(t: fleet_targets.Target) -> report.HostResult:
+        with commands.Board(t, remote.SshOptions(ssh_config=b.ssh_config)):
             return report.HostResult(host=t.label, ok=True)
 
     results = parallel.run_fleet([dead, target, target], status, max_parallel=1, fail_fast=True)
@@ -309,7 +310,7 @@ def test_failed_health_check_rolls_back_and_the_release_is_never_picked_again(bo
     lab_dir, start = boards
     b = start("health")
     inst = tmp_path / "inst"
-    target = remote.parse_target(b.target)
+    target = fleet_targets.parse_target(b.target)
     a_id, b_id = (bundle.load_manifest(x).bundle_id for x in (bundle_a, bundle_b))
     [r] = deploy.deploy(bundle_a, [target], ssh_config=b.ssh_config, install_dir=str(inst), log=lambda _m: None)
     assert r.ok, r.error
@@ -352,7 +353,7 @@ def test_fleet_with_a_killed_and_a_frozen_board(boards, bundle_a: Path, tmp_path
             if partial.startswith(str(dirs[b.name]) + "/"):
                 _signal_board(b, sig)
 
-    targets = [remote.Target("127.0.0.1", b.user, b.port, "qemu-arm64", str(dirs[b.name])) for b in fleet]
+    targets = [fleet_targets.Target("127.0.0.1", b.user, b.port, "qemu-arm64", str(dirs[b.name])) for b in fleet]
     t0 = time.monotonic()
     results = deploy.deploy(bundle_a, targets, ssh_config=fleet[0].ssh_config, log=lambda _m: None,
                             hooks={"uploaded": uploaded}, keepalive=3.0)

@@ -38,9 +38,10 @@ def gates_cmd(
     unless --full) and the report comes back."""
     if host:
         from bmoe_edge.fleet import onboard, remote
+        from bmoe_edge.fleet.targets import parse_target
 
         options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
-        code, out = onboard.board_gates(remote.parse_target(host), options=options, full=full, as_json=as_json,
+        code, out = onboard.board_gates(parse_target(host), options=options, full=full, as_json=as_json,
                                        board_name=board, install_dir=install_dir)
         if as_json:
             typer.echo(out.rstrip("\n"))

@@ -12,8 +12,7 @@ from typing import Any
 from bmoe_edge import __version__
 from bmoe_edge.boards import bundle
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet import remote
-from bmoe_edge.fleet.remote import Board
+from bmoe_edge.fleet.commands import Board, tail
 from bmoe_edge.fleet.report import Log, say
 from bmoe_edge.fleet.scripts import COMMIT, HANGUP, INSTALL, MARK_FAILED, REMOVE_IN
 from bmoe_edge.fleet.state import (
@@ -43,7 +42,7 @@ def check_runs(board: Board, launcher: str, m: bundle.Manifest, env: dict[str, s
                      what=what, check=False, timeout=timeout, hangup=True)
     if check.exited != 0 or f"machine: {m.arch}" not in check.stdout:
         raise BmoeError(f"{board.label}: the installed release does not run on the board (exit {check.exited}): "
-                        f"{remote.tail(check.stderr or check.stdout)}")
+                        f"{tail(check.stderr or check.stdout)}")
     if m.extra.get("hook") and "hook: yes" not in check.stdout:
         raise BmoeError(f"{board.label}: the installed release says it has no expert-ready hook")
 
@@ -95,7 +94,7 @@ def health_check(board: Board, layout: Layout, m: bundle.Manifest, timeout: floa
         report = None
     if result.exited != 0 or not isinstance(report, dict) or report.get("failed") or not report.get("passed"):
         cell = next((c for c in (report or {}).get("cells", []) if not c.get("passed")), None)
-        why = (cell or {}).get("error") or remote.tail(result.stderr or result.stdout)
+        why = (cell or {}).get("error") or tail(result.stderr or result.stdout)
         raise BmoeError(f"{board.label}: health check of current: its gate cell failed (exit {result.exited}): "
                         f"{why}")
 

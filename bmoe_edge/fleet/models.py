@@ -20,11 +20,13 @@ from pathlib import Path
 
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import channel
+from bmoe_edge.fleet.commands import MIN_RATE, STEP_TIMEOUT, Board, tail
 from bmoe_edge.fleet.parallel import run_fleet
-from bmoe_edge.fleet.remote import MIN_RATE, STEP_TIMEOUT, Board, SshOptions, Target, tail
+from bmoe_edge.fleet.remote import SshOptions
 from bmoe_edge.fleet.report import HostResult, Log, say, stderr_log
 from bmoe_edge.fleet.scripts import MODEL_APPEND, MODEL_COMMIT, MODEL_PART
 from bmoe_edge.fleet.state import connect
+from bmoe_edge.fleet.targets import Target
 from bmoe_edge.units import size_text
 
 _SHARD = re.compile(r"^(?P<stem>.*)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")

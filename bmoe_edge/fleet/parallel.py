@@ -8,8 +8,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet.remote import Target, Watch, watched
+from bmoe_edge.fleet.remote import Watch, watched
 from bmoe_edge.fleet.report import HostResult, strip_host
+from bmoe_edge.fleet.targets import Target
 
 HOST_TIMEOUT = 4 * 3600.0     # a host still at work after this is cut off (--host-timeout)
 

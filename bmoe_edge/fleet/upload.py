@@ -12,11 +12,11 @@ from pathlib import Path
 from bmoe_edge.boards import bundle
 from bmoe_edge.boards.profiles import BoardProfile
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet import remote
-from bmoe_edge.fleet.remote import Board
+from bmoe_edge.fleet.commands import Board
 from bmoe_edge.fleet.report import HostResult, Log, say
 from bmoe_edge.fleet.scripts import COPY, HASH, MKDIRS, REMOVE_IN, SCAN, SITE_HASH
 from bmoe_edge.fleet.state import MARKS, SITE_FACTOR, Hooks, Layout, Releases, inside
+from bmoe_edge.fleet.targets import check_name
 from bmoe_edge.units import size_text
 
 
@@ -184,8 +184,8 @@ def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, res
 
 def load_bundle(bundle_dir: Path) -> LocalBundle:
     manifest = bundle.verify_bundle(bundle_dir)
-    remote.check_name(manifest.bundle_id, "bundle id")
-    remote.check_name(manifest.board, "board")
+    check_name(manifest.bundle_id, "bundle id")
+    check_name(manifest.board, "board")
     sig = Path(bundle_dir) / bundle.SIGNATURE_NAME
     return LocalBundle(Path(bundle_dir), manifest, bundle.sha256_file(Path(bundle_dir) / bundle.MANIFEST_NAME),
                        bundle.bundle_profile(bundle_dir, manifest),
