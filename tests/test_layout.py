@@ -17,18 +17,19 @@ FOUNDATION = {"errors", "llama_source", "doctor", "units", "__init__", "__main__
 ALLOWED = {
     "engine": set(),
     "synthetic": {"engine"},
-    "boards": {"engine", "synthetic", "bench"},
+    "boards": {"engine", "synthetic"},
     "fleet": {"engine", "boards"},
     "proof": {"engine", "synthetic"},
     "bench": {"engine"},
     "serve": {"engine"},
-    "cli": {"engine", "synthetic", "boards", "fleet", "proof", "bench", "serve"},
+    "tune": {"engine", "synthetic", "boards", "bench", "fleet"},
+    "cli": {"engine", "synthetic", "boards", "fleet", "proof", "bench", "serve", "tune"},
 }
 # What a board's Python has: the standard library and the runtime dependencies (pyproject.toml).
 BOARD_SIDE = ["engine/*.py", "boards/bundle.py", "boards/profiles.py", "boards/profile_schema.py",
               "proof/gates.py", "synthetic/specs.py", "bench/machine.py", "bench/layout.py", "bench/io.py",
-              "bench/ramcap.py", "bench/cells.py", "bench/routing.py", "bench/tune.py", "boards/tune.py",
-              "serve/*.py", "cli/*.py"]
+              "bench/ramcap.py", "bench/cells.py", "bench/routing.py", "tune/measure.py", "tune/rules.py",
+              "tune/user_profile.py", "tune/local.py", "serve/*.py", "cli/*.py"]
 HOST_ONLY = {"numpy", "gguf", "matplotlib", "fabric", "paramiko"}
 
 

@@ -19,13 +19,13 @@ import pytest
 import yaml
 
 from bmoe_edge.bench import layout, machine, ramcap
-from bmoe_edge.bench import tune as measure
-from bmoe_edge.boards import profiles, tune
+from bmoe_edge.boards import profiles
 from bmoe_edge.engine import memlimits
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import commands, emulated_board, remote
 from bmoe_edge.fleet import targets as fleet_targets
 from bmoe_edge.synthetic import tinymoe
+from bmoe_edge.tune import local, measure, rules
 
 import test_deploy
 from conftest import assert_clean_error, run_cli
@@ -71,7 +71,7 @@ def test_tune_measures_this_machine_and_writes_a_profile_the_loader_resolves(tmp
     # what it chose follows the rules from what it measured
     choice = report["choice"]
     io = [measure.IoCell(**c) for c in report["io"]]
-    curve = tune.lane_curve(io, choice["read_path"])
+    curve = rules.lane_curve(io, choice["read_path"])
     assert choice["io_threads"] == min(n for n, v in curve.items() if v >= 0.95 * max(curve.values()))
     assert choice["threads"] == max(report["compute"], key=lambda c: c["tok_s"])["threads"]
     # the profile: in the user profile directory, `extends: host`, resolved by the loader with the values
@@ -137,7 +137,7 @@ def test_a_model_is_read_at_its_slice_sizes_and_the_cgroup_limit_is_found(tmp_pa
         limits = report["machine"]["limits"]
         assert any(lim["mb"] == 3072 and "cgroup" in lim["source"] for lim in limits), limits
         choice = report["choice"]
-        assert choice["cache_margin_mb"] == tune.cache_margin(choice["read_path"], choice["io_threads"],
+        assert choice["cache_margin_mb"] == rules.cache_margin(choice["read_path"], choice["io_threads"],
                                                               report["sizes"], 3072)
 
 
@@ -156,16 +156,16 @@ MACHINE = measure.Machine("b", "aarch64", 4, 8064, 7000, 16384,
 def test_choice_rules() -> None:
     compute = [measure.ComputeCell(n, v) for n, v in ((1, 5.0), (2, 9.0), (3, 9.0), (4, 8.0))]
     odirect = _cells("odirect", {1: 300, 2: 560, 3: 590, 4: 600, 5: 598})
-    c = tune.choose([*odirect, *_cells("pread", {1: 250, 2: 640, 3: 650})], "", compute, MACHINE, [648 << 10], 4096)
+    c = rules.choose([*odirect, *_cells("pread", {1: 250, 2: 640, 3: 650})], "", compute, MACHINE, [648 << 10], 4096)
     # pread is faster, but not by more than 10%: O_DIRECT; 3 lanes are within 5% of the best (600)
     assert (c.read_path, c.io_threads, c.read_mb_s) == ("odirect", 3, round(590 * 2**20 / 1e6))
     assert c.threads == 2                                   # the best tok/s; the fewer threads on a tie
     assert c.cache_margin_mb == 112                         # 64 + 1% of the 4096 MiB limit, up to 16 MiB
     assert c.page_size == 16384                             # the kernel's differs from the profile's
-    c = tune.choose([*odirect, *_cells("pread", {1: 400, 2: 700})], "", compute, MACHINE, [648 << 10], 16384)
+    c = rules.choose([*odirect, *_cells("pread", {1: 400, 2: 700})], "", compute, MACHINE, [648 << 10], 16384)
     assert (c.read_path, c.io_threads, c.page_size) == ("pread", 2, None)    # 700 > 1.1 x 600
-    assert c.cache_margin_mb == 112 and tune.cache_margin("pread", 8, [8 << 20], 4096) == 240   # + 2*8*8 MiB
-    c = tune.choose(_cells("pread", {1: 100, 2: 101}), "O_DIRECT open failed: Invalid argument", compute,
+    assert c.cache_margin_mb == 112 and rules.cache_margin("pread", 8, [8 << 20], 4096) == 240   # + 2*8*8 MiB
+    c = rules.choose(_cells("pread", {1: 100, 2: 101}), "O_DIRECT open failed: Invalid argument", compute,
                     MACHINE, [648 << 10], 16384)
     assert (c.read_path, c.io_threads) == ("pread", 1) and "Invalid argument" in c.why["read_path"]
     assert MACHINE.effective_mb == 4096
@@ -234,7 +234,7 @@ def test_more_bad_input_fails_before_measuring(tmp_path: Path, monkeypatch: pyte
             for k, v in kwargs.items()}
     lines: list[str] = []
     with pytest.raises(BmoeError, match=needle) as err:
-        tune.tune_local(quick=True, scratch_dir=tmp_path, progress=lines.append, **args)
+        local.tune_local(quick=True, scratch_dir=tmp_path, progress=lines.append, **args)
     assert "\n" not in str(err.value) and not lines     # one line, before anything was measured
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notgguf"]
     with pytest.raises(BmoeError, match="expected USER@HOST"):

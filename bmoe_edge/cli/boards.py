@@ -108,12 +108,12 @@ def tune_cmd(
 
     With --host, the board's current release measures the board (-m and --dir are paths there) and the
     profile is written both here and in the board's user profile directory."""
-    from bmoe_edge.boards import tune
+    from bmoe_edge.tune import local as tune
 
     if host:
         from bmoe_edge.fleet import remote
         from bmoe_edge.fleet.targets import parse_target
-        from bmoe_edge.fleet.tune import tune_remote
+        from bmoe_edge.tune.over_ssh import tune_remote
 
         options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
         result = tune_remote(parse_target(host), options=options, board=board, install_dir=install_dir,

@@ -1,5 +1,5 @@
-"""The board side of `bmoe-edge tune`: what it measures on the machine it runs on (standard library and
-the engine only: it runs on a board). The choice rules and the profile it writes are `boards/tune.py`.
+"""What `bmoe-edge tune` measures on the machine it runs on (standard library, the engine and bench's
+board side only: it runs on a board). The choice rules are rules.py, the profile it writes user_profile.py.
 
 - **memory**: RAM and MemAvailable, the page size, and every memory limit that applies to this process
   (`engine.memlimits.memory_limits`: the memory cgroup it is in and its ancestors, v2 `memory.max`/`memory.high`

@@ -8,7 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from bmoe_edge.boards import profiles
-from bmoe_edge.boards.tune import Progress, TuneResult, check_profile, commit, destination, quiet, staged
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet.commands import tail
 from bmoe_edge.fleet.onboard import run_release
@@ -16,6 +15,8 @@ from bmoe_edge.fleet.remote import SshOptions
 from bmoe_edge.fleet.scripts import CONFIG_HOME
 from bmoe_edge.fleet.state import connect, current_release
 from bmoe_edge.fleet.targets import Target
+from bmoe_edge.tune.measure import Progress, quiet
+from bmoe_edge.tune.user_profile import TuneResult, check_profile, commit, destination, staged
 
 REMOTE_TIMEOUT = 3600.0
 
