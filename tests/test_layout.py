@@ -10,8 +10,8 @@ from pathlib import Path
 from conftest import REPO
 
 PACKAGE = REPO / "bmoe_edge"
-# Modules below every stage (the error type, the llama.cpp pin and cache paths, the tool checks, byte sizes).
-FOUNDATION = {"errors", "llama_source", "doctor", "units", "__init__", "__main__", "_native"}
+# Modules below every stage (the error type, the llama.cpp pin and cache paths, the tool checks, byte sizes, addresses).
+FOUNDATION = {"errors", "llama_source", "doctor", "units", "net", "__init__", "__main__", "_native"}
 # stage -> the stages it may import (besides itself and the foundation). The flow is
 # profile (data) -> build -> bundle -> deploy -> run -> report; the engine is what every stage runs on.
 ALLOWED = {

@@ -9,12 +9,12 @@ a reply `size:u64 | bytes`; rpc-server serves one client at a time.
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import struct
 from dataclasses import dataclass
 
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.net import is_loopback
 
 DEFAULT_PORT = 50052
 _HELLO, _DEVICE_COUNT, _GET_DEVICE_MEMORY = 14, 15, 11
@@ -41,15 +41,6 @@ class Worker:
     devices: int
     free_bytes: int
     total_bytes: int
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def parse_endpoints(text: str) -> list[Endpoint]:

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bmoe_edge.engine import memlimits, native
-from bmoe_edge.engine.rpc import DEFAULT_PORT, Endpoint, is_loopback, probe
+from bmoe_edge.engine.rpc import DEFAULT_PORT, Endpoint, probe
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.net import is_loopback
 
 INSECURE_NOTE = ("warning: the RPC protocol has no authentication or encryption: anyone who can reach "
                  "{bind}:{port} can use this worker's memory and CPU and read the weights it holds")

@@ -11,6 +11,7 @@ from pathlib import Path
 from bmoe_edge.engine.session import Engine
 from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.net import is_loopback
 
 DEFAULT_PORT = 8080
 
@@ -30,10 +31,6 @@ def listen(bind: str, port: int) -> socket.socket:
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
-
-
-def is_loopback(bind: str) -> bool:
-    return ipaddress.ip_address(bind).is_loopback
 
 
 def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: int = DEFAULT_PORT,
