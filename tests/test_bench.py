@@ -64,7 +64,7 @@ def test_preset_shapes_and_layout_match_the_gguf_reader(small_models: dict[str, 
     for t in model.experts:
         ref = by_name[t.name]
         assert t.offset == int(ref.data_offset)
-        assert t.expert_bytes * t.n_expert == int(ref.n_bytes)
+        assert t.slice_bytes * t.n_expert == int(ref.n_bytes)
         assert t.n_expert == 64
     assert model.n_expert_used == 8
     assert model.metadata["bmoe.routing.mode"] == "shaped"

@@ -116,7 +116,7 @@ def test_a_model_is_read_at_its_slice_sizes_and_the_cgroup_limit_is_found(tmp_pa
     """-m: its slice sizes, and (it fits) compute on it; run inside a memory cgroup with a 3 GiB limit,
     which is reported and sizes the margin."""
     model = tinymoe.fixture("qwen3moe", "Q8_0")
-    slices = sorted({t.expert_bytes for t in layout.gguf_layout(model).experts})
+    slices = sorted({t.slice_bytes for t in layout.gguf_layout(model).experts})
     try:
         cap = ramcap.make_cap(3 << 30, "auto")
     except BmoeError:

@@ -31,10 +31,10 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
     """The standard matrix: resident warm; mmap under the cap; streamed under the same cap (cache off,
     fixed budgets, auto; 1 vs 4 lanes; pread vs O_DIRECT; overlap on/off); full-cache streamed (P1);
     the engine's read pattern without compute (io-only)."""
-    expert_mb = layout.expert_bytes_total / MiB
+    expert_mb = layout.all_expert_bytes / MiB
     ctx = ctx_for(max(tokens, mmap_tokens))
     base = {"threads": threads, "ctx": ctx, "batch": 64, "ubatch": 64}
-    dense_mb = (layout.file_bytes - layout.expert_bytes_total) / MiB
+    dense_mb = (layout.file_bytes - layout.all_expert_bytes) / MiB
     if budgets_mb is None:
         # What the cap leaves for the cache: the cap minus the dense weights (mapped, charged to the
         # cell), one layer in flight and ~240 MiB for the process (interpreter, libraries, KV, compute).
@@ -145,10 +145,10 @@ def stream_campaign(c: Campaign) -> dict[str, Any]:
     layout = gguf_layout(c.model)
     say = c.log or (lambda s: print(s, file=sys.stderr, flush=True))
     meta = {
-        "model": str(c.model), "file_bytes": layout.file_bytes, "expert_bytes": layout.expert_bytes_total,
+        "model": str(c.model), "file_bytes": layout.file_bytes, "expert_bytes": layout.all_expert_bytes,
         "routed_bytes_per_token": layout.routed_bytes_per_token, "n_expert": layout.n_expert,
         "n_expert_used": layout.n_expert_used, "n_layer": len(layout.layers()),
-        "slice_bytes": sorted({t.expert_bytes for t in layout.experts}),
+        "slice_bytes": sorted({t.slice_bytes for t in layout.experts}),
         "model_metadata": {k: v for k, v in layout.metadata.items() if k.startswith(("bmoe.", "general.name"))},
         "cap_bytes": c.cap_bytes, "cap_request_method": c.cap_method, "repeats": c.repeats,
         "cells": [asdict(cell) for cell in c.cells], "machine": machine_info(c.model),
@@ -164,7 +164,7 @@ def stream_campaign(c: Campaign) -> dict[str, Any]:
     io_csv = c.out / "io.csv"
     records = []
     io_rows: list[dict[str, Any]] = []
-    slice_sizes = sorted({t.expert_bytes for t in layout.experts})
+    slice_sizes = sorted({t.slice_bytes for t in layout.experts})
     io_sizes = list(c.io_sizes) or [4096, 65536, *slice_sizes, 4 * MiB]
     with open(cells_csv, "w", newline="") as fc:
         writer = csv.DictWriter(fc, fieldnames=CELL_COLUMNS, extrasaction="ignore")

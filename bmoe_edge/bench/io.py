@@ -123,7 +123,7 @@ def io_replay(path: Path, *, tokens: int, lanes: int, mode: str = "odirect", see
                 experts = sorted(set(trace[step % len(trace)][il]))
             else:
                 experts = sorted(rng.sample(range(tensors[0].n_expert), k))
-            jobs = [(t.offset + e * t.expert_bytes, t.expert_bytes) for t in tensors for e in experts]
+            jobs = [(t.offset + e * t.slice_bytes, t.slice_bytes) for t in tensors for e in experts]
             nbytes += sum(length for _, length in jobs)
             if barrier:
                 _read(r, jobs)
@@ -150,7 +150,7 @@ def io_summary(rows: Sequence[dict[str, Any]]) -> str:
 def bench_io(model: Path, out: Path | None, *, sizes: Sequence[int] | None, lanes: Sequence[int],
              modes: Sequence[str], seconds: float, repeats: int, progress: Any = None) -> list[dict[str, Any]]:
     layout = gguf_layout(model) if str(model).endswith(".gguf") else None
-    slice_sizes = sorted({t.expert_bytes for t in layout.experts}) if layout else []
+    slice_sizes = sorted({t.slice_bytes for t in layout.experts}) if layout else []
     sizes = list(sizes or [4096, 65536, *slice_sizes, MiB, 4 * MiB])
     rows = io_sweep(model, sizes=sizes, lanes=lanes, modes=modes, seconds=seconds, repeats=repeats, progress=progress)
     if out is not None:
@@ -164,7 +164,7 @@ def iter_sizes(spec: str, model: Path) -> Iterator[int]:
     for part in spec.split(","):
         part = part.strip().lower()
         if part == "slice":
-            yield from sorted({t.expert_bytes for t in gguf_layout(model).experts})
+            yield from sorted({t.slice_bytes for t in gguf_layout(model).experts})
         elif part.endswith("k"):
             yield int(float(part[:-1]) * 1024)
         elif part.endswith("m"):

@@ -126,7 +126,7 @@ def routing_report(model: Path, tokens: int, out: Path, budgets_mb: Sequence[flo
     stats = routing_stats(trace, layout.n_expert, layout.n_expert_used)
     per_layer = [layout.bytes_per_expert(il) for il in sorted(layout.layers())]
     budgets = list(budgets_mb) or [0, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048,
-                                   math.ceil(layout.expert_bytes_total / MiB)]
+                                   math.ceil(layout.all_expert_bytes / MiB)]
     stats["cache_hit_rate"] = {str(b): round(100 * cache_hit_rate(trace, per_layer, layout.n_expert, int(b * MiB)), 2)
                                for b in budgets}
     stats["model_metadata"] = {k: v for k, v in layout.metadata.items() if k.startswith("bmoe.")}

@@ -29,7 +29,7 @@ class ModelSummary:
     n_tensors: int
     n_vocab: int
     file_bytes: int
-    expert_bytes: int
+    expert_bytes: int   # every routed-expert byte of the file (the C++ ModelInfo field, same name)
 
     @property
     def is_moe(self) -> bool:

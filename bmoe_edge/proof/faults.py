@@ -61,10 +61,10 @@ class FaultResult:
                 "seconds": round(self.seconds, 3), "detail": self.detail}
 
 
-def config_for(case: FaultCase, expert_bytes: int) -> StreamConfig:
+def config_for(case: FaultCase, all_expert_bytes: int) -> StreamConfig:
     share = {"off": 0.0, "small": 0.3, "large": 2.0}[case.cache]
     return replace(BASE, io_threads=case.io_threads, overlap=case.overlap, read_path=case.read_path,
-                   cache_mb=share * expert_bytes / 2**20, fault=f"{case.kind}:{case.nth}")
+                   cache_mb=share * all_expert_bytes / 2**20, fault=f"{case.kind}:{case.nth}")
 
 
 def _reads(gen: Generation, run_info: dict[str, object]) -> int:
@@ -75,8 +75,8 @@ def _reads(gen: Generation, run_info: dict[str, object]) -> int:
     return sum(m.slice_bytes for m in gen.metrics) // max(1, slice_bytes)
 
 
-def reads_per_config(model: Path, expert_bytes: int, case: FaultCase) -> int:
-    clean = replace(config_for(case, expert_bytes), fault="")
+def reads_per_config(model: Path, all_expert_bytes: int, case: FaultCase) -> int:
+    clean = replace(config_for(case, all_expert_bytes), fault="")
     with Engine(model, clean) as engine:
         return _reads(engine.run(PROMPT, STEPS), engine.run_info)
 
@@ -93,10 +93,10 @@ def plan(count: int, seed: int, reads: Callable[[FaultCase], int]) -> list[Fault
     return cases
 
 
-def run_case(model: Path, case: FaultCase, expected: Generation, expert_bytes: int) -> FaultResult:
+def run_case(model: Path, case: FaultCase, expected: Generation, all_expert_bytes: int) -> FaultResult:
     t0 = time.monotonic()
     try:
-        with Engine(model, config_for(case, expert_bytes)) as engine:
+        with Engine(model, config_for(case, all_expert_bytes)) as engine:
             got = engine.run(PROMPT, STEPS, logits=True)
     except BmoeError as exc:
         message = str(exc)
@@ -134,7 +134,7 @@ def run_campaign(model: Path, workdir: Path, count: int, seed: int = 0) -> Itera
     from bmoe_edge.engine import info
 
     model = prepare(model, workdir)
-    expert_bytes = info.model_summary(model).expert_bytes
+    all_expert_bytes = info.model_summary(model).expert_bytes
     with Engine(model, replace(BASE, stream=False, verify_slices=False)) as engine:
         expected = engine.run(PROMPT, STEPS, logits=True)
     known: dict[tuple[object, ...], int] = {}
@@ -142,11 +142,11 @@ def run_campaign(model: Path, workdir: Path, count: int, seed: int = 0) -> Itera
     def reads(case: FaultCase) -> int:
         key = (case.io_threads, case.overlap, case.cache, case.read_path)
         if key not in known:
-            known[key] = reads_per_config(model, expert_bytes, case)
+            known[key] = reads_per_config(model, all_expert_bytes, case)
         return known[key]
 
     for case in plan(count, seed, reads):
-        yield run_case(model, case, expected, expert_bytes)
+        yield run_case(model, case, expected, all_expert_bytes)
 
 
 def table(results: list[FaultResult]) -> str:

@@ -167,7 +167,7 @@ def rpc_matrix(endpoints: str) -> list[GateCell]:
     return [GateCell(spec, case) for spec in QUICK_FIXTURES]
 
 
-def stream_config(case: StreamCase, expert_bytes: int) -> StreamConfig:
+def stream_config(case: StreamCase, all_expert_bytes: int) -> StreamConfig:
     if case.overrides.get("n_expert_used", "auto") != "auto" or case.overrides.get("drop_cold", 0):
         raise BmoeError(f"gate case {case.name}: lossy settings (n_expert_used, drop_cold) have no place in the gates: "
                         "they compare against the lossless model")
@@ -175,7 +175,7 @@ def stream_config(case: StreamCase, expert_bytes: int) -> StreamConfig:
         cache_mb: float | str = "auto"
         extra = {"cache_floor_mb": 0, "cache_ceil_mb": 64}
     else:
-        cache_mb = float(case.cache) * expert_bytes / 2**20
+        cache_mb = float(case.cache) * all_expert_bytes / 2**20
         extra = {}
     return replace(BASE, stream=True, cache_mb=cache_mb, **extra, **case.overrides)
 
@@ -208,13 +208,13 @@ def _first_difference(a: list[Generation], b: list[Generation]) -> tuple[bool, b
     return equal_tokens, equal_logits, first, step
 
 
-def check_cell(cell: GateCell, model: Path, resident: list[Generation], expert_bytes: int,
+def check_cell(cell: GateCell, model: Path, resident: list[Generation], all_expert_bytes: int,
              steps: int, plain: list[Generation] | None = None) -> CellResult:
     spec = cell.fixture
     result = CellResult(spec.arch, spec.quant, spec.split, cell.case.name, passed=False)
     prompts = [g.prompt_tokens for g in resident] if cell.case.echo else PROMPTS
     try:
-        with Engine(model, stream_config(cell.case, expert_bytes)) as engine:
+        with Engine(model, stream_config(cell.case, all_expert_bytes)) as engine:
             streamed = _generate(engine, cell.case.generations, steps, prompts)
             result.read_path = str(engine.run_info["read_path"])
     except BmoeError as exc:
@@ -246,7 +246,7 @@ def run_gates(cells: Iterable[GateCell], resolve: Callable[[FixtureSpec], Path],
         by_fixture.setdefault(cell.fixture, []).append(cell)
     for spec, group in by_fixture.items():
         model = resolve(spec)
-        expert_bytes = info.model_summary(model).expert_bytes
+        all_expert_bytes = info.model_summary(model).expert_bytes
         most = max(c.case.generations for c in group)
         resident: dict[tuple[int, bool, str], list[Generation]] = {}
 
@@ -262,13 +262,13 @@ def run_gates(cells: Iterable[GateCell], resolve: Callable[[FixtureSpec], Path],
             return resident[key]
 
         for cell in group:
-            config = stream_config(cell.case, expert_bytes)
+            config = stream_config(cell.case, all_expert_bytes)
             same = baseline(config.threads, cell.case.echo, config.speculative)
             # Speculation verifies drafts in batched decodes, whose float rounding may differ from one
             # token at a time: its logits are compared with a resident run that speculates too, its
             # tokens also with plain decoding.
             plain = baseline(config.threads, cell.case.echo, "off")
-            yield check_cell(cell, model, same, expert_bytes, steps, plain)
+            yield check_cell(cell, model, same, all_expert_bytes, steps, plain)
 
 
 def emulated_gate_args(bundle_dir: Path, as_json: bool) -> list[str]:

@@ -83,7 +83,7 @@ def model_slice_sizes(model: Path) -> tuple[int, ...]:
         layout = gguf_layout(model)
     except (OSError, ValueError, struct.error) as exc:   # a truncated or garbled header
         raise BmoeError(f"{model}: not a readable gguf ({exc})") from None
-    distinct = sorted({t.expert_bytes for t in layout.experts})
+    distinct = sorted({t.slice_bytes for t in layout.experts})
     if not distinct:
         raise BmoeError(f"{model}: no expert tensors (a dense model has nothing to stream)")
     if len(distinct) > MAX_SIZES:
