@@ -20,6 +20,7 @@ from bmoe_edge.bench.machine import (
     proc_read_bytes,
     write_rows,
 )
+from bmoe_edge.engine import native
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.units import MiB, size_text
 
@@ -27,8 +28,6 @@ from bmoe_edge.units import MiB, size_text
 def reader(path: Path, lanes: int, mode: str) -> Any:
     """The engine's own reader (bindings: `parts.Reader`): its read lanes, O_DIRECT windows into a
     page-pool mirror or pread, admission and eviction as the streamer does them."""
-    from bmoe_edge.engine import native
-
     n = native.load()
     if mode not in ("odirect", "pread"):
         raise BmoeError(f"read mode must be odirect or pread, got {mode!r}")
@@ -37,8 +36,6 @@ def reader(path: Path, lanes: int, mode: str) -> Any:
 
 
 def _read(r: Any, ranges: list[tuple[int, int]]) -> dict[str, Any]:
-    from bmoe_edge.engine import native
-
     with native.engine_errors():
         return r.read(ranges)
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bmoe_edge.engine import info as engine_info
 from bmoe_edge.units import MiB
 
 PROMPT = "Once upon a time"
@@ -80,9 +81,7 @@ def machine_info(path: Path | None = None) -> dict[str, Any]:
         for key in ("logical_block_size", "read_ahead_kb", "rotational", "scheduler"):
             with contextlib.suppress(OSError), open(f"/sys/dev/block/{dev}/queue/{key}") as f:
                 info[f"queue_{key}"] = f.read().strip()
-    with contextlib.suppress(Exception):
-        from bmoe_edge.engine import info as engine_info
-
+    with contextlib.suppress(Exception):   # the native engine not built or not loading: left out
         v = engine_info.version_info()
         info["llama_pin"] = v.llama_pin
         info["hook"] = v.hook

@@ -18,6 +18,7 @@ from typing import Any
 from bmoe_edge.bench.cells import BenchCell
 from bmoe_edge.bench.layout import gguf_layout
 from bmoe_edge.bench.machine import PROMPT, ctx_for
+from bmoe_edge.engine import native
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.units import MiB
 
@@ -61,8 +62,6 @@ def cache_hit_rate(trace: list[list[list[int]]], bytes_per_expert: Sequence[int]
                    budget_bytes: int) -> float:
     """The engine's own cache policy (its ExpertCache, through the bindings) replayed on a routing
     trace: per-layer shares with LRU inside a layer, the layer in flight never evicted; hits / lookups."""
-    from bmoe_edge.engine import native
-
     cache = native.load().parts.ExpertCache(budget_bytes, list(bytes_per_expert), [n_expert] * len(bytes_per_expert))
     hits = lookups = 0
     for token in trace:

@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bmoe_edge import llama_source
+
 # (gguf architecture, the llama.cpp source file of its graph): derived, not hand-edited.
 PINNED: tuple[tuple[str, str], ...] = (
     ('llama', 'llama.cpp'),
@@ -161,8 +163,6 @@ def unproven_note(architecture: str, gated: dict[str, str], recipes: list) -> st
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bmoe_edge import llama_source
-
     args = sys.argv[1:] if argv is None else argv
     src = Path(args[0]) if args else llama_source.default_dest(True)
     for arch, source in derive(src):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from bmoe_edge.engine import grammar
 from bmoe_edge.errors import BmoeError
 
 
@@ -229,8 +230,6 @@ def tool_choice(value: Any, tools: Sequence[Mapping[str, Any]]) -> str | None:
 def call_grammar(style: ToolStyle, tools: Sequence[Mapping[str, Any]], only: str | None = None) -> str:
     """GBNF for an answer that is one tool call in the style's markers, the arguments following each
     tool's `parameters` schema (tool_choice "required" or a named function)."""
-    from bmoe_edge.engine import grammar
-
     conv = grammar._Converter({})
     options = []
     for t in tools:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from bmoe_edge.boards import bundle
+from bmoe_edge.boards import bundle, profiles
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet.commands import Board, tail
 from bmoe_edge.fleet.remote import SshOptions
@@ -208,8 +208,6 @@ def layout_for(board: Board, target: Target, install_dir: str | None, profile_di
 def profile_ssh(board_name: str | None) -> dict[str, Any]:
     if not board_name:
         return {}
-    from bmoe_edge.boards import profiles
-
     ssh = profiles.load_profile(board_name).ssh
     return {"user": ssh.user, "port": ssh.port, "install_dir": ssh.install_dir}
 

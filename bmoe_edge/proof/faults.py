@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from bmoe_edge.engine import Engine, Generation, StreamConfig, checksums
+from bmoe_edge.engine import Engine, Generation, StreamConfig, checksums, info
 from bmoe_edge.errors import BmoeError
 
 KINDS = ("corrupt", "fail", "short", "hang")
@@ -131,8 +131,6 @@ def rss_bytes() -> int:
 
 def run_campaign(model: Path, workdir: Path, count: int, seed: int = 0) -> Iterator[FaultResult]:
     """Yield each case's result as it completes (the resident run and the read counts come first)."""
-    from bmoe_edge.engine import info
-
     model = prepare(model, workdir)
     all_expert_bytes = info.model_summary(model).expert_bytes
     with Engine(model, replace(BASE, stream=False, verify_slices=False)) as engine:

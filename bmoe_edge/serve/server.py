@@ -36,6 +36,7 @@ def listen(bind: str, port: int) -> socket.socket:
 def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: int = DEFAULT_PORT,
           api_key: str | None = None, queue_size: int = 8, template: str | None = None,
           parse_special: bool = False, model_id: str | None = None, say: Callable[[str], None] = print) -> None:
+    # uvicorn and Starlette (app, worker) load when a server starts, not when this module is imported.
     import uvicorn
 
     from bmoe_edge.serve.app import create_app
