@@ -21,6 +21,8 @@ MIN_RATE = 256 * 1024     # bytes/s an upload is allowed before its deadline (pl
 class Board(BoardConnection):
     """A board to run commands on: its SSH connection (BoardConnection) and the steps over it."""
 
+    _request_dir: str | None = None   # the board's request directory, once created (request_dir)
+
     def execute(self, command: str, *, what: str, stdin: channel.Data | None = None, keep_stdin: bool = False,
                 check: bool = True, timeout: float | None = STEP_TIMEOUT, out: IO[str] | None = None,
                 err: IO[str] | None = None) -> Result:

@@ -79,7 +79,6 @@ class BoardConnection:
         self.target = target
         self.options = options or SshOptions()
         self.liveness: channel.Liveness | None = None
-        self._request_dir: str | None = None
         path = self.options.config_path()
         if path is not None and not path.is_file():
             raise BmoeError(f"ssh config {path} does not exist")
