@@ -227,11 +227,12 @@ def test_bad_service_requests_are_one_line(name: str, model: str | None, needle:
 
 
 def test_generate_options_pass_through_only_when_given() -> None:
-    args = onboard.generate_args(max_tokens=8, temp=0.0, top_k=40, top_p=0.95, seed=0, as_json=True, progress=True,
+    args = onboard.generate_args(max_tokens=8, as_json=True, progress=True,
                                 csv_path=None, overrides={"stream": False, "cache_mb": "auto", "threads": None,
-                                                          "overlap": True, "read_path": None})
-    assert args == ["-n", "8", "--no-stream", "--cache-mb", "auto", "--overlap", "--temp", "0.0", "--top-k", "40",
-                    "--top-p", "0.95", "--seed", "0", "--json", "--progress"]
+                                                          "overlap": True, "read_path": None, "temp": 1.0,
+                                                          "top_k": None, "seed": 3})
+    assert args == ["-n", "8", "--no-stream", "--cache-mb", "auto", "--overlap", "--temp", "1.0", "--seed", "3",
+                    "--json", "--progress"]
 
 
 @pytest.fixture()

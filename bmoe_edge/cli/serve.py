@@ -20,9 +20,10 @@ from bmoe_edge.cli.common import (
     fail,
     machine_config,
     rpc_tunnelled,
+    sampling_options,
 )
+from bmoe_edge.engine import settings
 from bmoe_edge.engine.rpc import DEFAULT_PORT as RPC_PORT
-from bmoe_edge.engine.session import Sampling
 
 ModelOpt = Annotated[Path, typer.Option("-m", "--model", help="The gguf model (first shard of a split model).")]
 BoardOpt = Annotated[str | None, typer.Option("--board", help="Take the defaults from this board profile "
@@ -34,6 +35,7 @@ TemplateOpt = Annotated[str | None, typer.Option(
 
 @app.command("chat")
 @engine_options()
+@sampling_options()
 def chat_cmd(
     model: ModelOpt,
     system: Annotated[str | None, typer.Option("--system", help="A system prompt.")] = None,
@@ -41,14 +43,10 @@ def chat_cmd(
                                                "model's template can switch it (default: the model's).")] = None,
     chat_template: TemplateOpt = None,
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Per answer.")] = 1024,
-    temp: Annotated[float, typer.Option("--temp", help="0 = greedy.")] = 0.8,
-    top_k: Annotated[int, typer.Option("--top-k")] = 40,
-    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
-    min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
     board: BoardOpt = None,
     *,
     engine: dict[str, Any],
+    sampling: dict[str, Any],
 ) -> None:
     """Chat with a model in the terminal, streaming its experts (the conversation's context is kept, so
     each turn decodes only its new tokens)."""
@@ -60,7 +58,7 @@ def chat_cmd(
     with Engine(model, config) as e:
         # --parse-special (an engine setting): message text may spell control tokens; off, it is refused.
         session = chat.Session(e, system=system, template=chat_template, think=think,
-                               sampling=Sampling(temp, top_k, top_p, min_p, seed), max_tokens=max_tokens,
+                               sampling=settings.sampling(sampling, conversation=True), max_tokens=max_tokens,
                                parse_special=config.parse_special)
         terminal.run(session)
 

@@ -8,18 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from bmoe_edge.engine import checksums, native, rpc
-from bmoe_edge.engine.settings import StreamConfig
+from bmoe_edge.engine.settings import Sampling, StreamConfig
 from bmoe_edge.errors import BmoeError
 
-
-@dataclass(frozen=True)
-class Sampling:
-    temp: float = 0.0  # 0 = greedy
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.0  # 0 = off
-    seed: int = 0
-    grammar: str = ""  # GBNF (a `root` rule) the output must follow (engine/grammar.py); "" = unconstrained
+__all__ = ["Engine", "Generation", "Sampling", "Token", "TokenMetrics"]
 
 
 @dataclass(frozen=True)
@@ -203,11 +195,7 @@ class Engine:
         `reuse_kv` keeps the context's longest common prefix with the prompt (decoding only the rest)."""
         engine = self._live()
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        s = sampling or Sampling()
-        n = native.load()
-        params = n.SamplingParams()
-        params.temp, params.top_k, params.top_p, params.min_p, params.seed = s.temp, s.top_k, s.top_p, s.min_p, s.seed
-        params.grammar = s.grammar
+        params = (sampling or Sampling()).to_native()
         out = result if result is not None else Generation(prompt_ids)
         out.prompt_tokens = prompt_ids
         with native.engine_errors():

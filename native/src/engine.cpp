@@ -23,33 +23,9 @@ namespace {
 using detail::Clock;
 using detail::ms_since;
 
+// Beyond each row's own bounds (config.cpp): the settings that only make sense together.
 void validate(const StreamConfig & c) {
-    if (c.cache_mb < 0 && c.cache_mb != kCacheAuto) {
-        throw Error("cache_mb must be >= 0 or auto, got " + std::to_string(c.cache_mb));
-    }
-    if (c.cache_mb > 1e9) {
-        throw Error("cache_mb is out of range: " + std::to_string(c.cache_mb));
-    }
-    if (c.io_threads < 1 || c.io_threads > 64) {
-        throw Error("io_threads must be between 1 and 64, got " + std::to_string(c.io_threads));
-    }
-    if (c.threads < 0 || c.ctx < 16 || c.batch < 1 || c.ubatch < 1) {
-        throw Error("threads must be >= 0, ctx >= 16, batch and ubatch >= 1");
-    }
-    if (c.draft_max < 1 || c.draft_max > 64) {
-        throw Error("draft_max must be between 1 and 64, got " + std::to_string(c.draft_max));
-    }
-    if (c.cache_floor_mb < 0 || c.cache_ceil_mb < 0 || c.cache_margin_mb < 0) {
-        throw Error("cache_floor_mb, cache_ceil_mb and cache_margin_mb must be >= 0");
-    }
-    if (!(c.io_timeout_s >= 0 && c.io_timeout_s <= 1e6)) {
-        throw Error("io_timeout must be between 0 (no deadline) and 1000000 seconds, got " +
-                    std::to_string(c.io_timeout_s));
-    }
-    if (!(c.drop_cold >= 0 && c.drop_cold < 1)) {
-        throw Error("drop_cold must be in [0, 1) (a share of a token's routing weight), got " +
-                    std::to_string(c.drop_cold));
-    }
+    check_settings(c);
     if (c.drop_cold > 0 && !c.stream) {
         throw Error("drop_cold skips experts that streaming would have to read: it needs streaming");
     }
@@ -60,40 +36,18 @@ void validate(const StreamConfig & c) {
         throw Error("verify_slices needs the model's slice checksums: run `bmoe-edge verify-model MODEL` once "
                     "to write them");
     }
-    const long kernel_kb = sysconf(_SC_PAGESIZE) / 1024;
-    if (c.page_kb != 0 && (c.page_kb < kernel_kb || c.page_kb > 1024 || (c.page_kb & (c.page_kb - 1)) != 0)) {
-        throw Error("page_kb must be 0 (the kernel's page) or a power of two from this kernel's page size (" +
-                    std::to_string(kernel_kb) + " KiB) to 1024 KiB, got " + std::to_string(c.page_kb));
+    if (!c.rpc_split.empty() && c.rpc.empty()) {
+        throw Error("--rpc-split needs RPC workers (--rpc)");
     }
 }
 
-constexpr const char * kFaultKinds[] = {"none", "corrupt", "fail", "short", "hang"};
-
-// BMOE_FAULT=<kind>:N (test-only) unless the config already asks for a fault.
-FaultInjection fault_from_env(FaultInjection configured) {
+// The config's fault, else BMOE_FAULT=<kind>:N (test-only).
+FaultInjection fault_of(const StreamConfig & c) {
     const char * env = std::getenv("BMOE_FAULT");
-    if (configured.kind != FaultKind::None || env == nullptr || *env == '\0') {
-        return configured;
+    if (!c.fault.empty() || env == nullptr || *env == '\0') {
+        return parse_fault(c.fault, "fault");
     }
-    const std::string v = env;
-    const size_t colon = v.find(':');
-    const std::string kind = v.substr(0, colon);
-    FaultInjection f;
-    for (int k = 1; k < 5; ++k) {
-        f.kind = kind == kFaultKinds[k] ? static_cast<FaultKind>(k) : f.kind;
-    }
-    f.nth = colon == std::string::npos ? 1 : std::atoll(v.c_str() + colon + 1);
-    if (f.kind == FaultKind::None || f.nth < 1) {
-        throw Error("BMOE_FAULT must be corrupt:N, fail:N, short:N or hang:N with N >= 1, got " + v);
-    }
-    return f;
-}
-
-std::string describe(const FaultInjection & f) {
-    if (f.kind == FaultKind::None) {
-        return "";
-    }
-    return std::string(kFaultKinds[static_cast<int>(f.kind)]) + ":" + std::to_string(f.nth);
+    return parse_fault(env, "BMOE_FAULT");
 }
 
 int64_t meta_int(const llama_model * model, const std::string & key) {
@@ -137,8 +91,13 @@ int64_t experts_in_file(const detail::GgufMap & gguf, const std::string & archit
 
 void Engine::Impl::open(const std::string & path) {
     validate(config);
-    config.fault = fault_from_env(config.fault);
-    config.fault.hang_s = config.io_timeout_s > 0 ? config.io_timeout_s + 2 : 5;
+    fault = fault_of(config);
+    fault.hang_s = config.io_timeout > 0 ? static_cast<double>(config.io_timeout) + 2 : 5;
+    // auto: on where this build has the hook and no other engine of this process holds it (process-wide)
+    overlap = config.overlap == Toggle::On ||
+              (config.overlap == Toggle::Auto && build_info().expert_ready_hook && !overlap_in_use());
+    rpc_endpoints = config.rpc.empty() ? std::vector<std::string>{} : parse_endpoints(config.rpc);
+    rpc_split = config.rpc_split.empty() ? std::vector<double>{} : parse_weights(config.rpc_split);
     detail::ensure_llama_backend();
 
     info.model = path;
@@ -149,21 +108,21 @@ void Engine::Impl::open(const std::string & path) {
     info.kernel_page_size = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     info.page_size = config.page_kb > 0 ? static_cast<uint64_t>(config.page_kb) * 1024 : info.kernel_page_size;
     info.dense = to_string(config.dense);
-    info.overlap = config.overlap;
+    info.overlap = overlap;
     info.hook_compiled_in = build_info().expert_ready_hook;
     info.ctx = config.ctx;
     info.batch = config.batch;
     info.ubatch = config.ubatch;
     info.flash_attn = config.flash_attn;
-    info.fault = describe(config.fault);
-    info.speculative = config.speculative_ngram ? "ngram" : "off";
+    info.fault = describe(fault);
+    info.speculative = to_string(config.speculative);
     if (!config.route_trace.empty()) {
         if (!config.stream) {
             throw Error("the route trace needs streaming: the routed experts are read where the engine streams them");
         }
         route_trace = std::make_unique<detail::RouteTrace>(config.route_trace);  // a bad path fails now
     }
-    info.io_timeout_s = config.io_timeout_s;
+    info.io_timeout_s = static_cast<double>(config.io_timeout);
     info.verify_slices = config.verify_slices && config.stream;
     info.parse_special = config.parse_special;
 
@@ -172,7 +131,7 @@ void Engine::Impl::open(const std::string & path) {
     info.n_files = static_cast<int>(gguf->files().size());
     info.file_bytes = gguf->total_bytes();
 
-    if (config.n_expert_used != 0) {
+    if (config.n_expert_used != kAuto) {
         const int64_t n_expert = experts_in_file(*gguf, info.architecture);
         if (n_expert == 0) {
             throw Error(path + ": --n-expert-used needs a MoE model of an architecture the engine knows ('" +
@@ -195,14 +154,12 @@ void Engine::Impl::open(const std::string & path) {
         throw Error(path + ": architecture '" + info.architecture + "' cannot be streamed: " + recipe_row.refused +
                     "; run it with --no-stream (bmoe-edge archs)");
     }
-    if (!config.rpc_endpoints.empty()) {
-        rpc = std::make_unique<detail::RpcWorkers>(config.rpc_endpoints, config.rpc_timeout_s);  // probed before
-        placement = rpc->place(*gguf, config.rpc_split, config.stream);
-        info.rpc_workers = static_cast<int>(config.rpc_endpoints.size());
+    if (!rpc_endpoints.empty()) {
+        rpc = std::make_unique<detail::RpcWorkers>(rpc_endpoints, static_cast<double>(config.rpc_timeout));  // probed before
+        placement = rpc->place(*gguf, rpc_split, config.stream);
+        info.rpc_workers = static_cast<int>(rpc_endpoints.size());
         info.main_layers = placement.main_layers;
-        info.placement = detail::describe(placement, config.rpc_endpoints, config.stream);
-    } else if (!config.rpc_split.empty()) {
-        throw Error("--rpc-split needs RPC workers (--rpc)");
+        info.placement = detail::describe(placement, rpc_endpoints, config.stream);
     }
     load_model(path, recipe);
     info.n_layer = llama_model_n_layer(model.get());
@@ -229,7 +186,7 @@ void Engine::Impl::open(const std::string & path) {
     }
     warm_up_and_capture();
     seam->set_warm_up_hint(nullptr);
-    streaming = detail::attach_streaming(*gguf, *seam, config, info);
+    streaming = detail::attach_streaming(*gguf, *seam, config, fault, info);
     if (rpc) {  // isolate only the routers of the layers computed here
         for (const auto & c : seam->captured()) {  // a worker's layer computed here would read unrouted bytes
             if (c.is_expert && c.host && c.layer >= placement.main_layers) {
@@ -245,13 +202,13 @@ void Engine::Impl::open(const std::string & path) {
     }
     size_cache();
     detail::Streamer & streamer = *streaming.streamer;
-    if (config.overlap) {
+    if (overlap) {
         hook = std::make_unique<detail::ExpertReadyHook>(streamer);
         llama_set_abort_callback(
             ctx.get(), [](void * s) { return static_cast<detail::Streamer *>(s)->failed(); }, &streamer);
     }
     detail::RouteTrace * trace = route_trace.get();
-    const bool overlapped = config.overlap;
+    const bool overlapped = overlap;
     seam->set_router([&streamer, trace, overlapped](int layer, const std::vector<int> & e, int per_token) {
         if (trace != nullptr) {
             trace->record(layer, e, per_token);
@@ -431,7 +388,7 @@ void Engine::Impl::size_cache() {
     }
     memory = std::make_unique<detail::MemoryBudget>(config, std::move(footprint), streamer.cache().bytes_per_token_slot());
     const detail::BudgetReport report = memory->initial(detail::read_memory());
-    info.cache_mode = config.cache_mb == 0 ? "off" : config.cache_mb == kCacheAuto ? "auto" : "fixed";
+    info.cache_mode = config.cache_mb == 0 ? "off" : config.cache_mb == kAuto ? "auto" : "fixed";
     info.cache_budget_mb = static_cast<double>(report.budget) / 1048576.0;
     info.cache_note = report.note;
     info.memory_limit_source = report.limit_source;

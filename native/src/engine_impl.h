@@ -58,6 +58,11 @@ auto guarded(const char * what, F && f) -> decltype(f()) {
 
 struct Engine::Impl {
     StreamConfig config;
+    // What the settings resolve to at open (the engine works with these, not with their texts or auto).
+    bool overlap = false;
+    FaultInjection fault;
+    std::vector<std::string> rpc_endpoints;
+    std::vector<double> rpc_split;
     RunInfo info;
     std::unique_ptr<detail::GgufMap> gguf;
     std::unique_ptr<detail::RpcWorkers> rpc;  // registered before the model loads

@@ -96,7 +96,7 @@ BudgetReport MemoryBudget::initial(const MemoryReading & m) {
     const int64_t left = h.bytes - to_signed(need) - margin;
     report.headroom = left > 0 ? static_cast<uint64_t>(left) : 0;
     const uint64_t ceiling = static_cast<uint64_t>(config_.cache_ceil_mb) * kMiB;
-    if (config_.cache_mb == kCacheAuto) {
+    if (config_.cache_mb == kAuto) {
         cap_ = ceiling;
         report.budget = std::min(report.headroom, ceiling);
     } else {
