@@ -426,6 +426,13 @@ def test_remote_generate_streams_the_resident_ids_back(deployed: dict, board, la
     text = run_cli("generate", "--host", board.target, "-m", model, "-p", "The quick brown fox", "-n", "4",
                    env=_env(lab), timeout=600)
     assert text.returncode == 0 and text.stdout.strip() and "tok/s decode" in text.stderr, text.stderr
+    # sampling reaches the board by name: the same seed repeats its tokens there, another seed does not
+    # (hot and unfiltered: the fixture's next token has a wide margin by design)
+    hot = [*base, "--temp", "2.0", "--top-p", "1", "--min-p", "0", "--seed"]
+    sampled = [run_cli(*hot, seed, env=_env(lab), timeout=600) for seed in ("1", "1", "2")]
+    assert all(r.returncode == 0 for r in sampled), [r.stderr for r in sampled]
+    one, again, two = (_token_ids(r.stdout) for r in sampled)
+    assert one == again and one != two and one != ids
 
 
 def _free_port() -> int:

@@ -109,6 +109,24 @@ def machine_config(board: str | None, given: dict[str, Any], job: tuple[str, int
     return runner.fit_to_job(config, *job, fixed=fixed)
 
 
+def on_board(host: str | None, *, rpc_host: str | None, inventory: Path | None, ssh_config: Path | None,
+             accept_new_host_key: bool, run: Callable[[Any, Any, Any], int]) -> None:
+    """Where a command runs. Without --host it returns and the command runs here. With --host,
+    `run(onboard, target, ssh_options)` runs it on the board through its current release and this
+    process exits with the board's exit code. RPC workers (--rpc-host, --inventory) belong to a run
+    here: with --host, the main board starts its own."""
+    if not host:
+        return
+    if rpc_host or inventory is not None:
+        fail("--rpc-host and --inventory are for a run on this machine; with --host, start it on the main board "
+             "itself")
+    # fleet reaches boards with fabric, which a board does not have: imported only when a board is reached
+    from bmoe_edge.fleet import onboard, remote
+
+    options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+    raise typer.Exit(run(onboard, remote.parse_target(host), options))
+
+
 @contextlib.contextmanager
 def rpc_tunnelled(engine: dict[str, Any], rpc_host: str | None, rpc_port: int, *, inventory: Path | None = None,
                   ssh_config: Path | None, accept_new_host_key: bool,

@@ -23,6 +23,7 @@ from bmoe_edge.cli.common import (
     engine_options,
     fail,
     machine_config,
+    on_board,
     rpc_tunnelled,
     sampling_options,
 )
@@ -236,18 +237,14 @@ def generate_cmd(
             fail(f"cannot read the prompt file {prompt_file}: {exc.strerror}")
         except UnicodeDecodeError:
             fail(f"the prompt file {prompt_file} is not UTF-8 text")
-    if host and (rpc_host or inventory is not None):
-        fail("--rpc-host and --inventory are for a run on this machine; with --host, start the run on the "
-             "main board itself")
-    if host:
-        from bmoe_edge.fleet import onboard, remote
-
-        args = onboard.generate_args(
-            max_tokens=max_tokens, as_json=as_json, progress=progress,
-            csv_path=None if csv_path is None else str(csv_path), overrides={**engine, **sampling})
-        options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
-        raise typer.Exit(onboard.board_generate(remote.parse_target(host), str(model), prompt, args, options=options,
-                                                board_name=board, install_dir=install_dir))
+    text = prompt
+    on_board(host, rpc_host=rpc_host, inventory=inventory, ssh_config=ssh_config,
+             accept_new_host_key=accept_new_host_key,
+             run=lambda onboard, target, options: onboard.board_generate(
+                 target, str(model), text, onboard.generate_args(
+                     max_tokens=max_tokens, as_json=as_json, progress=progress,
+                     csv_path=None if csv_path is None else str(csv_path), overrides={**engine, **sampling}),
+                 options=options, board_name=board, install_dir=install_dir))
     outputs = runner.Outputs(as_json=as_json, progress=progress, csv_path=csv_path)
     say = (lambda m: typer.echo(m, err=True)) if progress else None
     with rpc_tunnelled(engine, rpc_host, rpc_port, inventory=inventory, ssh_config=ssh_config,

@@ -19,6 +19,7 @@ from bmoe_edge.cli.common import (
     engine_options,
     fail,
     machine_config,
+    on_board,
     rpc_tunnelled,
     sampling_options,
 )
@@ -101,20 +102,15 @@ def serve_cmd(
             api_key = api_key_file.read_text().strip()
         except OSError as exc:
             fail(f"cannot read the API key file {api_key_file}: {exc.strerror}")
-    if host and (rpc_host or inventory is not None):
-        fail("--rpc-host and --inventory are for a server on this machine; with --host, start it on the "
-             "main board itself")
-    if host:
-        from bmoe_edge.fleet import onboard, remote
-
-        if port == 0 or local_port == 0:
-            fail("with --host, give fixed ports: --port (the board's) and --local-port (this machine's)")
-        args = onboard.serve_args(overrides=engine, queue=queue, model_id=model_id, chat_template=chat_template)
-        options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
-        forwarded = port if local_port is None else local_port
-        raise typer.Exit(onboard.board_serve(
-            remote.parse_target(host), str(model), args, port=port, local_port=forwarded, options=options,
-            api_key=api_key, board_name=board, install_dir=install_dir, say=lambda s: typer.echo(s, err=True)))
+    if host and (port == 0 or local_port == 0):
+        fail("with --host, give fixed ports: --port (the board's) and --local-port (this machine's)")
+    on_board(host, rpc_host=rpc_host, inventory=inventory, ssh_config=ssh_config,
+             accept_new_host_key=accept_new_host_key,
+             run=lambda onboard, target, options: onboard.board_serve(
+                 target, str(model), onboard.serve_args(overrides=engine, queue=queue, model_id=model_id,
+                                                        chat_template=chat_template),
+                 port=port, local_port=port if local_port is None else local_port, options=options,
+                 api_key=api_key, board_name=board, install_dir=install_dir, say=lambda s: typer.echo(s, err=True)))
     from bmoe_edge.serve import server
 
     def say(line: str) -> None:
