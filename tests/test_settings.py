@@ -91,6 +91,8 @@ def test_bounds_and_rules_are_the_engines() -> None:
     with pytest.raises(BmoeError, match=r"temp \(--temp\) must be between 0 and 2"):
         settings.Sampling(temp=2.5)
     assert settings.StreamConfig(cache_mb="12.5").cache_mb == 12.5
+    with pytest.raises(BmoeError, match=r"cache_mb \(--cache-mb\) must be >= 0 or auto, got -1"):
+        settings.StreamConfig(cache_mb=-1)  # the engine's encoding of auto is not a budget a user can give
     assert settings.Sampling(seed="7").seed == 7
 
 

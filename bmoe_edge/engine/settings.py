@@ -90,6 +90,8 @@ class Setting:
         """The value, typed and checked against the row's bounds and rule by the engine itself; BmoeError
         says which setting and why."""
         value = self._typed(value)
+        if self.auto and not self.toggle and value != "auto" and value == _AUTO:  # natively auto: say "auto"
+            raise BmoeError(f"{self._where()} must be >= {self.minimum:g} or auto, got {value!r}")
         n = native.load()
         record = n.StreamConfig() if self.group == "engine" else n.SamplingParams()
         try:
