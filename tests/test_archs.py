@@ -10,8 +10,8 @@ import gguf
 import pytest
 
 from bmoe_edge.engine import moe_archs
-from bmoe_edge.fixtures import tinymoe
 from bmoe_edge.proof import gates
+from bmoe_edge.synthetic import tinymoe
 
 from conftest import LLAMA_SRC, assert_clean_error, run_cli
 

@@ -14,7 +14,7 @@ import gguf
 import pytest
 
 from bmoe_edge.bench import layout, machine, ramcap, routing
-from bmoe_edge.fixtures import bigmoe
+from bmoe_edge.synthetic import bigmoe
 
 from conftest import assert_clean_error, run_cli
 

@@ -132,7 +132,7 @@ def test_manifest_round_trips_and_verifies(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "manifest.json").read_text())
     assert data["profile"] == "profile/qemu-arm64.yaml" and data["format_version"] == bundle.FORMAT_VERSION
     # the bundle's profile file is the resolved profile itself, read as it is
-    assert emulate.bundle_profile(tmp_path, written) == profiles.load_profile("qemu-arm64")
+    assert bundle.bundle_profile(tmp_path, written) == profiles.load_profile("qemu-arm64")
 
 
 @pytest.mark.parametrize("tamper, needle", [
@@ -256,7 +256,7 @@ def test_qemu_arm64_bundle_verifies_and_carries_an_aarch64_extension(qemu_bundle
     assert "ARM aarch64" in subprocess.run(["file", "-b", str(ext)], capture_output=True, text=True).stdout
     assert manifest.cmake_flags["ggml_cpu_march_used"] == A76
     assert manifest.cmake_flags["GGML_NATIVE"] == "OFF" and manifest.cmake_flags["GGML_OPENMP"] == "OFF"
-    assert set(manifest.needed_libs) <= set(emulate.bundle_profile(qemu_bundle, manifest).libs)
+    assert set(manifest.needed_libs) <= set(bundle.bundle_profile(qemu_bundle, manifest).libs)
     with zipfile.ZipFile(qemu_bundle / manifest.wheel) as zf:   # the wheel carries the shipped profiles
         shipped = {n.removeprefix("bmoe_edge/board_profiles/") for n in zf.namelist()
                    if n.startswith("bmoe_edge/board_profiles/")}

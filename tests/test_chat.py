@@ -18,7 +18,7 @@ from bmoe_edge.engine import chat
 from bmoe_edge.engine.session import Engine, Sampling
 from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fixtures import tinymoe
+from bmoe_edge.synthetic import tinymoe
 
 GREEDY = Sampling(temp=0.0)
 QWEN3_LIKE = (

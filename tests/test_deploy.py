@@ -26,8 +26,9 @@ import pytest
 from bmoe_edge import llama_source
 from bmoe_edge.boards import build, bundle, emulate, signing
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet import deploy, emulated_board, install, onboard, probe, remote, services
+from bmoe_edge.fleet import deploy, emulated_board, onboard, probe, remote, services, systemd
 from bmoe_edge.fleet import state as board_state
+from bmoe_edge.fleet import targets as fleet_targets
 
 from conftest import run_cli
 
@@ -76,7 +77,7 @@ def _host(result: subprocess.CompletedProcess[str]) -> dict:
     ("fe80::1", ("fe80::1", None, None)),
 ])
 def test_targets_parse(spec: str, want: tuple) -> None:
-    t = remote.parse_target(spec)
+    t = fleet_targets.parse_target(spec)
     assert (t.host, t.user, t.port) == want
 
 
@@ -86,7 +87,7 @@ def test_targets_parse(spec: str, want: tuple) -> None:
 ])
 def test_bad_targets_are_clean_errors(spec: str, needle: str) -> None:
     with pytest.raises(BmoeError, match="host") as err:
-        remote.parse_target(spec)
+        fleet_targets.parse_target(spec)
     assert needle in str(err.value)
 
 
@@ -97,17 +98,17 @@ def test_inventory_gives_boards_users_ports_and_install_dirs(tmp_path: Path) -> 
                    "  - kitchen.local\n"
                    "  - {host: alice@10.0.0.7:2222, board: rpi4, install_dir: /opt/bmoe-edge}\n"
                    "  - {host: 10.0.0.8, port: 2200}\n")
-    targets = remote.load_inventory(inv)
+    targets = fleet_targets.load_inventory(inv)
     assert [(t.host, t.user, t.port, t.board, t.install_dir) for t in targets] == [
         ("kitchen.local", "pi", None, "rpi5", None),
         ("10.0.0.7", "alice", 2222, "rpi4", "/opt/bmoe-edge"),
         ("10.0.0.8", "pi", 2200, "rpi5", None)]
     inv.write_text("hosts:\n  - {host: a, prot: 22}\n")
     with pytest.raises(BmoeError, match=r"hosts\[0\]: unknown key 'prot'"):
-        remote.load_inventory(inv)
+        fleet_targets.load_inventory(inv)
     inv.write_text("hosts:\n  - {host: a, install_dir: relative/dir}\n")
     with pytest.raises(BmoeError, match="must be an absolute path"):
-        remote.load_inventory(inv)
+        fleet_targets.load_inventory(inv)
 
 
 def test_inventory_roles_make_rpc_workers(tmp_path: Path) -> None:
@@ -119,7 +120,7 @@ def test_inventory_roles_make_rpc_workers(tmp_path: Path) -> None:
                    "  - pi-a.local\n"
                    "  - {host: pi-b.local, role: rpc-worker}\n"
                    "  - {host: pi-c.local, role: rpc-worker, rpc_port: 50060}\n")
-    main, plain_worker, worker = remote.load_inventory(inv)
+    main, plain_worker, worker = fleet_targets.load_inventory(inv)
     assert (main.role, plain_worker.role, worker.role, worker.rpc_port) == (None, "rpc-worker", "rpc-worker", 50060)
     serve = services.spec_for("serve", model="/m.gguf", bind="127.0.0.1", port=None, api_key=None)
     assert services.for_target(main, serve) is serve and services.for_target(main, None) is None
@@ -134,7 +135,7 @@ def test_inventory_roles_make_rpc_workers(tmp_path: Path) -> None:
                          ("{host: a, role: rpc-worker, rpc_port: 0}", "rpc_port 0 is not a number from 1 to 65535")):
         inv.write_text(f"hosts:\n  - {text}\n")
         with pytest.raises(BmoeError, match=re.escape(needle)):
-            remote.load_inventory(inv)
+            fleet_targets.load_inventory(inv)
 
 
 def _manifest_like(**changes: object) -> bundle.Manifest:
@@ -174,13 +175,13 @@ def test_remote_paths_cannot_escape_the_release(path: str) -> None:
 
 def test_unit_rendering_escapes_the_install_dir() -> None:
     template = build.DEPLOY_DIR / "bmoe-edge-generate@.service"
-    text = install.render_unit(template.read_text(), "/opt/my 100% \"odd\" $dir", "pi")
+    text = systemd.render_job_unit(template.read_text(), "/opt/my 100% \"odd\" $dir", "pi")
     exec_start = next(ln for ln in text.splitlines() if ln.startswith("ExecStart="))
     assert exec_start == ('ExecStart="/opt/my 100%% \\"odd\\" $$dir/current/launcher/bmoe-edge-job.sh" '
                           '"/opt/my 100%% \\"odd\\" $$dir/jobs/%i"')
     assert "User=pi" in text and "@INSTALL_DIR@" not in text
     with pytest.raises(BmoeError):
-        install.render_unit(template.read_text(), "/opt/a\nb", "pi")
+        systemd.render_job_unit(template.read_text(), "/opt/a\nb", "pi")
 
 
 def _unit_fields(text: str) -> dict[str, str]:
@@ -618,7 +619,7 @@ def test_serve_service_is_installed_and_its_execstart_serves(deployed: dict, boa
                               stderr=subprocess.PIPE, text=True, preexec_fn=emulate._no_core_dumps)
     try:
         spec = services.spec_for("serve", model=model, bind="127.0.0.1", port=port, api_key="svc-key")
-        b, _layout = board_state.connect(remote.parse_target(board.target),
+        b, _layout = board_state.connect(fleet_targets.parse_target(board.target),
                                          remote.SshOptions(ssh_config=lab / "ssh_config"), install_dir=str(inst))
         with b:
             services.wait_healthy(b, spec, timeout=600)
@@ -727,7 +728,7 @@ def test_tampered_file_on_the_board_is_refused(deployed: dict, board, bundle_a: 
                                                tmp_path: Path, stage: str) -> None:
     a_id = bundle.load_manifest(bundle_a).bundle_id
     inst = _tree_with(board.install_dir / "releases" / a_id, tmp_path / "inst")
-    target = remote.parse_target(board.target)
+    target = fleet_targets.parse_target(board.target)
 
     def tamper(release: str) -> None:
         with open(Path(release) / QWEN3, "r+b") as f:

@@ -28,8 +28,9 @@ import pytest
 
 from bmoe_edge.boards import bundle, signing
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet import deploy, emulated_board, lock, remote, table
+from bmoe_edge.fleet import commands, deploy, emulated_board, lock, parallel, remote, report, systemd
 from bmoe_edge.fleet import state as board_state
+from bmoe_edge.fleet import targets as fleet_targets
 
 import test_deploy as shared
 from conftest import run_cli
@@ -83,8 +84,8 @@ def boards(tmp_path: Path):
         emulated_board.stop(lab_dir, b.name)
 
 
-def _board(b: emulated_board.EmulatedBoard, **options) -> remote.Board:
-    return remote.Board(remote.parse_target(b.target), remote.SshOptions(ssh_config=b.ssh_config, **options))
+def _board(b: emulated_board.EmulatedBoard, **options) -> commands.Board:
+    return commands.Board(fleet_targets.parse_target(b.target), remote.SshOptions(ssh_config=b.ssh_config, **options))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -168,29 +169,29 @@ def test_a_frozen_board_is_cut_off_by_the_keepalive(boards) -> None:
 def test_host_deadline_and_fail_fast(boards) -> None:
     _lab, start = boards
     b = start("slow")
-    target = remote.parse_target(b.target)
+    target = fleet_targets.parse_target(b.target)
 
-    def slow(t: remote.Target) -> table.HostResult:
+    def slow(t: fleet_targets.Target) -> report.HostResult:
         with _board(b, keepalive=0) as board:
             board.sh("sleep 600", what="a step that hangs", timeout=None)
-        return table.HostResult(host=t.label, ok=True)
+        return report.HostResult(host=t.label, ok=True)
 
     t0 = time.monotonic()
-    [r] = table.run_fleet([target], slow, host_timeout=2)
+    [r] = parallel.run_fleet([target], slow, host_timeout=2)
     assert not r.ok and "no result within the host deadline of 2 s" in r.error and time.monotonic() - t0 < 20
     # --fail-fast: one at a time, the first fails (nobody listens there), the others are skipped
     with emulated_board.socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        dead = remote.parse_target(f"root@127.0.0.1:{s.getsockname()[1]}")
+        dead = fleet_targets.parse_target(f"root@127.0.0.1:{s.getsockname()[1]}")
 
-    def status(t: remote.Target) -> table.HostResult:
-        with remote.Board(t, remote.SshOptions(ssh_config=b.ssh_config)):
-            return table.HostResult(host=t.label, ok=True)
+    def status(t: fleet_targets.Target) -> report.HostResult:
+        with commands.Board(t, remote.SshOptions(ssh_config=b.ssh_config)):
+            return report.HostResult(host=t.label, ok=True)
 
-    results = table.run_fleet([dead, target, target], status, max_parallel=1, fail_fast=True)
+    results = parallel.run_fleet([dead, target, target], status, max_parallel=1, fail_fast=True)
     assert not results[0].ok and "cannot reach" in results[0].error
     assert [("skipped" in (r.error or "")) for r in results[1:]] == [True, True]
-    assert all(r.ok for r in table.run_fleet([target, target], status, max_parallel=1, fail_fast=True))
+    assert all(r.ok for r in parallel.run_fleet([target, target], status, max_parallel=1, fail_fast=True))
 
 
 def test_proxyjump_hops_get_the_same_strict_host_key_policy(boards, tmp_path: Path) -> None:
@@ -218,10 +219,9 @@ def test_proxyjump_hops_get_the_same_strict_host_key_policy(boards, tmp_path: Pa
 
 def test_unit_is_off_the_boot_path_and_sandboxed() -> None:
     from bmoe_edge.boards import build
-    from bmoe_edge.fleet import install
 
-    text = install.render_unit((build.DEPLOY_DIR / "bmoe-edge-generate@.service").read_text(), "/opt/b e", "pi",
-                               ram_mb=8192)
+    text = systemd.render_job_unit((build.DEPLOY_DIR / "bmoe-edge-generate@.service").read_text(), "/opt/b e", "pi",
+                                   ram_mb=8192)
     fields = dict(ln.split("=", 1) for ln in text.splitlines() if "=" in ln and not ln.startswith("#"))
     assert fields["Type"] == "exec" and fields["RuntimeMaxSec"] == "6h" and fields["MemoryMax"] == "7168M"
     assert fields["NoNewPrivileges"] == "yes" and fields["ProtectSystem"] == "strict"
@@ -310,7 +310,7 @@ def test_failed_health_check_rolls_back_and_the_release_is_never_picked_again(bo
     lab_dir, start = boards
     b = start("health")
     inst = tmp_path / "inst"
-    target = remote.parse_target(b.target)
+    target = fleet_targets.parse_target(b.target)
     a_id, b_id = (bundle.load_manifest(x).bundle_id for x in (bundle_a, bundle_b))
     [r] = deploy.deploy(bundle_a, [target], ssh_config=b.ssh_config, install_dir=str(inst), log=lambda _m: None)
     assert r.ok, r.error
@@ -353,7 +353,7 @@ def test_fleet_with_a_killed_and_a_frozen_board(boards, bundle_a: Path, tmp_path
             if partial.startswith(str(dirs[b.name]) + "/"):
                 _signal_board(b, sig)
 
-    targets = [remote.Target("127.0.0.1", b.user, b.port, "qemu-arm64", str(dirs[b.name])) for b in fleet]
+    targets = [fleet_targets.Target("127.0.0.1", b.user, b.port, "qemu-arm64", str(dirs[b.name])) for b in fleet]
     t0 = time.monotonic()
     results = deploy.deploy(bundle_a, targets, ssh_config=fleet[0].ssh_config, log=lambda _m: None,
                             hooks={"uploaded": uploaded}, keepalive=3.0)
@@ -365,7 +365,7 @@ def test_fleet_with_a_killed_and_a_frozen_board(boards, bundle_a: Path, tmp_path
     assert not by_port[str(killed.port)].ok and not by_port[str(frozen.port)].ok
     assert "stopped answering" in by_port[str(frozen.port)].error
     assert not (dirs[killed.name] / "current").exists() and not (dirs[frozen.name] / "current").exists()
-    table_text = table.format_table(results)
+    table_text = report.format_table(results)
     assert table_text.splitlines()[-1] == "3 of 5 hosts ok, 2 failed"
     print(f"\nfleet of 5 with a dead and a hung board: {wall:.0f} s")
 

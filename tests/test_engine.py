@@ -12,8 +12,8 @@ import pytest
 from bmoe_edge.bench.machine import drop_page_cache
 from bmoe_edge.engine import Engine, StreamConfig
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fixtures import tinymoe
 from bmoe_edge.proof import gates
+from bmoe_edge.synthetic import tinymoe
 
 BASE = replace(gates.BASE, stream=True)
 PROMPT = gates.PROMPTS[0]

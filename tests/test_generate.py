@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bmoe_edge.fixtures import tinymoe
+from bmoe_edge.synthetic import tinymoe
 
 from conftest import assert_clean_error, run_cli
 

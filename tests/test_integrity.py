@@ -18,8 +18,8 @@ import pytest
 
 from bmoe_edge.engine import Engine, Generation, checksums, info, native
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fixtures import tinymoe
 from bmoe_edge.proof import faults, fuzz, gates
+from bmoe_edge.synthetic import tinymoe
 
 from conftest import assert_clean_error, run_cli
 

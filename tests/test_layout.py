@@ -1,5 +1,6 @@
-"""The Python side's house rules, checked on the source: the stages import only downwards, no file
-grows past ~600 lines, and what runs on a board imports nothing the board does not have."""
+"""The Python side's house rules, checked on the source: the stages import only downwards, no module
+imports itself back through others, no file grows past ~600 lines, and what runs on a board imports
+nothing the board does not have."""
 
 from __future__ import annotations
 
@@ -9,23 +10,23 @@ from pathlib import Path
 from conftest import REPO
 
 PACKAGE = REPO / "bmoe_edge"
-# Modules below every stage (the error type, the llama.cpp pin and cache paths, the tool checks).
-FOUNDATION = {"errors", "llama_source", "doctor", "__init__", "__main__", "_native"}
+# Modules below every stage (the error type, the llama.cpp pin and cache paths, the tool checks, byte sizes).
+FOUNDATION = {"errors", "llama_source", "doctor", "units", "__init__", "__main__", "_native"}
 # stage -> the stages it may import (besides itself and the foundation). The flow is
 # profile (data) -> build -> bundle -> deploy -> run -> report; the engine is what every stage runs on.
 ALLOWED = {
     "engine": set(),
-    "fixtures": {"engine"},
-    "boards": {"engine", "fixtures", "bench"},
+    "synthetic": {"engine"},
+    "boards": {"engine", "synthetic", "bench"},
     "fleet": {"engine", "boards"},
-    "proof": {"engine", "fixtures"},
+    "proof": {"engine", "synthetic"},
     "bench": {"engine"},
     "serve": {"engine"},
-    "cli": {"engine", "fixtures", "boards", "fleet", "proof", "bench", "serve"},
+    "cli": {"engine", "synthetic", "boards", "fleet", "proof", "bench", "serve"},
 }
 # What a board's Python has: the standard library and the runtime dependencies (pyproject.toml).
 BOARD_SIDE = ["engine/*.py", "boards/bundle.py", "boards/profiles.py", "boards/profile_schema.py",
-              "proof/gates.py", "fixtures/specs.py", "bench/machine.py", "bench/layout.py", "bench/io.py",
+              "proof/gates.py", "synthetic/specs.py", "bench/machine.py", "bench/layout.py", "bench/io.py",
               "bench/ramcap.py", "bench/cells.py", "bench/routing.py", "bench/tune.py", "boards/tune.py",
               "serve/*.py", "cli/*.py"]
 HOST_ONLY = {"numpy", "gguf", "matplotlib", "fabric", "paramiko"}
@@ -64,6 +65,75 @@ def test_stages_import_only_downwards() -> None:
             if own is None or stage not in ALLOWED[own]:
                 wrong.append(f"{rel} imports {module}")
     assert not wrong, "\n".join(wrong)
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the package's modules it imports: every import statement, at the top, inside a function
+    or under TYPE_CHECKING alike (an import moved into a function still ties the two modules together).
+    `from a import b` is an arrow to a.b when that is a module, else to a (its __init__)."""
+    paths = {_module_name(p, package.parent): p for p in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        parent = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = parent.split(".")[:len(parent.split(".")) - node.level + 1]
+                    base = ".".join([*up, *([base] if base else [])])
+                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names}
+        graph[name] = {t for t in targets if t in paths and t != name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of the graph (its modules, the first repeated at the end), or None."""
+    state: dict[str, int] = {}   # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_the_module_graph_has_no_cycle() -> None:
+    graph = _module_graph()
+    assert graph["bmoe_edge.fleet.deploy"] >= {"bmoe_edge.fleet.upload", "bmoe_edge.fleet.install"}  # it sees arrows
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_a_cycle_through_a_function_level_import_is_found(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    for init in (pkg / "__init__.py", pkg / "sub" / "__init__.py"):
+        init.write_text("")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def late():\n    from .. import a\n")
+    assert _cycle(_module_graph(pkg)) == ["pkg.a", "pkg.sub.b", "pkg.a"]
+    (pkg / "sub" / "b.py").write_text("def late():\n    from pkg import sub\n")
+    assert _cycle(_module_graph(pkg)) is None
 
 
 def test_every_stage_is_a_package_with_its_arrows_declared() -> None:

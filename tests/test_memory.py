@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bmoe_edge.fixtures import bigmoe, tinymoe
+from bmoe_edge.synthetic import bigmoe, tinymoe
 
 MiB = 2**20
 HEADER = """

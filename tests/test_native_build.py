@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bmoe_edge.fixtures import tinymoe
+from bmoe_edge.synthetic import tinymoe
 
 from conftest import REPO
 

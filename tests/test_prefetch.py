@@ -10,8 +10,8 @@ import pytest
 
 from bmoe_edge.engine import Engine, StreamConfig
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fixtures import tinymoe
 from bmoe_edge.proof import gates
+from bmoe_edge.synthetic import tinymoe
 
 from conftest import run_cli
 

@@ -23,8 +23,8 @@ import yaml
 
 from bmoe_edge.engine import Engine, rpc, rpc_worker
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fixtures import tinymoe
 from bmoe_edge.proof import gates
+from bmoe_edge.synthetic import tinymoe
 
 from conftest import assert_clean_error, run_cli
 

@@ -22,7 +22,7 @@ import pytest
 from bmoe_edge.engine import chat
 from bmoe_edge.engine.session import Engine, Sampling
 from bmoe_edge.engine.settings import StreamConfig
-from bmoe_edge.fixtures import tinymoe
+from bmoe_edge.synthetic import tinymoe
 
 from conftest import assert_clean_error, run_cli
 

@@ -11,7 +11,7 @@ import pytest
 
 from bmoe_edge.engine import settings
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fixtures import tinymoe
+from bmoe_edge.synthetic import tinymoe
 
 from conftest import REPO, assert_clean_error, run_cli
 

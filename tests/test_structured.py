@@ -19,7 +19,7 @@ from bmoe_edge.engine import chat, grammar, tools
 from bmoe_edge.engine.session import Engine, Sampling
 from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fixtures import tinymoe
+from bmoe_edge.synthetic import tinymoe
 
 from test_serve import Server, start, stop
 

@@ -9,7 +9,7 @@ import gguf
 import pytest
 
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fixtures import tinymoe
+from bmoe_edge.synthetic import tinymoe
 
 from conftest import run_cli
 

@@ -23,8 +23,9 @@ from bmoe_edge.bench import tune as measure
 from bmoe_edge.boards import profiles, tune
 from bmoe_edge.engine import memlimits
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fixtures import tinymoe
-from bmoe_edge.fleet import emulated_board, remote
+from bmoe_edge.fleet import commands, emulated_board, remote
+from bmoe_edge.fleet import targets as fleet_targets
+from bmoe_edge.synthetic import tinymoe
 
 import test_deploy
 from conftest import assert_clean_error, run_cli
@@ -237,7 +238,7 @@ def test_more_bad_input_fails_before_measuring(tmp_path: Path, monkeypatch: pyte
     assert "\n" not in str(err.value) and not lines     # one line, before anything was measured
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notgguf"]
     with pytest.raises(BmoeError, match="expected USER@HOST"):
-        remote.parse_target("root@bad host")
+        fleet_targets.parse_target("root@bad host")
 
 
 def test_a_board_with_nothing_deployed_is_an_error(tmp_path: Path) -> None:
@@ -295,7 +296,7 @@ def test_tune_host_measures_the_board_and_writes_the_profile_here_and_there(
     # ... and on the board, where its launcher resolves it on top of the release's own profile: `tune` run
     # there by hand (no --board: the deployed release's board) starts from the tuned values
     assert board_file.read_text() == local.read_text()
-    with remote.Board(remote.parse_target(b.target), remote.SshOptions(ssh_config=lab / "ssh_config")) as conn:
+    with commands.Board(fleet_targets.parse_target(b.target), remote.SshOptions(ssh_config=lab / "ssh_config")) as conn:
         again = conn.sh('exec "$@"', f"{b.install_dir}/bin/bmoe-edge", "tune", "--quick", "--no-write", "--json",
                         what="tune on the board", timeout=600)
         # `generate` with no --board there runs with the tuned engine settings (the machine's profile)

@@ -19,9 +19,10 @@ from typing import Any
 from bmoe_edge.bench.cells import TOKEN_COLUMNS, BenchCell, spawn_cell
 from bmoe_edge.bench.io import io_sweep
 from bmoe_edge.bench.layout import GgufLayout, gguf_layout
-from bmoe_edge.bench.machine import MiB, ctx_for, machine_info, write_rows
+from bmoe_edge.bench.machine import ctx_for, machine_info, write_rows
 from bmoe_edge.bench.ramcap import make_cap
 from bmoe_edge.bench.routing import routing_report
+from bmoe_edge.units import MiB
 
 
 def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_tokens: int, threads: int,

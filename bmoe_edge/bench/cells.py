@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bmoe_edge.bench.io import io_replay
-from bmoe_edge.bench.machine import PROMPT, MiB, drop_page_cache, loadavg, proc_read_bytes, proc_threads
+from bmoe_edge.bench.machine import PROMPT, drop_page_cache, loadavg, proc_read_bytes, proc_threads
 from bmoe_edge.bench.ramcap import MemCap
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.units import MiB
 
 if TYPE_CHECKING:
     from bmoe_edge.engine import Generation

@@ -13,16 +13,15 @@ from typing import Any
 
 from bmoe_edge.bench.layout import gguf_layout
 from bmoe_edge.bench.machine import (
-    MiB,
     align_up,
     drop_page_cache,
     loadavg,
     machine_info,
     proc_read_bytes,
-    size_text,
     write_rows,
 )
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.units import MiB, size_text
 
 
 def reader(path: Path, lanes: int, mode: str) -> Any:

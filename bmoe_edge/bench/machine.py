@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-MiB = 1 << 20
+from bmoe_edge.units import MiB
+
 PROMPT = "Once upon a time"
 
 
@@ -108,10 +109,6 @@ def write_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
 def read_csv(path: Path) -> list[dict[str, str]]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
-
-
-def size_text(n: int) -> str:
-    return f"{n / MiB:g} MiB" if n >= MiB else f"{n / 1024:g} KiB" if n >= 1024 else f"{n} B"
 
 
 def ctx_for(tokens: int) -> int:

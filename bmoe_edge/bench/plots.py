@@ -7,14 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bmoe_edge.bench.machine import MiB, read_csv
+from bmoe_edge.bench.machine import read_csv
 from bmoe_edge.bench.summary import KIND_ORDER, aggregate, targets, to_num
+from bmoe_edge.units import MiB
 
 
 def plots(out: Path, routing: dict[str, Any] | None = None) -> list[Path]:
     """tokps.png (tok/s per config, mmap baseline and the I/O ceiling), hitrate.png (hit rate vs cache
     budget: measured cells and the LRU replay of the routing trace), split.png (where the time goes)."""
-    import matplotlib
+    import matplotlib  # host-only (the host extra): imported when plotting, so the module imports anywhere
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

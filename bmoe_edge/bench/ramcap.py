@@ -15,8 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bmoe_edge.bench.machine import MiB, mem_info
+from bmoe_edge.bench.machine import mem_info
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.units import MiB
 
 
 @dataclass

@@ -17,8 +17,9 @@ from typing import Any
 
 from bmoe_edge.bench.cells import BenchCell
 from bmoe_edge.bench.layout import gguf_layout
-from bmoe_edge.bench.machine import PROMPT, MiB, ctx_for
+from bmoe_edge.bench.machine import PROMPT, ctx_for
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.units import MiB
 
 
 def trace_routing(model: Path, tokens: int, workdir: Path, prompt: str = PROMPT) -> list[list[list[int]]]:

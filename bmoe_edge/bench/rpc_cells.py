@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from bmoe_edge.bench.cells import BenchCell, spawn_cell
-from bmoe_edge.bench.machine import MiB
 from bmoe_edge.bench.ramcap import CapResult, MemCap, make_cap
 from bmoe_edge.engine import rpc_worker
+from bmoe_edge.units import MiB
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """A finished campaign's summary: per-cell medians, the targets (resident parity, x mmap, read bandwidth,
-zero copy, overlap), summary.md and targets.json."""
+zero copy, overlap) and summary.md's text (results.py writes them, with the plots)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bmoe_edge.bench.machine import MiB, read_csv, size_text
+from bmoe_edge.bench.machine import read_csv
+from bmoe_edge.units import MiB, size_text
 
 
 def to_num(v: Any) -> float:
@@ -327,14 +328,3 @@ def _targets_lines(t: dict[str, Any]) -> list[str]:
         out.append(f"- I/O-bound ceiling (drive O_DIRECT bandwidth at the slice size, 4 lanes / routed bytes per "
                    f"token): {t['ceiling_tok_s']:.2f} tok/s")
     return out
-
-
-def write_summary(out: Path, with_plots: bool = True) -> Path:
-    text = summary_markdown(out)
-    (out / "summary.md").write_text(text)
-    (out / "targets.json").write_text(json.dumps(targets(out), indent=2) + "\n")
-    if with_plots:
-        from bmoe_edge.bench.plots import plots  # matplotlib: host side only
-
-        plots(out)
-    return out / "summary.md"

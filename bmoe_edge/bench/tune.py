@@ -35,9 +35,8 @@ from bmoe_edge.bench.machine import PROMPT, mem_info
 from bmoe_edge.engine import Engine, StreamConfig
 from bmoe_edge.engine.memlimits import MemoryLimit, memory_limits, memory_pressure
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.units import KiB, MiB, size_text
 
-KiB = 1 << 10
-MiB = 1 << 20
 DEFAULT_SIZES = (256 * KiB, 648 * KiB, 1740 * KiB)   # small, a 30B-A3B Q4_0 gate/up slice, a large one
 QUICK_SIZES = (648 * KiB,)
 MAX_SIZES = 3               # of a model's distinct slice sizes: the smallest, the median, the largest
@@ -49,12 +48,6 @@ Progress = Callable[[str], None]
 
 def quiet(_: str) -> None:
     pass
-
-
-def size_label(n: int) -> str:
-    if n >= MiB:
-        return f"{n / MiB:.1f} MiB"
-    return f"{n / KiB:.0f} KiB" if n >= KiB else f"{n} B"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -211,7 +204,7 @@ def measure_io(path: Path, plan: Plan, progress: Progress = quiet) -> tuple[list
         progress(f"  {why_not}: measuring pread only")
 
     def show(row: dict[str, Any]) -> None:
-        size = size_label(int(row["size"]))
+        size = size_text(int(row["size"]))
         progress(f"  {row['mode']:<7} {size:>8} x {row['lanes']} lane(s): {row['mib_s']:8.1f} MiB/s")
 
     try:

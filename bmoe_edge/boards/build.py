@@ -41,7 +41,7 @@ from bmoe_edge.boards.compile import binutil, compile_wheel, compilers, locked
 from bmoe_edge.boards.plan import PROJECT_ROOT, TARGETS, BuildPlan, plan_build
 from bmoe_edge.boards.profiles import BoardProfile
 from bmoe_edge.errors import BmoeError, show_path
-from bmoe_edge.fixtures import specs
+from bmoe_edge.synthetic import specs
 
 DEPLOY_DIR = PROJECT_ROOT / "deploy"
 

@@ -31,9 +31,13 @@ import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.llama_source import sha256_file
+
+if TYPE_CHECKING:
+    from bmoe_edge.boards.profiles import BoardProfile
 
 FORMAT_VERSION = 2                 # 2: the profile is a file of the bundle, not a copy in the manifest
 MANIFEST_NAME = "manifest.json"
@@ -292,6 +296,15 @@ def load_manifest(bundle_dir: Path) -> Manifest:
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise BmoeError(f"{path}: cannot read the manifest: {exc}") from None
     return manifest_from_dict(data, str(path))
+
+
+def bundle_profile(bundle_dir: Path, manifest: Manifest) -> BoardProfile:
+    """The resolved profile a bundle was built with: its `profile/<board>.yaml`, read as it is."""
+    # Imported here, not at the top: the rest of this module is the standard library only (verifying
+    # a bundle needs no pyyaml); reading its profile does.
+    from bmoe_edge.boards import profiles
+
+    return profiles.load_profile_file(Path(bundle_dir) / manifest.profile, dirs=[])
 
 
 def verify_bundle(bundle_dir: Path) -> Manifest:

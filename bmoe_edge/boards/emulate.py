@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bmoe_edge import llama_source
-from bmoe_edge.boards import bundle, profiles, sysroot
+from bmoe_edge.boards import bundle, sysroot
 from bmoe_edge.boards.compile import tool
 from bmoe_edge.boards.plan import host_arch, host_python
 from bmoe_edge.boards.profiles import BoardProfile
@@ -22,11 +22,6 @@ from bmoe_edge.errors import BmoeError
 
 RUN_SITES_KEPT = 8                 # unpacked bundles kept under ~/.cache/bmoe-edge/run/
 
-
-
-def bundle_profile(bundle_dir: Path, manifest: bundle.Manifest) -> BoardProfile:
-    """The resolved profile a bundle was built with: its `profile/<board>.yaml`, read as it is."""
-    return profiles.load_profile_file(Path(bundle_dir) / manifest.profile, dirs=[])
 
 
 def emulator_prefix(profile: BoardProfile, root: sysroot.Sysroot, cpu: str | None = None) -> list[str]:
@@ -81,7 +76,7 @@ def emulated_command(bundle_dir: Path, python_args: Sequence[str], *, cpu: str |
     """(argv, env) that run the bundle's board Python with `python_args` under qemu (or natively)."""
     bundle_dir = Path(bundle_dir)
     manifest = bundle.verify_bundle(bundle_dir) if verify else bundle.load_manifest(bundle_dir)
-    profile = bundle_profile(bundle_dir, manifest)
+    profile = bundle.bundle_profile(bundle_dir, manifest)
     site = bundle_site(bundle_dir, manifest)
     # PYTHONSAFEPATH: `python -m` must not put the current directory (a checkout?) before site/
     env = dict(os.environ, PYTHONPATH=str(site), PYTHONNOUSERSITE="1", PYTHONSAFEPATH="1")

@@ -51,16 +51,14 @@ from bmoe_edge.bench.tune import (
     model_slice_sizes,
     quiet,
     scratch_file,
-    size_label,
 )
 from bmoe_edge.boards import profiles
 from bmoe_edge.engine.memlimits import MemoryLimit
 from bmoe_edge.engine.settings import BY_NAME
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fixtures.specs import FixtureSpec, host_fixture_paths
+from bmoe_edge.synthetic.specs import FixtureSpec, host_fixture_paths
+from bmoe_edge.units import KiB, MiB, size_text
 
-MiB = 1 << 20
-KiB = 1 << 10
 LANE_TOLERANCE = 0.95       # the fewest lanes within 5% of the best bandwidth
 PREAD_ADVANTAGE = 1.10      # pread is chosen only when it is more than 10% faster than O_DIRECT
 MARGIN_BASE_MB = 64
@@ -204,7 +202,7 @@ def render_profile(r: TuneResult) -> str:
         f"# limits: {limits}).",
         f"# It layers what was measured on the `{r.board}` profile; run `bmoe-edge tune` again to refresh it,",
         "# delete this file to go back to the profile's own values.",
-        f"# reads of {', '.join(size_label(s) for s in r.sizes)} from {r.read_file}, MiB/s by lanes:",
+        f"# reads of {', '.join(size_text(s) for s in r.sizes)} from {r.read_file}, MiB/s by lanes:",
     ]
     for mode, curve in curves.items():
         if curve:
@@ -346,7 +344,7 @@ def tune_local(board: str | None = None, *, model: Path | None = None, out: Path
             path, read_file = model, str(model)
         else:
             path = stack.enter_context(scratch_file(where, plan.scratch_bytes))
-            read_file = f"a {size_label(plan.scratch_bytes)} scratch file in {where}"
+            read_file = f"a {size_text(plan.scratch_bytes)} scratch file in {where}"
         progress(f"tuning {name} on {machine.hostname}: {machine.cores} cores, {machine.ram_mb} MiB RAM, "
                  f"{machine.page_size // KiB} KiB pages, effective memory limit {machine.effective_mb} MiB")
         progress(f"reads ({read_file}):")
@@ -393,7 +391,7 @@ def format_table(r: TuneResult) -> str:
         for size in r.sizes:
             cells = {c.lanes: c.mib_s for c in r.io if c.mode == mode and c.size == size}
             if cells:
-                rows.append([mode, size_label(size), *(f"{cells[n]:.0f}" if n in cells else "-" for n in lanes)])
+                rows.append([mode, size_text(size), *(f"{cells[n]:.0f}" if n in cells else "-" for n in lanes)])
     out += _grid(rows)
     if r.odirect_note:
         out.append(f"  {r.odirect_note}")

@@ -57,7 +57,7 @@ def bench_stream_cmd(
     host: Annotated[str | None, typer.Option("--host", help="Run on a board (not implemented here).")] = None,
 ) -> None:
     """Streamed vs llama.cpp mmap under a RAM cap, interleaved and repeated: CSVs, summary.md, plots."""
-    from bmoe_edge.bench import campaign, layout, ramcap, summary
+    from bmoe_edge.bench import campaign, layout, ramcap, results
 
     if host:
         fail("--host is not implemented yet: copy the model and run `bmoe-edge bench stream` on the board")
@@ -75,15 +75,15 @@ def bench_stream_cmd(
         matrix = [c for c in matrix if c.label in wanted]
     campaign.stream_campaign(campaign.Campaign(model, out, cap, cap_method, matrix, repeats, io_seconds=io_seconds,
                                          routing_tokens=routing_tokens))
-    typer.echo(summary.write_summary(out).read_text(), nl=False)
+    typer.echo(results.write_summary(out).read_text(), nl=False)
 
 
 @bench_app.command("summary")
 def bench_summary_cmd(out: Annotated[Path, typer.Argument(help="A bench stream output directory.")]) -> None:
     """Rewrite summary.md, targets.json and the plots of a finished campaign."""
-    from bmoe_edge.bench import summary
+    from bmoe_edge.bench import results
 
-    typer.echo(summary.write_summary(out).read_text(), nl=False)
+    typer.echo(results.write_summary(out).read_text(), nl=False)
 
 
 @bench_app.command("routing")

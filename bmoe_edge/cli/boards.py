@@ -112,10 +112,11 @@ def tune_cmd(
 
     if host:
         from bmoe_edge.fleet import remote
+        from bmoe_edge.fleet.targets import parse_target
         from bmoe_edge.fleet.tune import tune_remote
 
         options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
-        result = tune_remote(remote.parse_target(host), options=options, board=board, install_dir=install_dir,
+        result = tune_remote(parse_target(host), options=options, board=board, install_dir=install_dir,
                              model=None if model is None else str(model), out=out, quick=quick,
                              scratch_dir=None if scratch_dir is None else str(scratch_dir),
                              progress=tune.stderr_progress)

@@ -30,8 +30,8 @@ from bmoe_edge.cli.common import (
 from bmoe_edge.engine import checksums, info, moe_archs, runner, settings
 from bmoe_edge.engine.rpc import DEFAULT_PORT as RPC_PORT
 from bmoe_edge.errors import BmoeError, show_path
-from bmoe_edge.fixtures import tinymoe
 from bmoe_edge.proof.gates import gated_architectures
+from bmoe_edge.synthetic import tinymoe
 
 
 def _print_version(value: bool) -> None:
@@ -151,7 +151,7 @@ def tiny_model_cmd(
     """Write a tiny synthetic MoE gguf (8 experts, top-2, 4 layers, a real small tokenizer), or with
     --preset a benchmark-sized one written tensor by tensor."""
     if preset is not None:
-        from bmoe_edge.fixtures import bigmoe
+        from bmoe_edge.synthetic import bigmoe
 
         q = quant or "Q4_0"
         if output is None:

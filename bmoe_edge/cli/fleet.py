@@ -17,16 +17,16 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="The per-host report as JS
 
 
 def _fleet_output(results: list, as_json: bool) -> None:
-    from bmoe_edge.fleet import table
+    from bmoe_edge.fleet import report
 
     if as_json:
-        typer.echo(table.report_json(results))
+        typer.echo(report.report_json(results))
     elif len(results) == 1 and results[0].ok:
-        typer.echo(table.format_one(results[0]))
+        typer.echo(report.format_one(results[0]))
     elif len(results) == 1:
         fail(results[0].error or "failed")
     else:
-        typer.echo(table.format_table(results))
+        typer.echo(report.format_table(results))
     if not all(r.ok for r in results):
         raise typer.Exit(1)
 
@@ -88,10 +88,10 @@ def deploy_cmd(
 
     default_host = None
     if not host and inventory is None and (board or bundle_dir):
-        from bmoe_edge.boards import bundle, emulate
+        from bmoe_edge.boards import bundle
 
         where = bundle_dir or dist / str(board)
-        ssh = emulate.bundle_profile(where, bundle.load_manifest(where)).ssh
+        ssh = bundle.bundle_profile(where, bundle.load_manifest(where)).ssh
         if ssh.host:
             default_host = f"{ssh.host}:{ssh.port}" if ssh.port else ssh.host
     targets = deploy.resolve_targets(host or [], inventory, board, default_host)

@@ -38,9 +38,10 @@ def gates_cmd(
     unless --full) and the report comes back."""
     if host:
         from bmoe_edge.fleet import onboard, remote
+        from bmoe_edge.fleet.targets import parse_target
 
         options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
-        code, out = onboard.board_gates(remote.parse_target(host), options=options, full=full, as_json=as_json,
+        code, out = onboard.board_gates(parse_target(host), options=options, full=full, as_json=as_json,
                                        board_name=board, install_dir=install_dir)
         if as_json:
             typer.echo(out.rstrip("\n"))
@@ -96,8 +97,8 @@ def faults_cmd(
 ) -> None:
     """The fault campaign: corrupt, failed, short and hung reads under random streaming configurations;
     every run must end in an error or in output identical to resident (docs/integrity.md)."""
-    from bmoe_edge.fixtures import tinymoe
     from bmoe_edge.proof import faults
+    from bmoe_edge.synthetic import tinymoe
 
     results = []
     campaign = faults.run_campaign(tinymoe.fixture("qwen3moe", "Q8_0"), workdir, count, seed)

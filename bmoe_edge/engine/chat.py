@@ -8,17 +8,35 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from bmoe_edge.engine import native
+from bmoe_edge.engine.generation import Generation, Sampling, Token, TokenMetrics
+from bmoe_edge.engine.tools import ToolCall, ToolCallSplit, ToolStyle
 from bmoe_edge.errors import BmoeError
-
-if TYPE_CHECKING:
-    from bmoe_edge.engine.session import Engine, Sampling, Token, TokenMetrics
-    from bmoe_edge.engine.tools import ToolCall, ToolStyle
 
 ROLES = ("system", "user", "assistant", "tool")
 FALLBACK_TEMPLATE = "chatml"  # a llama.cpp built-in: what a model without a template gets
+
+
+class ChatEngine(Protocol):
+    """What a conversation needs of the engine: `session.Engine` is one (it imports this module for
+    `Engine.chat`, so this module names the engine by what it uses, not by importing it)."""
+
+    @property
+    def chat_template(self) -> str: ...
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool | None = None) -> list[int]: ...
+
+    def generate(self, prompt: str | list[int], max_tokens: int, sampling: Sampling | None = None, *,
+                 logits: bool = False, result: Generation | None = None,
+                 reuse_kv: bool = False) -> Iterator[Token]: ...
+
+    def reset(self) -> None: ...
+
+    def save_state(self, path: str | Path) -> None: ...
+
+    def load_state(self, path: str | Path) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -99,7 +117,7 @@ def _recognised(source: str) -> bool:
     return True
 
 
-def template_for(engine: Engine, given: str | None = None) -> Template:
+def template_for(engine: ChatEngine, given: str | None = None) -> Template:
     """The template a conversation uses: `given` (a built-in name or a Jinja file), else the model's,
     else ChatML with a note saying why."""
     if given:
@@ -147,7 +165,7 @@ def render(template: Template, messages: Sequence[Message], *, think: bool | Non
     return text
 
 
-def prompt_tokens(engine: Engine, template: Template, messages: Sequence[Message], *, think: bool | None = None,
+def prompt_tokens(engine: ChatEngine, template: Template, messages: Sequence[Message], *, think: bool | None = None,
                   parse_special: bool = False) -> list[int]:
     """Render and tokenize. The template's own markers are control tokens; text a user wrote that spells
     one (e.g. "<|im_end|>") is refused unless `parse_special`, so nobody can forge a turn."""
@@ -155,7 +173,7 @@ def prompt_tokens(engine: Engine, template: Template, messages: Sequence[Message
     return engine.tokenize(render(template, messages, think=think), True, True)
 
 
-def check_text(engine: Engine, messages: Sequence[Message], parse_special: bool = False) -> None:
+def check_text(engine: ChatEngine, messages: Sequence[Message], parse_special: bool = False) -> None:
     """Refuse message text that spells a control token (unless `parse_special`)."""
     if parse_special:
         return
@@ -169,7 +187,7 @@ HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")  # gpt-oss's me
 HARMONY_REASONING = ("analysis",)  # channels whose text is reasoning; final/commentary are the answer
 
 
-def harmony_ids(engine: Engine) -> dict[str, int] | None:
+def harmony_ids(engine: ChatEngine) -> dict[str, int] | None:
     """The ids of gpt-oss's Harmony control tokens, when the model's vocabulary has them all (its
     answer then arrives as channels: the engine prints no control token, so they are told apart by id)."""
     ids = {}
@@ -280,7 +298,7 @@ class ReasoningSplit:
         return (out, "") if self.state == "reasoning" else ("", out)
 
 
-def reply(engine: Engine, messages: Sequence[Message | Mapping[str, Any]], max_tokens: int,
+def reply(engine: ChatEngine, messages: Sequence[Message | Mapping[str, Any]], max_tokens: int,
           sampling: Sampling | None = None, *, think: bool | None = None, template: str | Template | None = None,
           stop: Sequence[str] = (), parse_special: bool = False, result: Reply | None = None,
           prompt_ids: Sequence[int] | None = None, tool_style: ToolStyle | None = None) -> Iterator[Delta]:
@@ -295,8 +313,6 @@ def reply(engine: Engine, messages: Sequence[Message | Mapping[str, Any]], max_t
     ids = list(prompt_ids)
     out = result if result is not None else Reply()
     out.prompt_tokens = len(ids)
-    from bmoe_edge.engine.session import Generation
-
     gen = Generation(ids)
     stops = StopStrings(stop)
     split = ReasoningSplit(tmpl.thinking)
@@ -304,8 +320,6 @@ def reply(engine: Engine, messages: Sequence[Message | Mapping[str, Any]], max_t
     channels = HarmonySplit(harmony) if harmony else None
     calls = None
     if tool_style is not None:
-        from bmoe_edge.engine.tools import ToolCallSplit
-
         calls = ToolCallSplit(tool_style)
 
     def answer(content: str, last: bool = False) -> tuple[str, tuple[ToolCall, ...]]:
@@ -352,7 +366,7 @@ def reply(engine: Engine, messages: Sequence[Message | Mapping[str, Any]], max_t
 class Session:
     """A conversation: its messages, and the engine's context that holds them between turns."""
 
-    def __init__(self, engine: Engine, *, system: str | None = None, template: str | None = None,
+    def __init__(self, engine: ChatEngine, *, system: str | None = None, template: str | None = None,
                  think: bool | None = None, sampling: Sampling | None = None, max_tokens: int = 512,
                  stop: Sequence[str] = (), parse_special: bool = False) -> None:
         self.engine = engine

@@ -8,7 +8,8 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-MiB = 1 << 20
+from bmoe_edge.units import MiB
+
 UNLIMITED = 1 << 60         # cgroup "max" / v1's 2^63 - page
 
 

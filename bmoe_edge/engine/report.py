@@ -8,7 +8,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import IO
 
-from bmoe_edge.engine.session import Generation, TokenMetrics
+from bmoe_edge.engine.generation import Generation, TokenMetrics
 
 METRIC_COLUMNS = tuple(f.name for f in fields(TokenMetrics))
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import IO
 
 from bmoe_edge.engine import report
-from bmoe_edge.engine.session import Engine, Generation, Sampling
+from bmoe_edge.engine.generation import Generation, Sampling
+from bmoe_edge.engine.session import Engine
 from bmoe_edge.engine.settings import StreamConfig
 
 

@@ -3,70 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from bmoe_edge.engine import checksums, native, rpc
-from bmoe_edge.engine.settings import Sampling, StreamConfig
+from bmoe_edge.engine import chat, checksums, native, rpc
+from bmoe_edge.engine.generation import Generation, Sampling, Token, TokenMetrics
+from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
-
-__all__ = ["Engine", "Generation", "Sampling", "Token", "TokenMetrics"]
-
-
-@dataclass(frozen=True)
-class TokenMetrics:
-    step: int
-    n_tokens: int
-    wall_ms: float
-    io_ms: float
-    stall_ms: float
-    drain_ms: float
-    compute_ms: float
-    bytes_read: int
-    slice_bytes: int
-    copy_bytes: int
-    cache_lookups: int
-    cache_hits: int
-    evictions: int
-    rereads: int             # slices read again because the first read failed its checksum (--verify-slices)
-    major_faults: int
-    rss_bytes: int
-    resident_expert_bytes: int
-    cache_budget_bytes: int  # the budget after this step: it follows memory pressure
-    pool_bytes: int          # memory the expert page pool holds
-    drafted: int = 0         # speculative decoding: draft tokens decoded with this one
-    accepted: int = 0        # ... that the model agreed with (the next tokens, without a decode)
-    dropped: int = 0             # --drop-cold (lossy): routed slots skipped
-    read_ahead: bool = False     # --prefetch: this step guessed each next layer's experts and read them ahead
-    predicted: int = 0           # expert slots guessed ahead
-    predicted_correct: int = 0   # ... that the router then chose
-    ahead_bytes: int = 0         # bytes read for guesses
-    ahead_wasted_bytes: int = 0  # ... for guesses the router did not choose
-    net_bytes: int = 0       # RPC: bytes sent to and received from the workers in this step
-
-
-@dataclass(frozen=True)
-class Token:
-    """One generated token as it arrives."""
-
-    id: int
-    text: str
-    metrics: TokenMetrics
-    logits: bytes = b""  # raw float32 logits of this step, when requested
-
-
-@dataclass
-class Generation:
-    """What one generation produced, complete once its iterator is exhausted."""
-
-    prompt_tokens: list[int]
-    tokens: list[int] = field(default_factory=list)
-    text: str = ""
-    metrics: list[TokenMetrics] = field(default_factory=list)
-    logits: list[bytes] = field(default_factory=list)
-    stop_reason: str = ""  # "max_tokens", "end_of_generation", "context_full"
-    reused_tokens: int = 0  # prompt tokens whose keys and values the context already held
 
 
 def _metrics(m) -> TokenMetrics:
@@ -177,8 +121,6 @@ class Engine:
              think: bool | None = None, template: str | None = None) -> Iterator[Any]:
         """Answer a conversation: yields `chat.Delta`s (answer text and reasoning apart). The context is
         kept between calls, so a conversation's next turn decodes only what is new."""
-        from bmoe_edge.engine import chat
-
         return chat.reply(self, messages, max_tokens, sampling, think=think, template=template)
 
     def generate(

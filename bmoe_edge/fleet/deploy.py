@@ -58,6 +58,7 @@ from typing import Any
 from bmoe_edge.boards import bundle
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import remote
+from bmoe_edge.fleet.commands import Board, tail
 from bmoe_edge.fleet.install import (
     commit,
     gates_record,
@@ -70,8 +71,10 @@ from bmoe_edge.fleet.install import (
     write_board_files,
 )
 from bmoe_edge.fleet.lock import LOCK_TIMEOUT, board_lock
+from bmoe_edge.fleet.parallel import HOST_TIMEOUT, run_fleet
 from bmoe_edge.fleet.probe import check_facts, probe
-from bmoe_edge.fleet.remote import Board, SshOptions, Target
+from bmoe_edge.fleet.remote import SshOptions
+from bmoe_edge.fleet.report import HostResult, Log, say, stderr_log
 from bmoe_edge.fleet.scripts import DEMOTE, REMOVE_IN, SWITCH
 from bmoe_edge.fleet.services import ServiceSpec, for_target, install_service, restart_services
 from bmoe_edge.fleet.state import (
@@ -79,16 +82,15 @@ from bmoe_edge.fleet.state import (
     KEEP,
     Hooks,
     Layout,
-    Log,
     Releases,
     list_releases,
     now,
     read_gates,
     read_state,
 )
-from bmoe_edge.fleet.table import HOST_TIMEOUT, HostResult, run_fleet, stderr_log
+from bmoe_edge.fleet.targets import Target, load_inventory, parse_target
 from bmoe_edge.fleet.trust import TrustOptions, check_trust, verify_signature
-from bmoe_edge.fleet.upload import LocalBundle, load_bundle, say, upload, verify_release, verify_site
+from bmoe_edge.fleet.upload import LocalBundle, load_bundle, upload, verify_release, verify_site
 
 
 def deploy_host(b: LocalBundle, target: Target, *, options: SshOptions, install_dir: str | None = None,
@@ -206,7 +208,7 @@ def _gates(board: Board, rel: str, bundle_id: str, previous: str | None, log: Lo
     t0 = time.monotonic()
     code, out, report = run_gates(board, rel)
     if report is None:
-        raise BmoeError(f"{board.label}: the gates did not run (exit {code}): {remote.tail(out)}")
+        raise BmoeError(f"{board.label}: the gates did not run (exit {code}): {tail(out)}")
     record = gates_record(report, bundle_id, quick=True)
     say(log, board.label, f"gates: {record['passed']} passed, {record['failed']} failed "
          f"({time.monotonic() - t0:.0f} s)")
@@ -243,11 +245,11 @@ def _health_or_undo(board: Board, layout: Layout, m: bundle.Manifest, previous: 
 
 def resolve_targets(hosts: Sequence[str], inventory: Path | None, board: str | None,
                     profile_host: str | None = None) -> list[Target]:
-    targets = [remote.parse_target(h, board=board) for h in hosts]
+    targets = [parse_target(h, board=board) for h in hosts]
     if inventory is not None:
-        targets += [t if t.board or not board else replace(t, board=board) for t in remote.load_inventory(inventory)]
+        targets += [t if t.board or not board else replace(t, board=board) for t in load_inventory(inventory)]
     if not targets and profile_host:
-        targets = [remote.parse_target(profile_host, board=board)]
+        targets = [parse_target(profile_host, board=board)]
     if not targets:
         raise BmoeError("no host: give --host USER@HOST[:PORT] (repeatable) or --inventory FILE")
     return targets
@@ -285,7 +287,7 @@ def deploy(
         raise BmoeError(f"--keep must be at least 1 (got {keep})")
     log = log or stderr_log()
     options = SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key, keepalive=keepalive)
-    targets = [remote.parse_target(h, board=board) if isinstance(h, str) else h for h in hosts]
+    targets = [parse_target(h, board=board) if isinstance(h, str) else h for h in hosts]
     if not targets:
         raise BmoeError("no host to deploy to")
     bundles: dict[Path, LocalBundle | BmoeError] = {}

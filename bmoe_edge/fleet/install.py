@@ -12,20 +12,18 @@ from typing import Any
 from bmoe_edge import __version__
 from bmoe_edge.boards import bundle
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet import remote
-from bmoe_edge.fleet.remote import Board
+from bmoe_edge.fleet.commands import Board, tail
+from bmoe_edge.fleet.report import Log, say
 from bmoe_edge.fleet.scripts import COMMIT, HANGUP, INSTALL, MARK_FAILED, REMOVE_IN
 from bmoe_edge.fleet.state import (
     GATES_TIMEOUT,
     HEALTH_TIMEOUT,
     INSTALL_TIMEOUT,
-    JOB_RUNTIME_MAX,
     STAMP,
     UNIT_NAME,
     UNIT_TEMPLATE,
     VERSION_TIMEOUT,
     Layout,
-    Log,
     Releases,
     list_releases,
     now,
@@ -33,7 +31,8 @@ from bmoe_edge.fleet.state import (
     write_pointer,
     write_state,
 )
-from bmoe_edge.fleet.upload import LocalBundle, say, verify_site
+from bmoe_edge.fleet.systemd import render_job_unit
+from bmoe_edge.fleet.upload import LocalBundle, verify_site
 
 
 def check_runs(board: Board, launcher: str, m: bundle.Manifest, env: dict[str, str], what: str,
@@ -43,7 +42,7 @@ def check_runs(board: Board, launcher: str, m: bundle.Manifest, env: dict[str, s
                      what=what, check=False, timeout=timeout, hangup=True)
     if check.exited != 0 or f"machine: {m.arch}" not in check.stdout:
         raise BmoeError(f"{board.label}: the installed release does not run on the board (exit {check.exited}): "
-                        f"{remote.tail(check.stderr or check.stdout)}")
+                        f"{tail(check.stderr or check.stdout)}")
     if m.extra.get("hook") and "hook: yes" not in check.stdout:
         raise BmoeError(f"{board.label}: the installed release says it has no expert-ready hook")
 
@@ -95,7 +94,7 @@ def health_check(board: Board, layout: Layout, m: bundle.Manifest, timeout: floa
         report = None
     if result.exited != 0 or not isinstance(report, dict) or report.get("failed") or not report.get("passed"):
         cell = next((c for c in (report or {}).get("cells", []) if not c.get("passed")), None)
-        why = (cell or {}).get("error") or remote.tail(result.stderr or result.stdout)
+        why = (cell or {}).get("error") or tail(result.stderr or result.stdout)
         raise BmoeError(f"{board.label}: health check of current: its gate cell failed (exit {result.exited}): "
                         f"{why}")
 
@@ -156,7 +155,7 @@ def write_board_files(board: Board, b: LocalBundle, layout: Layout, releases: Re
     board.write_bytes(f"{layout.install_dir}/bin/bmoe-edge", wrapper_script(layout.install_dir).encode(), 0o755)
     template = b.dir / UNIT_TEMPLATE
     if template.is_file():
-        unit = render_unit(template.read_text(encoding="utf-8"), layout.install_dir, board.conn.user,
+        unit = render_job_unit(template.read_text(encoding="utf-8"), layout.install_dir, board.conn.user,
                            ram_mb=b.profile.ram_mb)
         board.write_bytes(f"{layout.install_dir}/systemd/{UNIT_NAME}", unit.encode())
     write_pointer(board, {"install_dir": layout.install_dir, "board": m.board, "bundle_id": m.bundle_id})
@@ -183,24 +182,6 @@ def wrapper_script(install_dir: str) -> str:
         "export BMOE_EDGE_PROFILES BMOE_EDGE_FIXTURES\n"
         'exec "$install_dir/current/launcher/bmoe-edge.sh" "$@"\n'
     )
-
-
-def systemd_escape(text: str) -> str:
-    """Text for inside a double-quoted word of a unit file: specifiers, variables, quotes escaped."""
-    if "\n" in text or "\0" in text:
-        raise BmoeError(f"{text!r} cannot be written into a systemd unit")
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
-
-
-def memory_max(ram_mb: int) -> str:
-    """The job unit's MemoryMax: the board's RAM less what the OS keeps (an eighth, 256 MiB to 1 GiB)."""
-    return f"{max(64, ram_mb - min(1024, max(256, ram_mb // 8)))}M"
-
-
-def render_unit(template: str, install_dir: str, user: str, *, ram_mb: int = 4096,
-                runtime_max: str = JOB_RUNTIME_MAX) -> str:
-    return (template.replace("@INSTALL_DIR@", systemd_escape(install_dir)).replace("@USER@", systemd_escape(user))
-            .replace("@MEMORY_MAX@", memory_max(ram_mb)).replace("@RUNTIME_MAX@", runtime_max))
 
 
 def prune(board: Board, layout: Layout, keep: int, current: str, previous: str | None, log: Log) -> list[str]:

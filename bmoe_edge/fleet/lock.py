@@ -21,7 +21,7 @@ from typing import Any
 
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import channel
-from bmoe_edge.fleet.remote import Board, tail
+from bmoe_edge.fleet.commands import Board, tail
 from bmoe_edge.fleet.scripts import LOCK
 
 LOCK_TIMEOUT = 900.0

@@ -20,11 +20,14 @@ from pathlib import Path
 
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import channel
-from bmoe_edge.fleet.remote import MIN_RATE, STEP_TIMEOUT, Board, SshOptions, Target, tail
+from bmoe_edge.fleet.commands import MIN_RATE, STEP_TIMEOUT, Board, tail
+from bmoe_edge.fleet.parallel import run_fleet
+from bmoe_edge.fleet.remote import SshOptions
+from bmoe_edge.fleet.report import HostResult, Log, say, stderr_log
 from bmoe_edge.fleet.scripts import MODEL_APPEND, MODEL_COMMIT, MODEL_PART
-from bmoe_edge.fleet.state import Log, connect, mib
-from bmoe_edge.fleet.table import HostResult, run_fleet, stderr_log
-from bmoe_edge.fleet.upload import say
+from bmoe_edge.fleet.state import connect
+from bmoe_edge.fleet.targets import Target
+from bmoe_edge.units import size_text
 
 _SHARD = re.compile(r"^(?P<stem>.*)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
 PART = ".bmoe-part"
@@ -99,8 +102,8 @@ def push_file(board: Board, f: ModelFile, dest: str, result: HostResult, log: Lo
         if got[1] != _sha256(f.path, n_check):
             n_check = 0
     rest = f.size - n_check
-    say(log, board.label, f"{posixpath.basename(dest)}: sending {mib(rest)}"
-         + (f" (resuming after {mib(n_check)})" if n_check else ""))
+    say(log, board.label, f"{posixpath.basename(dest)}: sending {size_text(rest)}"
+         + (f" (resuming after {size_text(n_check)})" if n_check else ""))
     board.sh(MODEL_APPEND, part, str(n_check), what=f"uploading {posixpath.basename(dest)}",
              data=channel.FileFrom(f.path, n_check), timeout=STEP_TIMEOUT + rest / MIN_RATE)
     result.files_uploaded += 1

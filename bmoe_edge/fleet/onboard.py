@@ -11,11 +11,13 @@ from bmoe_edge.boards import bundle
 from bmoe_edge.engine.settings import BY_NAME
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import channel
+from bmoe_edge.fleet.commands import Board
 from bmoe_edge.fleet.install import gates_record, run_gates
 from bmoe_edge.fleet.lock import board_lock
-from bmoe_edge.fleet.remote import Board, SshOptions, Target
+from bmoe_edge.fleet.remote import SshOptions
 from bmoe_edge.fleet.scripts import HANGUP
 from bmoe_edge.fleet.state import connect, current_release, read_state, release_env, write_state
+from bmoe_edge.fleet.targets import Target
 
 
 def engine_flags(overrides: Mapping[str, object]) -> list[str]:

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from bmoe_edge.boards import bundle
 from bmoe_edge.boards.checks import version_key
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet import remote
-from bmoe_edge.fleet.remote import Board
+from bmoe_edge.fleet.commands import Board, tail
 from bmoe_edge.fleet.scripts import PROBE, PY_PROBE
 
 # ---------------------------------------------------------------------------------------------------
@@ -66,7 +65,7 @@ def probe(board: Board, manifest: bundle.Manifest, exec_wrapper: Sequence[str] =
         raise BmoeError(f"{board.label}: the board has no {what} (the bundle needs Python {manifest.python}); "
                         f"install it (Debian/Raspberry Pi OS: `sudo apt install python{manifest.python}`)")
     if "python" not in facts:
-        raise BmoeError(f"{board.label}: the board's Python did not run: {remote.tail(result.stdout)}")
+        raise BmoeError(f"{board.label}: the board's Python did not run: {tail(result.stdout)}")
     try:
         py = json.loads(facts["python"])
     except ValueError:

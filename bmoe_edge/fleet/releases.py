@@ -10,13 +10,15 @@ from typing import Any
 
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import services
+from bmoe_edge.fleet.commands import Board
 from bmoe_edge.fleet.install import health_check, mark_failed, record_failure
 from bmoe_edge.fleet.lock import LOCK_TIMEOUT, board_lock
-from bmoe_edge.fleet.remote import Board, SshOptions, Target
+from bmoe_edge.fleet.parallel import run_fleet
+from bmoe_edge.fleet.remote import SshOptions
+from bmoe_edge.fleet.report import HostResult, Log, say, stderr_log
 from bmoe_edge.fleet.scripts import SWITCH
 from bmoe_edge.fleet.state import (
     Layout,
-    Log,
     Releases,
     connect,
     list_releases,
@@ -28,8 +30,8 @@ from bmoe_edge.fleet.state import (
     write_pointer,
     write_state,
 )
-from bmoe_edge.fleet.table import HostResult, run_fleet, stderr_log
-from bmoe_edge.fleet.upload import say, verify_release, verify_site
+from bmoe_edge.fleet.targets import Target
+from bmoe_edge.fleet.upload import verify_release, verify_site
 
 
 def _previous(board: Board, layout: Layout, releases: Releases, state: dict[str, Any]) -> str:

@@ -1,6 +1,6 @@
 """The fixed shell scripts deploy runs on a board, kept as files beside this module (`sh/*.sh`).
 
-Each runs as `sh -s` with the script on stdin (remote.Board.sh): its data — paths, names, prompts — are
+Each runs as `sh -s` with the script on stdin (commands.Board.sh): its data — paths, names, prompts — are
 its positional arguments ($1, $2, …), set by the framing, never part of the script text, and the
 board's login shell (sh, bash, fish, …) sees only the fixed words `sh -s`."""
 

@@ -21,11 +21,12 @@ from typing import Any
 
 from bmoe_edge.engine.rpc import DEFAULT_PORT as RPC_PORT
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet import remote
-from bmoe_edge.fleet.remote import Board
+from bmoe_edge.fleet.commands import Board, tail
+from bmoe_edge.fleet.report import Log, say
 from bmoe_edge.fleet.scripts import SERVICE
-from bmoe_edge.fleet.state import HEALTH_TIMEOUT, Layout, Log, now, read_state, write_state
-from bmoe_edge.fleet.upload import say
+from bmoe_edge.fleet.state import HEALTH_TIMEOUT, Layout, now, read_state, write_state
+from bmoe_edge.fleet.systemd import memory_max, systemd_escape
+from bmoe_edge.fleet.targets import Target
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def spec_for(name: str, *, model: str | None, bind: str, port: int | None, api_k
     return ServiceSpec(kind, model, bind, port, api_key)
 
 
-def for_target(target: remote.Target, asked: ServiceSpec | None) -> ServiceSpec | None:
+def for_target(target: Target, asked: ServiceSpec | None) -> ServiceSpec | None:
     """The service a deploy installs on this host: its role's (an inventory `role: rpc-worker` board
     always runs the worker, at its `rpc_port`), else the one `--service` asked for."""
     if target.role != "rpc-worker":
@@ -119,8 +120,6 @@ def exec_argv(spec: ServiceSpec, layout: Layout, board_name: str) -> list[str]:
 
 
 def render_unit(spec: ServiceSpec, layout: Layout, user: str, board_name: str, ram_mb: int) -> str:
-    from bmoe_edge.fleet.install import memory_max, systemd_escape
-
     def word(text: str) -> str:
         return f'"{systemd_escape(text)}"'
 
@@ -186,7 +185,7 @@ def install_service(board: Board, layout: Layout, spec: ServiceSpec, *, board_na
     started = board.sh(SERVICE, "start", unit, rendered, what=f"starting the {kind.name} service", check=False)
     if started.exited != 0:
         raise BmoeError(f"{board.label}: the {kind.name} service did not start: "
-                        f"{remote.tail(started.stderr or started.stdout)}")
+                        f"{tail(started.stderr or started.stdout)}")
     if _parse_state(started.stdout).get("systemd") == "no":
         raise BmoeError(f"{board.label}: the board does not run systemd (no /run/systemd/system), so the "
                         f"{kind.name} service was not started; its unit is {rendered}")
@@ -285,8 +284,3 @@ def describe(board: Board, state: Mapping[str, Any]) -> dict[str, dict[str, Any]
                     info["state"] += f", {restarts} restarts"
         out[name] = info
     return out
-
-
-def describe_text(services: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    return [f"{name} {info.get('state')}, {info.get('bind')}:{info.get('port')}"
-            + (f", model {info['model']}" if info.get("model") else "") for name, info in services.items()]

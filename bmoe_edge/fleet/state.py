@@ -14,11 +14,11 @@ from typing import Any
 
 from bmoe_edge.boards import bundle
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet import remote
-from bmoe_edge.fleet.remote import Board, SshOptions, Target
+from bmoe_edge.fleet.commands import Board, tail
+from bmoe_edge.fleet.remote import SshOptions
 from bmoe_edge.fleet.scripts import CONFIG_HOME, PREPARE
+from bmoe_edge.fleet.targets import Target, check_name
 
-Log = Callable[[str], None]
 Hooks = Mapping[str, Callable[[str], None]]
 
 
@@ -33,7 +33,6 @@ GATES_TIMEOUT = 3 * 3600.0
 INSTALL_TIMEOUT = 1800.0
 VERSION_TIMEOUT = 600.0
 HEALTH_TIMEOUT = 300.0
-JOB_RUNTIME_MAX = "6h"    # the systemd job unit's RuntimeMaxSec
 SITE_FACTOR = 4          # unpacked wheels take up to ~4x their size (site/): free-space estimate
 FAILED = ".bmoe-failed"  # a release whose health check failed after its switch: never rolled back to
 MARKS = (STAMP, FAILED)  # the deploy's own files in a release (not in the bundle)
@@ -41,10 +40,6 @@ MARKS = (STAMP, FAILED)  # the deploy's own files in a release (not in the bundl
 
 def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def mib(n: float) -> str:
-    return f"{n / 2**20:.1f} MiB"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -66,10 +61,10 @@ class Layout:
         return f"{self.install_dir}/releases"
 
     def release(self, bundle_id: str) -> str:
-        return f"{self.releases}/{remote.check_name(bundle_id, 'bundle id')}"
+        return f"{self.releases}/{check_name(bundle_id, 'bundle id')}"
 
     def partial(self, bundle_id: str) -> str:
-        return f"{self.releases}/.{remote.check_name(bundle_id, 'bundle id')}.partial"
+        return f"{self.releases}/.{check_name(bundle_id, 'bundle id')}.partial"
 
     @property
     def current(self) -> str:
@@ -95,7 +90,7 @@ def release_name(link: str) -> str | None:
     if not m:
         return None
     try:
-        return remote.check_name(m[1], "release")
+        return check_name(m[1], "release")
     except BmoeError:
         return None
 
@@ -129,9 +124,9 @@ def list_releases(board: Board, layout: Layout, *, create: bool) -> Releases:
                       what=f"reading {layout.install_dir}", check=False)
     if result.exited in (10, 11):
         raise BmoeError(f"{board.label}: install dir {layout.install_dir} is not writable: "
-                        f"{remote.tail(result.stderr)}")
+                        f"{tail(result.stderr)}")
     if result.exited != 0:
-        raise BmoeError(f"{board.label}: reading {layout.install_dir} failed: {remote.tail(result.stderr)}")
+        raise BmoeError(f"{board.label}: reading {layout.install_dir} failed: {tail(result.stderr)}")
     avail, link, complete, others, failed = None, "", {}, [], set()
     for line in result.stdout.splitlines():
         if line.startswith("avail_kb="):
@@ -142,7 +137,7 @@ def list_releases(board: Board, layout: Layout, *, create: bool) -> Releases:
             _, name, stamp_text = [*line.split(" ", 2), ""][:3]
             try:
                 stamp = json.loads(stamp_text)
-                remote.check_name(name, "release")
+                check_name(name, "release")
             except (ValueError, BmoeError):
                 continue
             if isinstance(stamp, dict) and stamp.get("bundle_id") == name:

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from bmoe_edge.boards import signing
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet import remote
-from bmoe_edge.fleet.remote import Board
+from bmoe_edge.fleet.commands import Board, tail
+from bmoe_edge.fleet.report import Log, say
 from bmoe_edge.fleet.scripts import SIG_VERIFY
-from bmoe_edge.fleet.state import Layout, Log
-from bmoe_edge.fleet.upload import LocalBundle, say
+from bmoe_edge.fleet.state import Layout
+from bmoe_edge.fleet.upload import LocalBundle
 
 ALLOWED = "allowed_signers"
 
@@ -77,6 +77,6 @@ def verify_signature(board: Board, layout: Layout, rel: str) -> None:
                       check=False)
     if result.exited != 0:
         raise BmoeError(f"{board.label}: the bundle's signature does not verify against "
-                        f"{layout.install_dir}/{ALLOWED} ({remote.tail(result.stderr or result.stdout)}): refusing "
+                        f"{layout.install_dir}/{ALLOWED} ({tail(result.stderr or result.stdout)}): refusing "
                         "it (a manifest changed after it was signed, or a key the board does not trust: "
                         "--trust-key FILE.pub)")

@@ -10,10 +10,12 @@ from pathlib import Path
 from bmoe_edge.boards import profiles
 from bmoe_edge.boards.tune import Progress, TuneResult, check_profile, commit, destination, quiet, staged
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.fleet.commands import tail
 from bmoe_edge.fleet.onboard import run_release
-from bmoe_edge.fleet.remote import SshOptions, Target, tail
+from bmoe_edge.fleet.remote import SshOptions
 from bmoe_edge.fleet.scripts import CONFIG_HOME
 from bmoe_edge.fleet.state import connect, current_release
+from bmoe_edge.fleet.targets import Target
 
 REMOTE_TIMEOUT = 3600.0
 

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from bmoe_edge.engine.rpc import DEFAULT_PORT
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet.remote import Board, SshOptions, Target, load_inventory, parse_target
+from bmoe_edge.fleet.commands import Board
+from bmoe_edge.fleet.remote import SshOptions
+from bmoe_edge.fleet.targets import Target, load_inventory, parse_target
 
 
 def parse_hosts(text: str) -> list[Target]:

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bmoe_edge.boards import bundle
-from bmoe_edge.boards.emulate import bundle_profile
 from bmoe_edge.boards.profiles import BoardProfile
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet import remote
-from bmoe_edge.fleet.remote import Board
+from bmoe_edge.fleet.commands import Board
+from bmoe_edge.fleet.report import HostResult, Log, say
 from bmoe_edge.fleet.scripts import COPY, HASH, MKDIRS, REMOVE_IN, SCAN, SITE_HASH
-from bmoe_edge.fleet.state import MARKS, SITE_FACTOR, Hooks, Layout, Log, Releases, inside, mib
-from bmoe_edge.fleet.table import HostResult
+from bmoe_edge.fleet.state import MARKS, SITE_FACTOR, Hooks, Layout, Releases, inside
+from bmoe_edge.fleet.targets import check_name
+from bmoe_edge.units import size_text
 
 
 def hash_remote(board: Board, base: str, paths: Sequence[str], what: str) -> dict[str, str | None]:
@@ -115,10 +115,6 @@ class LocalBundle:
         return self._site
 
 
-def say(log: Log, label: str, message: str) -> None:
-    log(f"[{label}] {message}")
-
-
 def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, result: HostResult, log: Log,
             hooks: Hooks) -> None:
     m = b.manifest
@@ -159,7 +155,8 @@ def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, res
     need = sum(sizes[p] for p in missing) + SITE_FACTOR * sum(sizes[w] for w in m.wheels)
     if releases.avail_kb is not None and releases.avail_kb * 1024 < need:
         raise BmoeError(f"{board.label}: not enough space in {layout.install_dir}: the release needs about "
-                        f"{mib(need)}, {mib(releases.avail_kb * 1024)} is free (lower --keep, or free space)")
+                        f"{size_text(need)}, {size_text(releases.avail_kb * 1024)} is free "
+                        "(lower --keep, or free space)")
     dirs = sorted({posixpath.dirname(p) for p in missing if "/" in p})
     if dirs:
         board.sh(MKDIRS, partial, *dirs, what="creating directories")
@@ -171,7 +168,7 @@ def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, res
              f"{', '.join(copies)} on the board")
     if upload:
         total = sum(sizes[p] for p in upload)
-        say(log, board.label, f"uploading {len(upload)} files ({mib(total)})")
+        say(log, board.label, f"uploading {len(upload)} files ({size_text(total)})")
         for p in upload:
             local = b.dir / p
             board.put(local, inside(partial, p))
@@ -187,9 +184,9 @@ def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, res
 
 def load_bundle(bundle_dir: Path) -> LocalBundle:
     manifest = bundle.verify_bundle(bundle_dir)
-    remote.check_name(manifest.bundle_id, "bundle id")
-    remote.check_name(manifest.board, "board")
+    check_name(manifest.bundle_id, "bundle id")
+    check_name(manifest.board, "board")
     sig = Path(bundle_dir) / bundle.SIGNATURE_NAME
     return LocalBundle(Path(bundle_dir), manifest, bundle.sha256_file(Path(bundle_dir) / bundle.MANIFEST_NAME),
-                       bundle_profile(bundle_dir, manifest),
+                       bundle.bundle_profile(bundle_dir, manifest),
                        bundle.sha256_file(sig) if sig.is_file() and not sig.is_symlink() else None)

@@ -142,7 +142,7 @@ def mutations(model: Path, count: int, seed: int) -> Iterator[Mutation]:
 def seed_model(workdir: Path) -> Path:
     """The fixture every mutation starts from: the qwen3moe Q8_0 tiny model with a 300-token
     vocabulary (a small file: fast to mutate, parse and load)."""
-    from bmoe_edge.fixtures import tinymoe
+    from bmoe_edge.synthetic import tinymoe
 
     path = workdir / "seed-qwen3moe-Q8_0-v300.gguf"
     if not path.is_file():

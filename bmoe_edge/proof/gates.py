@@ -15,8 +15,8 @@ from pathlib import Path
 
 from bmoe_edge.engine import Engine, Generation, StreamConfig, info
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fixtures.arch_rows import MOE_ARCHS, ROWS
-from bmoe_edge.fixtures.specs import (  # noqa: F401 - fixture_resolver and quick_fixture_specs: the CLI's
+from bmoe_edge.synthetic.arch_rows import MOE_ARCHS, ROWS
+from bmoe_edge.synthetic.specs import (  # noqa: F401 - fixture_resolver and quick_fixture_specs: the CLI's
     QUICK_FIXTURES,
     FixtureSpec,
     fixture_resolver,

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from bmoe_edge.engine import chat, tools
-from bmoe_edge.engine.session import Engine, Generation, Sampling, TokenMetrics
+from bmoe_edge.engine.generation import Generation, Sampling, TokenMetrics
+from bmoe_edge.engine.session import Engine
 from bmoe_edge.errors import BmoeError
 
 
