@@ -86,6 +86,22 @@ POLICY_TEST(rpc_by_memory_a_worker_takes_what_fits_and_the_main_process_the_rest
     CHECK_EQ(describe(p, in.workers, true), std::string("main 0-4 (streamed); a:1 5; b:2 6-7 + output"));
 }
 
+POLICY_TEST(rpc_by_memory_fits_each_worker_on_the_layers_it_gets) {
+    // Layers differ (the last is 300 MiB): what fits is judged on each worker's final run, and a
+    // placement by memory never fails with "give it a smaller share".
+    PlacementInput in = layers(8, {}, 2);
+    in.layer_bytes.back() = 300 * MiB;
+    in.output_bytes = 50 * MiB;
+    in.main_free = 400 * MiB;
+    in.worker_free = {264 * MiB, 450 * MiB};
+    // Shares of 400:264:450 are 3, 2, 3. b, last, ends with layer 7: 7 and the output fit
+    // (300 + 50 + 64 <= 450), 6-7 do not; a ends before b: 5-6 fit (200 + 64 <= 264).
+    const LayerPlacement p = place_layers(in);
+    CHECK_EQ(counts(p), std::vector<int>({5, 2, 1}));
+    CHECK_EQ(p.worker_bytes, std::vector<uint64_t>({200 * MiB, 350 * MiB}));
+    CHECK_EQ(describe(p, in.workers, true), std::string("main 0-4 (streamed); a:1 5-6; b:2 7 + output"));
+}
+
 POLICY_TEST(rpc_describe_names_every_run) {
     LayerPlacement p;
     p.main_layers = 4;
