@@ -26,7 +26,7 @@ using std::chrono::milliseconds;
 
 const Time t0 = Time{} + std::chrono::hours(1);
 
-StreamConfig config(double cache_mb = bmoe::kCacheAuto) {
+StreamConfig config(double cache_mb = static_cast<double>(bmoe::kAuto)) {
     StreamConfig c;
     c.cache_mb = cache_mb;
     c.cache_floor_mb = 1024;
@@ -190,7 +190,7 @@ POLICY_TEST(budget_follows_a_lower_target_at_once_unless_it_is_noise) {
 }
 
 POLICY_TEST(budget_grows_back_2_s_after_the_last_shrink_up_to_its_cap) {
-    for (const double cache_mb : {bmoe::kCacheAuto, 1800.0}) {
+    for (const double cache_mb : {static_cast<double>(bmoe::kAuto), 1800.0}) {
         BudgetPolicy p = policy(config(cache_mb));
         const uint64_t opened = cache_mb > 0 ? 1800 * MiB : 2000 * MiB;
         CHECK_EQ(p.initial(cgroup(2314, 0), kPending, t0).budget, opened);
