@@ -89,6 +89,10 @@ int64_t experts_in_file(const detail::GgufMap & gguf, const std::string & archit
 
 }  // namespace
 
+// Opening, in order: the settings checked and recorded, the file's header read and checked, the RPC
+// layers placed, the model loaded and its context made; while streaming then the warm-up capture,
+// the mirror and lanes, the cache's budget and the seam's callbacks. The checks that need only the
+// file come before load_model.
 void Engine::Impl::open(const std::string & path) {
     validate(config);
     fault = fault_of(config);
@@ -100,6 +104,39 @@ void Engine::Impl::open(const std::string & path) {
     rpc_split = config.rpc_split.empty() ? std::vector<double>{} : parse_weights(config.rpc_split);
     detail::ensure_llama_backend();
 
+    record_settings(path);
+    open_route_trace();
+    read_file_header(path);
+    check_lossy_settings(path);
+    const Recipe recipe_row = recipe_for(info.architecture);
+    const Recipe * recipe = config.stream ? &recipe_row : nullptr;
+    refuse_unstreamable(path, recipe_row);
+    place_layers_on_workers();
+    load_model(path, recipe);
+    read_model_shape(path);
+    if (config.stream) {
+        seam = std::make_unique<detail::Seam>(*recipe);
+    }
+    create_context();
+    if (!config.stream) {
+        gguf->check_same_as_paths();  // llama.cpp opened the files by path: the same ones?
+        info.cache_mode = "off";
+        info.rss_after_load = detail::rss_bytes();
+        return;
+    }
+    capture_weights(*recipe);
+    streaming = detail::attach_streaming(*gguf, *seam, config, fault, info);
+    stream_only_local_layers();
+    size_cache();
+    route_to_streamer();
+    set_up_read_ahead();
+    seam->set_mode(detail::Seam::Mode::Stream);
+    gguf->check_same_as_paths();  // llama.cpp and the lanes opened the files by path: the same ones?
+    info.rss_after_load = detail::rss_bytes();
+}
+
+// The run info's copy of the settings, before anything can fail on the file.
+void Engine::Impl::record_settings(const std::string & path) {
     info.model = path;
     info.streaming = config.stream;
     info.threads = config.threads;
@@ -116,21 +153,29 @@ void Engine::Impl::open(const std::string & path) {
     info.flash_attn = config.flash_attn;
     info.fault = describe(fault);
     info.speculative = to_string(config.speculative);
+    info.io_timeout_s = static_cast<double>(config.io_timeout);
+    info.verify_slices = config.verify_slices && config.stream;
+    info.parse_special = config.parse_special;
+}
+
+void Engine::Impl::open_route_trace() {
     if (!config.route_trace.empty()) {
         if (!config.stream) {
             throw Error("the route trace needs streaming: the routed experts are read where the engine streams them");
         }
         route_trace = std::make_unique<detail::RouteTrace>(config.route_trace);  // a bad path fails now
     }
-    info.io_timeout_s = static_cast<double>(config.io_timeout);
-    info.verify_slices = config.verify_slices && config.stream;
-    info.parse_special = config.parse_special;
+}
 
+void Engine::Impl::read_file_header(const std::string & path) {
     gguf = std::make_unique<detail::GgufMap>(path);  // header, shards, bounds: before any load
     info.architecture = printable(gguf->architecture());
     info.n_files = static_cast<int>(gguf->files().size());
     info.file_bytes = gguf->total_bytes();
+}
 
+// --n-expert-used against the file's expert count, and the run info's `lossy` label.
+void Engine::Impl::check_lossy_settings(const std::string & path) {
     if (config.n_expert_used != kAuto) {
         const int64_t n_expert = experts_in_file(*gguf, info.architecture);
         if (n_expert == 0) {
@@ -148,12 +193,17 @@ void Engine::Impl::open(const std::string & path) {
         std::snprintf(text, sizeof(text), "drop_cold=%g", config.drop_cold);
         info.lossy += (info.lossy.empty() ? "" : ", ") + std::string(text);
     }
-    const Recipe recipe_row = recipe_for(info.architecture);
-    const Recipe * recipe = config.stream ? &recipe_row : nullptr;
+}
+
+void Engine::Impl::refuse_unstreamable(const std::string & path, const Recipe & recipe_row) {
     if (config.stream && !recipe_row.refused.empty()) {  // said before a byte of weights is loaded
         throw Error(path + ": architecture '" + info.architecture + "' cannot be streamed: " + recipe_row.refused +
                     "; run it with --no-stream (bmoe-edge archs)");
     }
+}
+
+// Which whole layers go to which RPC worker (the workers probed and registered first).
+void Engine::Impl::place_layers_on_workers() {
     if (!rpc_endpoints.empty()) {
         rpc = std::make_unique<detail::RpcWorkers>(rpc_endpoints, static_cast<double>(config.rpc_timeout));  // probed before
         placement = rpc->place(*gguf, rpc_split, config.stream);
@@ -161,7 +211,10 @@ void Engine::Impl::open(const std::string & path) {
         info.main_layers = placement.main_layers;
         info.placement = detail::describe(placement, rpc_endpoints, config.stream);
     }
-    load_model(path, recipe);
+}
+
+// Layers and experts as llama.cpp loaded them; a dense model has nothing to stream.
+void Engine::Impl::read_model_shape(const std::string & path) {
     info.n_layer = llama_model_n_layer(model.get());
     info.n_expert = static_cast<int>(meta_int(model.get(), info.architecture + ".expert_count"));
     info.n_expert_used = config.n_expert_used > 0  // the file's count, unless overridden (lossy)
@@ -171,36 +224,38 @@ void Engine::Impl::open(const std::string & path) {
         throw Error(path + ": '" + info.architecture +
                     "' model without experts (dense): nothing to stream; run it with --no-stream");
     }
-    if (config.stream) {
-        seam = std::make_unique<detail::Seam>(*recipe);
-    }
-    create_context();
-    if (!config.stream) {
-        gguf->check_same_as_paths();  // llama.cpp opened the files by path: the same ones?
-        info.cache_mode = "off";
-        info.rss_after_load = detail::rss_bytes();
-        return;
-    }
+}
+
+// The warm-up decode with the seam capturing, the routed experts hinted to the kernel first.
+void Engine::Impl::capture_weights(const Recipe & recipe) {
     if (!rpc) {  // a worker's experts are read there
-        seam->set_warm_up_hint(detail::warm_up_reads(*gguf, *recipe));
+        seam->set_warm_up_hint(detail::warm_up_reads(*gguf, recipe));
     }
     warm_up_and_capture();
     seam->set_warm_up_hint(nullptr);
-    streaming = detail::attach_streaming(*gguf, *seam, config, fault, info);
-    if (rpc) {  // isolate only the routers of the layers computed here
-        for (const auto & c : seam->captured()) {  // a worker's layer computed here would read unrouted bytes
-            if (c.is_expert && c.host && c.layer >= placement.main_layers) {
-                throw Error("expert tensor " + c.name + " belongs to a layer placed on an RPC worker but sits in this "
-                            "process's memory: llama.cpp did not place it as asked");
-            }
-        }
-        std::vector<bool> local(static_cast<size_t>(info.n_layer), false);
-        for (int il = 0; il < placement.main_layers && il < info.n_layer; ++il) {
-            local[static_cast<size_t>(il)] = true;
-        }
-        seam->set_streamed_layers(std::move(local));
+}
+
+// With RPC workers: isolate only the routers of the layers computed here.
+void Engine::Impl::stream_only_local_layers() {
+    if (!rpc) {
+        return;
     }
-    size_cache();
+    for (const auto & c : seam->captured()) {  // a worker's layer computed here would read unrouted bytes
+        if (c.is_expert && c.host && c.layer >= placement.main_layers) {
+            throw Error("expert tensor " + c.name + " belongs to a layer placed on an RPC worker but sits in this "
+                        "process's memory: llama.cpp did not place it as asked");
+        }
+    }
+    std::vector<bool> local(static_cast<size_t>(info.n_layer), false);
+    for (int il = 0; il < placement.main_layers && il < info.n_layer; ++il) {
+        local[static_cast<size_t>(il)] = true;
+    }
+    seam->set_streamed_layers(std::move(local));
+}
+
+// The seam's router hands each layer's routed experts to the streamer (published for the hook with
+// overlap, else read before the callback returns), through the route trace and the cold dropper.
+void Engine::Impl::route_to_streamer() {
     detail::Streamer & streamer = *streaming.streamer;
     if (overlap) {
         hook = std::make_unique<detail::ExpertReadyHook>(streamer);
@@ -224,6 +279,12 @@ void Engine::Impl::open(const std::string & path) {
             config.drop_cold, [&streamer](int layer, int e) { return streamer.resident(layer, e); },
             [&streamer](int layer) { return streamer.cached_experts(layer); }));
     }
+}
+
+// --prefetch: the seam's guesses go to the streamer, and the policy says when to read ahead.
+void Engine::Impl::set_up_read_ahead() {
+    detail::Streamer & streamer = *streaming.streamer;
+    detail::RouteTrace * trace = route_trace.get();
     if (config.prefetch != Prefetch::Off) {
         seam->set_read_ahead([&streamer, trace](int layer, const std::vector<int> & e) {
             if (trace != nullptr) {
@@ -238,9 +299,6 @@ void Engine::Impl::open(const std::string & path) {
             info.prefetch_note = "no two consecutive layers with router weights (blk.N.ffn_gate_inp.weight): nothing to predict from";
         }
     }
-    seam->set_mode(detail::Seam::Mode::Stream);
-    gguf->check_same_as_paths();  // llama.cpp and the lanes opened the files by path: the same ones?
-    info.rss_after_load = detail::rss_bytes();
 }
 
 void Engine::Impl::load_model(const std::string & path, const Recipe * recipe) {
