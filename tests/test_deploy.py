@@ -228,11 +228,12 @@ def test_bad_service_requests_are_one_line(name: str, model: str | None, needle:
 
 
 def test_generate_options_pass_through_only_when_given() -> None:
-    args = onboard.generate_args(max_tokens=8, temp=0.0, top_k=40, top_p=0.95, seed=0, as_json=True, progress=True,
+    args = onboard.generate_args(max_tokens=8, as_json=True, progress=True,
                                 csv_path=None, overrides={"stream": False, "cache_mb": "auto", "threads": None,
-                                                          "overlap": True, "read_path": None})
-    assert args == ["-n", "8", "--no-stream", "--cache-mb", "auto", "--overlap", "--temp", "0.0", "--top-k", "40",
-                    "--top-p", "0.95", "--seed", "0", "--json", "--progress"]
+                                                          "overlap": True, "read_path": None, "temp": 1.0,
+                                                          "top_k": None, "seed": 3})
+    assert args == ["-n", "8", "--no-stream", "--cache-mb", "auto", "--overlap", "--temp", "1.0", "--seed", "3",
+                    "--json", "--progress"]
 
 
 @pytest.fixture()
@@ -426,6 +427,13 @@ def test_remote_generate_streams_the_resident_ids_back(deployed: dict, board, la
     text = run_cli("generate", "--host", board.target, "-m", model, "-p", "The quick brown fox", "-n", "4",
                    env=_env(lab), timeout=600)
     assert text.returncode == 0 and text.stdout.strip() and "tok/s decode" in text.stderr, text.stderr
+    # sampling reaches the board by name: the same seed repeats its tokens there, another seed does not
+    # (hot and unfiltered: the fixture's next token has a wide margin by design)
+    hot = [*base, "--temp", "2.0", "--top-p", "1", "--min-p", "0", "--seed"]
+    sampled = [run_cli(*hot, seed, env=_env(lab), timeout=600) for seed in ("1", "1", "2")]
+    assert all(r.returncode == 0 for r in sampled), [r.stderr for r in sampled]
+    one, again, two = (_token_ids(r.stdout) for r in sampled)
+    assert one == again and one != two and one != ids
 
 
 def _free_port() -> int:

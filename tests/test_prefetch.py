@@ -103,7 +103,7 @@ def test_drop_cold_drops_only_where_a_cached_expert_can_stand_in() -> None:
 def test_drop_cold_bad_input_and_the_gates_refuse_it() -> None:
     model = tinymoe.fixture("qwen3moe", "Q8_0")
     for bad in (1.0, 1.5):
-        with pytest.raises(BmoeError, match=r"drop_cold must be in \[0, 1\)"):
+        with pytest.raises(BmoeError, match=r"drop_cold \(--drop-cold\) must be in \[0, 1\)"):
             Engine(model, replace(BASE, drop_cold=bad))
     with pytest.raises(BmoeError, match="drop_cold"):
         StreamConfig(drop_cold=-0.1)

@@ -246,7 +246,7 @@ def test_unknown_nested_field(tmp_path: Path) -> None:
     ("python", "python: 3.10", 'got a number (3.1) (write it quoted: "3.10")'),
     ("libs", "libs: libc.so.6", "expected a list of strings, got a string"),
     ("storage", "storage: nvme", "expected a mapping, got a string ('nvme')"),
-    ("cache_mb", "cache_mb: lots", "expected an integer or 'auto', got a string ('lots')"),
+    ("cache_mb", "cache_mb: lots", "expected a number or 'auto', got a string ('lots')"),
     ("page_size", "page_size: 8192", "8192 is not one of 4096, 16384, 65536"),
     ("read_path", "read_path: auto", "'auto' is not one of pread, odirect"),
     ("threads", "threads: -1", "-1 is less than 0"),

@@ -353,7 +353,7 @@ def test_a_server_with_workers_through_ssh_tunnels(model: Path, tmp_path: Path) 
     finally:
         emulated_board.stop(lab, "rpc-serve")
     assert_clean_error(run_cli("serve", "-m", str(model), "--rpc-host", "pi@board", "--host", "pi@board"),
-                       "--rpc-host and --inventory are for a server on this machine")
+                       "--rpc-host and --inventory are for a run on this machine")
 
 
 def test_bench_rpc_cells_run_small(model: Path, tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ def reader(path: Path, lanes: int, mode: str) -> Any:
     if mode not in ("odirect", "pread"):
         raise BmoeError(f"read mode must be odirect or pread, got {mode!r}")
     with native.engine_errors():
-        return n.parts.Reader(str(path), lanes, getattr(n.ReadPath, mode))
+        return n.parts.Reader(str(path), lanes, mode)
 
 
 def _read(r: Any, ranges: list[tuple[int, int]]) -> dict[str, Any]:

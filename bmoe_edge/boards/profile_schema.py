@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from bmoe_edge.engine.settings import PROFILE_SETTINGS, CacheBudget, Setting
+from bmoe_edge.engine.settings import PROFILE_SETTINGS, Setting
 from bmoe_edge.errors import BmoeError, show_path
 
 # ---------------------------------------------------------------------------------------------------
@@ -27,14 +27,19 @@ class Field:
     choices: tuple[object, ...] = ()
     pattern: str | None = None      # a string (each item, for lists) must match it whole
     expect: str = ""                # what `pattern` means, for the error message
-    minimum: int | None = None      # smallest number; for lists, fewest items
-    maximum: int | None = None
+    minimum: float | None = None    # smallest number; for lists, fewest items
+    maximum: float | None = None
     subfields: Mapping[str, Field] | None = None   # for kind "map"
     help: str = ""
+    check: Callable[[object], object] | None = None  # the rest of the value's rules (an engine setting's own)
 
 
 def is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
 
 
 # kind -> (accepts the value?, how to say it)
@@ -45,6 +50,8 @@ KINDS: dict[str, tuple[object, str]] = {
     "list": (lambda x: isinstance(x, list), "a list of strings"),
     "map": (lambda x: isinstance(x, dict), "a mapping"),
     "int|auto": (lambda x: is_int(x) or x == "auto", "an integer or 'auto'"),
+    "number": (is_number, "a number"),
+    "number|auto": (lambda x: is_number(x) or x == "auto", "a number or 'auto'"),
     "bool|auto": (lambda x: isinstance(x, bool) or x == "auto", "true, false or 'auto'"),
     "str|list": (lambda x: isinstance(x, (str, list)), "a name or a list of names"),
 }
@@ -58,12 +65,9 @@ STORAGE_FIELDS: dict[str, Field] = {
 
 def _engine_field(s: Setting) -> Field:
     """A profile field from a row of the engine's settings table."""
-    kind = {bool: "bool", int: "int", str: "str", CacheBudget: "int|auto"}[s.kind]
-    if s.auto and kind == "bool":
-        kind = "bool|auto"
-    minimum = s.profile_minimum if s.profile_minimum is not None else (0 if s.kind is CacheBudget else s.minimum)
-    return Field(kind, required=s.profile == "required", choices=s.choices, minimum=minimum, maximum=s.maximum,
-                 help=s.help)
+    kind = {bool: "bool", int: "int", float: "number", str: "str"}[s.kind] + ("|auto" if s.auto else "")
+    return Field(kind, required=s.profile == "required", choices=s.choices, minimum=s.minimum, maximum=s.maximum,
+                 help=s.help, check=s.check)
 
 
 # Derived from bmoe_edge.engine.settings: a setting with a `profile` key is a field under `engine:`.
@@ -221,8 +225,13 @@ def check_field(name: str, table: Mapping[str, Field], v: Value, prefix: str = "
                 raise field_error(v.path, line, f"{where}[{i}]", f"expected a string, got {_describe(item)}")
             _check_scalar(spec, item, v.path, line, f"{where}[{i}]")
         return v
-    if not (spec.kind == "int|auto" and x == "auto"):
+    if not (spec.kind.endswith("|auto") and x == "auto"):
         _check_scalar(spec, x, v.path, v.line, where)
+    if spec.check is not None:
+        try:
+            spec.check(x)
+        except BmoeError as exc:
+            raise field_error(v.path, v.line, where, str(exc)) from None
     return v
 
 
@@ -231,10 +240,10 @@ def _check_scalar(spec: Field, x: object, path: Path, line: int, where: str) -> 
         raise field_error(path, line, where, f"{x!r} is not one of {', '.join(map(str, spec.choices))}")
     if isinstance(x, str) and spec.pattern and not re.fullmatch(spec.pattern, x):
         raise field_error(path, line, where, f"{x!r} is not {spec.expect}")
-    if is_int(x):
+    if is_number(x):
         if spec.minimum is not None and x < spec.minimum:  # type: ignore[operator]
-            raise field_error(path, line, where, f"{x} is less than {spec.minimum}")
+            raise field_error(path, line, where, f"{x} is less than {spec.minimum:g}")
         if spec.maximum is not None and x > spec.maximum:  # type: ignore[operator]
-            raise field_error(path, line, where, f"{x} is more than {spec.maximum}")
+            raise field_error(path, line, where, f"{x} is more than {spec.maximum:g}")
 
 

@@ -36,8 +36,7 @@ def _machine_defaults(tokens: int) -> dict[str, object]:
     from bmoe_edge.engine import settings
 
     config = machine_config(None, {}, (PROMPT, tokens))
-    values = {name: getattr(config, name) for name in settings.config_fields()}
-    return {k: str(v) if isinstance(v, settings.CacheBudget) else v for k, v in values.items()}
+    return {name: getattr(config, name) for name in settings.config_fields()}
 
 
 @bench_app.command("stream")

@@ -11,7 +11,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from bmoe_edge.engine.settings import FLAG_SETTINGS, CacheBudget, Setting
+from bmoe_edge.engine.settings import FLAG_SETTINGS, SAMPLING_FLAGS, Setting
 
 app = typer.Typer(
     help="Run Mixture-of-Experts models bigger than a board's RAM, losslessly, by streaming experts.",
@@ -56,31 +56,42 @@ AcceptNewOpt = Annotated[bool, typer.Option(
 
 def _option(s: Setting) -> Any:
     """The typer annotation of a setting's option: None when not given (the profile's or the default)."""
-    # The cache budget is text on the command line ("auto" or MiB) and parsed by CacheBudget.parse.
-    kind = str if s.kind is CacheBudget else s.kind
+    # A number that may be "auto" is text on the command line, typed by the setting's own check.
+    kind = str if s.auto and s.kind is not bool else s.kind
     return Annotated[kind | None, typer.Option(*s.flags, help=s.help)]  # type: ignore[operator]
 
 
-def engine_options(settings: Sequence[Setting] = FLAG_SETTINGS) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Give a command one option per engine setting (from the settings table). The command takes
-    `engine: dict[str, object]` instead: the values given, None for those not given."""
+def setting_options(settings: Sequence[Setting], into: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command one option per setting (from the declared settings). The command takes
+    `<into>: dict[str, object]` instead: the values given, None for those not given."""
 
     def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(command, eval_str=True)
-        own = [p for p in signature.parameters.values() if p.name != "engine"]
+        own = [p for p in signature.parameters.values() if p.name != into]
         added = [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=_option(s))
                  for s in settings]
 
         @functools.wraps(command)
         def run(**kwargs: Any) -> Any:
-            engine = {s.name: kwargs.pop(s.name) for s in settings}
-            return command(**kwargs, engine=engine)
+            given = {s.name: kwargs.pop(s.name) for s in settings}
+            return command(**kwargs, **{into: given})
 
         run.__signature__ = signature.replace(parameters=[*own, *added])  # type: ignore[attr-defined]
         run.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
         return run
 
     return wrap
+
+
+def engine_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """One option per engine setting; the command takes `engine: dict[str, object]`."""
+    return setting_options(FLAG_SETTINGS, "engine")
+
+
+def sampling_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """One option per sampling setting (--temp, --top-k, --top-p, --min-p, --seed); the command takes
+    `sampling: dict[str, object]`."""
+    return setting_options(SAMPLING_FLAGS, "sampling")
 
 
 def machine_config(board: str | None, given: dict[str, Any], job: tuple[str, int] | None = None) -> Any:
@@ -96,6 +107,24 @@ def machine_config(board: str | None, given: dict[str, Any], job: tuple[str, int
         return config
     fixed = set(profile.engine) | {name for name, value in given.items() if value is not None}
     return runner.fit_to_job(config, *job, fixed=fixed)
+
+
+def on_board(host: str | None, *, rpc_host: str | None, inventory: Path | None, ssh_config: Path | None,
+             accept_new_host_key: bool, run: Callable[[Any, Any, Any], int]) -> None:
+    """Where a command runs. Without --host it returns and the command runs here. With --host,
+    `run(onboard, target, ssh_options)` runs it on the board through its current release and this
+    process exits with the board's exit code. RPC workers (--rpc-host, --inventory) belong to a run
+    here: with --host, the main board starts its own."""
+    if not host:
+        return
+    if rpc_host or inventory is not None:
+        fail("--rpc-host and --inventory are for a run on this machine; with --host, start it on the main board "
+             "itself")
+    # fleet reaches boards with fabric, which a board does not have: imported only when a board is reached
+    from bmoe_edge.fleet import onboard, remote
+
+    options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+    raise typer.Exit(run(onboard, remote.parse_target(host), options))
 
 
 @contextlib.contextmanager

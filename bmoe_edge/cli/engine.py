@@ -23,11 +23,12 @@ from bmoe_edge.cli.common import (
     engine_options,
     fail,
     machine_config,
+    on_board,
     rpc_tunnelled,
+    sampling_options,
 )
-from bmoe_edge.engine import checksums, info, moe_archs, runner
+from bmoe_edge.engine import checksums, info, moe_archs, runner, settings
 from bmoe_edge.engine.rpc import DEFAULT_PORT as RPC_PORT
-from bmoe_edge.engine.session import Sampling
 from bmoe_edge.errors import BmoeError, show_path
 from bmoe_edge.proof.gates import gated_architectures
 from bmoe_edge.synthetic import tinymoe
@@ -196,6 +197,7 @@ def _unproven(architecture: str) -> str:
 
 @app.command("generate")
 @engine_options()
+@sampling_options()
 def generate_cmd(
     model: Annotated[Path, typer.Option("-m", "--model", help="The gguf model (first shard of a split model).")],
     prompt: Annotated[str | None, typer.Option("-p", "--prompt", help="The prompt text.")] = None,
@@ -204,10 +206,6 @@ def generate_cmd(
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1)] = 64,
     board: Annotated[str | None, typer.Option("--board", help="Take the defaults from this board profile "
                                               "(default: this machine's: the deployed board's, else host).")] = None,
-    temp: Annotated[float, typer.Option("--temp", help="0 = greedy.")] = 0.0,
-    top_k: Annotated[int, typer.Option("--top-k")] = 40,
-    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     progress: Annotated[bool, typer.Option("--progress", help="Per-token telemetry on stderr.")] = False,
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Write per-token telemetry here.")] = None,
@@ -220,6 +218,7 @@ def generate_cmd(
     inventory: RpcInventoryOpt = None,
     *,
     engine: dict[str, Any],
+    sampling: dict[str, Any],
 ) -> None:
     """Generate text headlessly, streaming the routed experts from flash (greedy by default).
 
@@ -238,22 +237,18 @@ def generate_cmd(
             fail(f"cannot read the prompt file {prompt_file}: {exc.strerror}")
         except UnicodeDecodeError:
             fail(f"the prompt file {prompt_file} is not UTF-8 text")
-    if host and (rpc_host or inventory is not None):
-        fail("--rpc-host and --inventory are for a run on this machine; with --host, start the run on the "
-             "main board itself")
-    if host:
-        from bmoe_edge.fleet import onboard, remote
-
-        args = onboard.generate_args(
-            max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p, seed=seed, as_json=as_json,
-            progress=progress, csv_path=None if csv_path is None else str(csv_path), overrides=engine)
-        options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
-        raise typer.Exit(onboard.board_generate(remote.parse_target(host), str(model), prompt, args, options=options,
-                                                board_name=board, install_dir=install_dir))
+    text = prompt
+    on_board(host, rpc_host=rpc_host, inventory=inventory, ssh_config=ssh_config,
+             accept_new_host_key=accept_new_host_key,
+             run=lambda onboard, target, options: onboard.board_generate(
+                 target, str(model), text, onboard.generate_args(
+                     max_tokens=max_tokens, as_json=as_json, progress=progress,
+                     csv_path=None if csv_path is None else str(csv_path), overrides={**engine, **sampling}),
+                 options=options, board_name=board, install_dir=install_dir))
     outputs = runner.Outputs(as_json=as_json, progress=progress, csv_path=csv_path)
     say = (lambda m: typer.echo(m, err=True)) if progress else None
     with rpc_tunnelled(engine, rpc_host, rpc_port, inventory=inventory, ssh_config=ssh_config,
                        accept_new_host_key=accept_new_host_key, say=say) as flags:
         runner.generate(model, prompt, max_tokens, machine_config(board, flags, (prompt, max_tokens)),
-                        Sampling(temp, top_k, top_p, seed),
+                        settings.sampling(sampling),
                         outputs, arch_warning=_unproven)

@@ -19,10 +19,12 @@ from bmoe_edge.cli.common import (
     engine_options,
     fail,
     machine_config,
+    on_board,
     rpc_tunnelled,
+    sampling_options,
 )
+from bmoe_edge.engine import settings
 from bmoe_edge.engine.rpc import DEFAULT_PORT as RPC_PORT
-from bmoe_edge.engine.session import Sampling
 
 ModelOpt = Annotated[Path, typer.Option("-m", "--model", help="The gguf model (first shard of a split model).")]
 BoardOpt = Annotated[str | None, typer.Option("--board", help="Take the defaults from this board profile "
@@ -34,6 +36,7 @@ TemplateOpt = Annotated[str | None, typer.Option(
 
 @app.command("chat")
 @engine_options()
+@sampling_options()
 def chat_cmd(
     model: ModelOpt,
     system: Annotated[str | None, typer.Option("--system", help="A system prompt.")] = None,
@@ -41,14 +44,10 @@ def chat_cmd(
                                                "model's template can switch it (default: the model's).")] = None,
     chat_template: TemplateOpt = None,
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Per answer.")] = 1024,
-    temp: Annotated[float, typer.Option("--temp", help="0 = greedy.")] = 0.8,
-    top_k: Annotated[int, typer.Option("--top-k")] = 40,
-    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
-    min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
     board: BoardOpt = None,
     *,
     engine: dict[str, Any],
+    sampling: dict[str, Any],
 ) -> None:
     """Chat with a model in the terminal, streaming its experts (the conversation's context is kept, so
     each turn decodes only its new tokens)."""
@@ -60,7 +59,7 @@ def chat_cmd(
     with Engine(model, config) as e:
         # --parse-special (an engine setting): message text may spell control tokens; off, it is refused.
         session = chat.Session(e, system=system, template=chat_template, think=think,
-                               sampling=Sampling(temp, top_k, top_p, min_p, seed), max_tokens=max_tokens,
+                               sampling=settings.sampling(sampling, conversation=True), max_tokens=max_tokens,
                                parse_special=config.parse_special)
         terminal.run(session)
 
@@ -103,20 +102,15 @@ def serve_cmd(
             api_key = api_key_file.read_text().strip()
         except OSError as exc:
             fail(f"cannot read the API key file {api_key_file}: {exc.strerror}")
-    if host and (rpc_host or inventory is not None):
-        fail("--rpc-host and --inventory are for a server on this machine; with --host, start it on the "
-             "main board itself")
-    if host:
-        from bmoe_edge.fleet import onboard, remote
-
-        if port == 0 or local_port == 0:
-            fail("with --host, give fixed ports: --port (the board's) and --local-port (this machine's)")
-        args = onboard.serve_args(overrides=engine, queue=queue, model_id=model_id, chat_template=chat_template)
-        options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
-        forwarded = port if local_port is None else local_port
-        raise typer.Exit(onboard.board_serve(
-            remote.parse_target(host), str(model), args, port=port, local_port=forwarded, options=options,
-            api_key=api_key, board_name=board, install_dir=install_dir, say=lambda s: typer.echo(s, err=True)))
+    if host and (port == 0 or local_port == 0):
+        fail("with --host, give fixed ports: --port (the board's) and --local-port (this machine's)")
+    on_board(host, rpc_host=rpc_host, inventory=inventory, ssh_config=ssh_config,
+             accept_new_host_key=accept_new_host_key,
+             run=lambda onboard, target, options: onboard.board_serve(
+                 target, str(model), onboard.serve_args(overrides=engine, queue=queue, model_id=model_id,
+                                                        chat_template=chat_template),
+                 port=port, local_port=port if local_port is None else local_port, options=options,
+                 api_key=api_key, board_name=board, install_dir=install_dir, say=lambda s: typer.echo(s, err=True)))
     from bmoe_edge.serve import server
 
     def say(line: str) -> None:

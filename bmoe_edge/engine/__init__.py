@@ -5,7 +5,7 @@ The lowest stage: it imports nothing of the other stages (boards, fleet, proof, 
 
 from bmoe_edge.engine.generation import Generation, Sampling, Token, TokenMetrics
 from bmoe_edge.engine.session import Engine
-from bmoe_edge.engine.settings import SETTINGS, CacheBudget, Setting, StreamConfig
+from bmoe_edge.engine.settings import SETTINGS, Setting, StreamConfig
 
-__all__ = ["SETTINGS", "CacheBudget", "Engine", "Generation", "Sampling", "Setting", "StreamConfig", "Token",
+__all__ = ["SETTINGS", "Engine", "Generation", "Sampling", "Setting", "StreamConfig", "Token",
            "TokenMetrics"]

@@ -5,15 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bmoe_edge.engine.settings import Sampling  # the sampling rows' record (declared with the engine's settings)
 
-@dataclass(frozen=True)
-class Sampling:
-    temp: float = 0.0  # 0 = greedy
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.0  # 0 = off
-    seed: int = 0
-    grammar: str = ""  # GBNF (a `root` rule) the output must follow (engine/grammar.py); "" = unconstrained
+__all__ = ["Generation", "Sampling", "Token", "TokenMetrics"]
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from bmoe_edge.engine import native
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.net import is_loopback
 
@@ -44,30 +45,19 @@ class Worker:
 
 
 def parse_endpoints(text: str) -> list[Endpoint]:
-    """`host:port[,host:port...]` -> endpoints; a bad entry is one line saying which."""
-    out: list[Endpoint] = []
-    for item in (part.strip() for part in text.split(",")):
-        host, sep, port = item.rpartition(":")
-        if not item or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise BmoeError(f"--rpc: {item!r} is not HOST:PORT (e.g. 127.0.0.1:{DEFAULT_PORT})")
-        endpoint = Endpoint(host.strip("[]"), int(port))
-        if endpoint in out:
-            raise BmoeError(f"--rpc: worker {endpoint} is listed twice")
-        out.append(endpoint)
-    return out
+    """`host:port[,host:port...]` -> endpoints, by the engine's own parser (a bad entry is one line)."""
+    with native.engine_errors():
+        items = native.load().parse_endpoints(text)
+    return [Endpoint(host.strip("[]"), int(port)) for host, _, port in (item.rpartition(":") for item in items)]
 
 
 def parse_split(text: str, n_workers: int) -> list[float]:
     """`--rpc-split W0,W1,...`: this machine's share of the layers first, then each worker's."""
-    try:
-        weights = [float(w) for w in text.split(",")]
-    except ValueError:
-        raise BmoeError(f"--rpc-split must be numbers separated by commas, got {text!r}") from None
+    with native.engine_errors():
+        weights = list(native.load().parse_weights(text))
     if len(weights) != n_workers + 1:
         raise BmoeError(f"--rpc-split needs {n_workers + 1} weights (this machine first, then each of {n_workers} "
                         f"worker(s)), got {len(weights)}")
-    if any(not w >= 0 for w in weights) or sum(weights) <= 0:
-        raise BmoeError(f"--rpc-split weights must be >= 0 and not all 0, got {text!r}")
     return weights
 
 

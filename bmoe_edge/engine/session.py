@@ -137,11 +137,7 @@ class Engine:
         `reuse_kv` keeps the context's longest common prefix with the prompt (decoding only the rest)."""
         engine = self._live()
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        s = sampling or Sampling()
-        n = native.load()
-        params = n.SamplingParams()
-        params.temp, params.top_k, params.top_p, params.min_p, params.seed = s.temp, s.top_k, s.top_p, s.min_p, s.seed
-        params.grammar = s.grammar
+        params = (sampling or Sampling()).to_native()
         out = result if result is not None else Generation(prompt_ids)
         out.prompt_tokens = prompt_ids
         with native.engine_errors():

@@ -21,7 +21,8 @@ from bmoe_edge.fleet.targets import Target
 
 
 def engine_flags(overrides: Mapping[str, object]) -> list[str]:
-    """The engine settings that were given, as the board's command-line flags (None = the profile's)."""
+    """The engine and sampling settings that were given, as the board's command-line flags (None = the
+    profile's or the declared default)."""
     args: list[str] = []
     for key, value in overrides.items():
         if value is None:
@@ -33,11 +34,10 @@ def engine_flags(overrides: Mapping[str, object]) -> list[str]:
     return args
 
 
-def generate_args(*, max_tokens: int, overrides: Mapping[str, object], temp: float, top_k: int, top_p: float,
-                  seed: int, as_json: bool, progress: bool, csv_path: str | None) -> list[str]:
+def generate_args(*, max_tokens: int, overrides: Mapping[str, object], as_json: bool, progress: bool,
+                  csv_path: str | None) -> list[str]:
     """`bmoe-edge generate` options for the board: only what was given (None = the profile's default)."""
     args = ["-n", str(max_tokens), *engine_flags(overrides)]
-    args += ["--temp", repr(temp), "--top-k", str(top_k), "--top-p", repr(top_p), "--seed", str(seed)]
     if as_json:
         args.append("--json")
     if progress:

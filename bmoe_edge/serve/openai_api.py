@@ -4,19 +4,17 @@
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from bmoe_edge.engine import chat, grammar, tools
-from bmoe_edge.engine.session import Sampling
+from bmoe_edge.engine import chat, grammar, settings, tools
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.serve.worker import Request
 
-# llama-server's sampling defaults where a request says nothing (OpenAI's temperature 1.0 is for far
-# larger models; small local ones ramble at it).
-DEFAULT_TEMPERATURE = 0.8
+# A request's sampling fields and the setting each sets; where a request says nothing, a conversation's
+# defaults (settings.sampling), and the bounds are the settings' own.
+SAMPLING_FIELDS = {"temperature": "temp", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p"}
 DEFAULT_MAX_TOKENS = 512
 MAX_STOPS = 4
 
@@ -33,7 +31,7 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def _number(body: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+def _number(body: Mapping[str, Any], key: str, default: float | None, lo: float, hi: float) -> float | None:
     value = body.get(key)
     if value is None:
         return default
@@ -97,14 +95,17 @@ def _common(body: Any, model_id: str) -> dict[str, Any]:
         raise ApiError(400, "'n' must be 1", param="n")
     max_tokens = _integer(body, "max_completion_tokens", None, 1, 1 << 20)
     max_tokens = _integer(body, "max_tokens", max_tokens or DEFAULT_MAX_TOKENS, 1, 1 << 20)
+    given: dict[str, Any] = {}
+    for key, name in SAMPLING_FIELDS.items():
+        row = settings.BY_NAME[name]
+        if row.kind is int:
+            given[name] = _integer(body, key, None, int(row.minimum or 0), int(row.maximum or 0))
+        else:
+            given[name] = _number(body, key, None, row.minimum or 0.0, row.maximum or 0.0)
     seed = _integer(body, "seed", None, -(1 << 63), (1 << 64) - 1)
-    sampling = Sampling(
-        temp=_number(body, "temperature", DEFAULT_TEMPERATURE, 0.0, 2.0),
-        top_k=int(_integer(body, "top_k", 40, 0, 1 << 20) or 0),
-        top_p=_number(body, "top_p", 0.95, 0.0, 1.0),
-        min_p=_number(body, "min_p", 0.05, 0.0, 1.0),
-        seed=random.getrandbits(32) if seed is None else seed % (1 << 32),
-    )
+    # OpenAI's seed is any 64-bit integer; the engine's is 32 bits (its largest asks for a random one)
+    given["seed"] = None if seed is None else seed % 4294967295
+    sampling = settings.sampling(given, conversation=True)
     grammar_text = _response_format(body.get("response_format"))
     if grammar_text:
         sampling = dataclasses.replace(sampling, grammar=grammar_text)

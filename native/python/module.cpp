@@ -4,6 +4,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <type_traits>
+
 #include "bmoe/build_info.h"
 #include "bmoe/chat.h"
 #include "bmoe/checksums.h"
@@ -18,6 +20,35 @@
 namespace nb = nanobind;
 
 void bind_parts(nb::module_ & parent);  // parts.cpp
+
+namespace {
+
+#define BMOE_RO(cls, field) .def_ro(#field, &bmoe::cls::field)
+
+// One setting as a read-write attribute: a plain value as it is, a choice as its name.
+template <typename Struct, typename T>
+void bind_setting(nb::class_<Struct> & cls, const char * name, T Struct::*field) {
+    if constexpr (std::is_enum_v<T>) {
+        cls.def_prop_rw(
+            name, [field](const Struct & s) { return std::string(bmoe::to_string(s.*field)); },
+            [field, name](Struct & s, const std::string & text) {
+                if (!bmoe::parse_choice(text, s.*field)) {
+                    std::string known;
+                    for (const char * choice : bmoe::Choices<T>::names) {
+                        known += (known.empty() ? "" : ", ") + std::string(choice);
+                    }
+                    throw bmoe::Error(std::string(name) + " must be one of " + known + ", got '" + text + "'");
+                }
+            });
+    } else {
+        cls.def_rw(name, field);
+    }
+}
+
+}  // namespace
+
+#define BMOE_BIND_ENGINE_SETTING(type, name, ...) bind_setting(config, #name, &bmoe::StreamConfig::name);
+#define BMOE_BIND_SAMPLING_SETTING(type, name, ...) bind_setting(sampling, #name, &bmoe::SamplingParams::name);
 
 NB_MODULE(_native, m) {
     m.doc() = "bmoe-edge native engine";
@@ -90,19 +121,6 @@ NB_MODULE(_native, m) {
     m.def("recipes", &bmoe::recipes);
     m.def("recipe_for", &bmoe::recipe_for);
 
-    nb::enum_<bmoe::ReadPath>(m, "ReadPath").value("pread", bmoe::ReadPath::Pread).value("odirect", bmoe::ReadPath::ODirect);
-    nb::enum_<bmoe::DenseMode>(m, "DenseMode").value("mmap", bmoe::DenseMode::Mmap).value("anon", bmoe::DenseMode::Anon);
-    nb::enum_<bmoe::Prefetch>(m, "Prefetch")
-        .value("off", bmoe::Prefetch::Off)
-        .value("predict", bmoe::Prefetch::Predict)
-        .value("auto", bmoe::Prefetch::Auto);
-    nb::enum_<bmoe::FaultKind>(m, "FaultKind")
-        .value("none", bmoe::FaultKind::None)
-        .value("corrupt", bmoe::FaultKind::Corrupt)
-        .value("fail", bmoe::FaultKind::Fail)
-        .value("short", bmoe::FaultKind::Short)
-        .value("hang", bmoe::FaultKind::Hang);
-
     nb::class_<bmoe::SliceSum>(m, "SliceSum")
         .def(nb::init<>())
         .def("__init__",
@@ -115,53 +133,28 @@ NB_MODULE(_native, m) {
         .def_rw("length", &bmoe::SliceSum::length)
         .def_rw("crc32c", &bmoe::SliceSum::crc32c);
 
-    nb::class_<bmoe::StreamConfig>(m, "StreamConfig")
-        .def(nb::init<>())
-        .def_rw("stream", &bmoe::StreamConfig::stream)
-        .def_rw("cache_mb", &bmoe::StreamConfig::cache_mb)
-        .def_rw("cache_floor_mb", &bmoe::StreamConfig::cache_floor_mb)
-        .def_rw("cache_ceil_mb", &bmoe::StreamConfig::cache_ceil_mb)
-        .def_rw("cache_margin_mb", &bmoe::StreamConfig::cache_margin_mb)
-        .def_rw("page_kb", &bmoe::StreamConfig::page_kb)
-        .def_rw("io_threads", &bmoe::StreamConfig::io_threads)
-        .def_rw("read_path", &bmoe::StreamConfig::read_path)
-        .def_rw("dense", &bmoe::StreamConfig::dense)
-        .def_rw("overlap", &bmoe::StreamConfig::overlap)
-        .def_rw("prefetch", &bmoe::StreamConfig::prefetch)
-        .def_rw("threads", &bmoe::StreamConfig::threads)
-        .def_rw("ctx", &bmoe::StreamConfig::ctx)
-        .def_rw("batch", &bmoe::StreamConfig::batch)
-        .def_rw("ubatch", &bmoe::StreamConfig::ubatch)
-        .def_rw("flash_attn", &bmoe::StreamConfig::flash_attn)
-        .def_rw("route_trace", &bmoe::StreamConfig::route_trace)
-        .def_rw("n_expert_used", &bmoe::StreamConfig::n_expert_used)
-        .def_rw("drop_cold", &bmoe::StreamConfig::drop_cold)
-        .def_rw("speculative_ngram", &bmoe::StreamConfig::speculative_ngram)
-        .def_rw("draft_max", &bmoe::StreamConfig::draft_max)
-        .def_rw("io_timeout_s", &bmoe::StreamConfig::io_timeout_s)
-        .def_rw("verify_slices", &bmoe::StreamConfig::verify_slices)
-        .def_rw("slice_sums", &bmoe::StreamConfig::slice_sums)
-        .def_rw("parse_special", &bmoe::StreamConfig::parse_special)
-        .def_rw("rpc_endpoints", &bmoe::StreamConfig::rpc_endpoints)
-        .def_rw("rpc_split", &bmoe::StreamConfig::rpc_split)
-        .def_rw("rpc_timeout_s", &bmoe::StreamConfig::rpc_timeout_s)
-        .def_prop_rw(
-            "fault_kind", [](const bmoe::StreamConfig & c) { return c.fault.kind; },
-            [](bmoe::StreamConfig & c, bmoe::FaultKind k) { c.fault.kind = k; })
-        .def_prop_rw(
-            "fault_nth", [](const bmoe::StreamConfig & c) { return c.fault.nth; },
-            [](bmoe::StreamConfig & c, int64_t n) { c.fault.nth = n; });
+    // The settings: one attribute per row of bmoe/config.h (a choice as its name), and the rows' description.
+    nb::class_<bmoe::SettingInfo>(m, "SettingInfo")
+        BMOE_RO(SettingInfo, group) BMOE_RO(SettingInfo, name) BMOE_RO(SettingInfo, kind)
+        BMOE_RO(SettingInfo, choices) BMOE_RO(SettingInfo, minimum) BMOE_RO(SettingInfo, maximum)
+        BMOE_RO(SettingInfo, below_max) BMOE_RO(SettingInfo, auto_value)
+        BMOE_RO(SettingInfo, profile) BMOE_RO(SettingInfo, flag)
+        BMOE_RO(SettingInfo, short_flag) BMOE_RO(SettingInfo, help);
+    m.def("settings", &bmoe::settings);
+    m.attr("conversation_temp") = bmoe::kConversationTemp;
+    nb::class_<bmoe::StreamConfig> config(m, "StreamConfig");
+    config.def(nb::init<>()).def_rw("slice_sums", &bmoe::StreamConfig::slice_sums);
+    BMOE_ENGINE_SETTINGS(BMOE_BIND_ENGINE_SETTING)
+    nb::class_<bmoe::SamplingParams> sampling(m, "SamplingParams");
+    sampling.def(nb::init<>());
+    BMOE_SAMPLING_SETTINGS(BMOE_BIND_SAMPLING_SETTING)
+    m.def("check_setting", nb::overload_cast<const bmoe::StreamConfig &, const std::string &>(&bmoe::check_setting),
+          nb::arg("config"), nb::arg("name"));
+    m.def("check_setting", nb::overload_cast<const bmoe::SamplingParams &, const std::string &>(&bmoe::check_setting),
+          nb::arg("sampling"), nb::arg("name"));
+    m.def("parse_endpoints", &bmoe::parse_endpoints, nb::arg("list"));
+    m.def("parse_weights", &bmoe::parse_weights, nb::arg("list"));
 
-    nb::class_<bmoe::SamplingParams>(m, "SamplingParams")
-        .def(nb::init<>())
-        .def_rw("temp", &bmoe::SamplingParams::temp)
-        .def_rw("top_k", &bmoe::SamplingParams::top_k)
-        .def_rw("top_p", &bmoe::SamplingParams::top_p)
-        .def_rw("min_p", &bmoe::SamplingParams::min_p)
-        .def_rw("seed", &bmoe::SamplingParams::seed)
-        .def_rw("grammar", &bmoe::SamplingParams::grammar);
-
-#define BMOE_RO(cls, field) .def_ro(#field, &bmoe::cls::field)
     nb::class_<bmoe::TokenMetrics>(m, "TokenMetrics")
         BMOE_RO(TokenMetrics, step) BMOE_RO(TokenMetrics, n_tokens) BMOE_RO(TokenMetrics, wall_ms)
         BMOE_RO(TokenMetrics, io_ms) BMOE_RO(TokenMetrics, stall_ms) BMOE_RO(TokenMetrics, drain_ms) BMOE_RO(TokenMetrics, compute_ms)
@@ -191,7 +184,6 @@ NB_MODULE(_native, m) {
         BMOE_RO(RunInfo, load_bytes_read) BMOE_RO(RunInfo, load_major_faults) BMOE_RO(RunInfo, rss_after_load)
         BMOE_RO(RunInfo, routed_bytes_per_token) BMOE_RO(RunInfo, speculative) BMOE_RO(RunInfo, lossy)
         BMOE_RO(RunInfo, placement) BMOE_RO(RunInfo, rpc_workers) BMOE_RO(RunInfo, main_layers);
-#undef BMOE_RO
 
     nb::class_<bmoe::StepResult>(m, "StepResult")
         .def(nb::init<>())

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "bench_reader.h"
+#include "bmoe/error.h"
 #include "expert_cache.h"
 #include "expert_names.h"
 #include "mirror.h"
@@ -75,8 +76,16 @@ void bind_parts(nb::module_ & parent) {
         .def("trim", [](MirrorWithPool & w) { return w.pool.trim(); });
 
     nb::class_<BenchReader>(m, "Reader")
-        .def(nb::init<const std::string &, int, bmoe::ReadPath, int>(), nb::arg("path"), nb::arg("lanes"),
-             nb::arg("read_path"), nb::arg("page_kb") = 0, nb::call_guard<nb::gil_scoped_release>())
+        .def("__init__",
+             [](BenchReader * r, const std::string & path, int lanes, const std::string & read_path, int page_kb) {
+                 bmoe::ReadPath mode{};
+                 if (!bmoe::parse_choice(read_path, mode)) {
+                     throw bmoe::Error("read_path must be pread or odirect, got '" + read_path + "'");
+                 }
+                 nb::gil_scoped_release release;
+                 new (r) BenchReader(path, lanes, mode, page_kb);
+             },
+             nb::arg("path"), nb::arg("lanes"), nb::arg("read_path"), nb::arg("page_kb") = 0)
         .def(
             "read",
             [](BenchReader & r, const std::vector<std::pair<uint64_t, uint64_t>> & ranges) {

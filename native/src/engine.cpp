@@ -23,33 +23,9 @@ namespace {
 using detail::Clock;
 using detail::ms_since;
 
+// Beyond each row's own bounds (config.cpp): the settings that only make sense together.
 void validate(const StreamConfig & c) {
-    if (c.cache_mb < 0 && c.cache_mb != kCacheAuto) {
-        throw Error("cache_mb must be >= 0 or auto, got " + std::to_string(c.cache_mb));
-    }
-    if (c.cache_mb > 1e9) {
-        throw Error("cache_mb is out of range: " + std::to_string(c.cache_mb));
-    }
-    if (c.io_threads < 1 || c.io_threads > 64) {
-        throw Error("io_threads must be between 1 and 64, got " + std::to_string(c.io_threads));
-    }
-    if (c.threads < 0 || c.ctx < 16 || c.batch < 1 || c.ubatch < 1) {
-        throw Error("threads must be >= 0, ctx >= 16, batch and ubatch >= 1");
-    }
-    if (c.draft_max < 1 || c.draft_max > 64) {
-        throw Error("draft_max must be between 1 and 64, got " + std::to_string(c.draft_max));
-    }
-    if (c.cache_floor_mb < 0 || c.cache_ceil_mb < 0 || c.cache_margin_mb < 0) {
-        throw Error("cache_floor_mb, cache_ceil_mb and cache_margin_mb must be >= 0");
-    }
-    if (!(c.io_timeout_s >= 0 && c.io_timeout_s <= 1e6)) {
-        throw Error("io_timeout must be between 0 (no deadline) and 1000000 seconds, got " +
-                    std::to_string(c.io_timeout_s));
-    }
-    if (!(c.drop_cold >= 0 && c.drop_cold < 1)) {
-        throw Error("drop_cold must be in [0, 1) (a share of a token's routing weight), got " +
-                    std::to_string(c.drop_cold));
-    }
+    check_settings(c);
     if (c.drop_cold > 0 && !c.stream) {
         throw Error("drop_cold skips experts that streaming would have to read: it needs streaming");
     }
@@ -60,40 +36,18 @@ void validate(const StreamConfig & c) {
         throw Error("verify_slices needs the model's slice checksums: run `bmoe-edge verify-model MODEL` once "
                     "to write them");
     }
-    const long kernel_kb = sysconf(_SC_PAGESIZE) / 1024;
-    if (c.page_kb != 0 && (c.page_kb < kernel_kb || c.page_kb > 1024 || (c.page_kb & (c.page_kb - 1)) != 0)) {
-        throw Error("page_kb must be 0 (the kernel's page) or a power of two from this kernel's page size (" +
-                    std::to_string(kernel_kb) + " KiB) to 1024 KiB, got " + std::to_string(c.page_kb));
+    if (!c.rpc_split.empty() && c.rpc.empty()) {
+        throw Error("--rpc-split needs RPC workers (--rpc)");
     }
 }
 
-constexpr const char * kFaultKinds[] = {"none", "corrupt", "fail", "short", "hang"};
-
-// BMOE_FAULT=<kind>:N (test-only) unless the config already asks for a fault.
-FaultInjection fault_from_env(FaultInjection configured) {
+// The config's fault, else BMOE_FAULT=<kind>:N (test-only).
+FaultInjection fault_of(const StreamConfig & c) {
     const char * env = std::getenv("BMOE_FAULT");
-    if (configured.kind != FaultKind::None || env == nullptr || *env == '\0') {
-        return configured;
+    if (!c.fault.empty() || env == nullptr || *env == '\0') {
+        return parse_fault(c.fault, "fault");
     }
-    const std::string v = env;
-    const size_t colon = v.find(':');
-    const std::string kind = v.substr(0, colon);
-    FaultInjection f;
-    for (int k = 1; k < 5; ++k) {
-        f.kind = kind == kFaultKinds[k] ? static_cast<FaultKind>(k) : f.kind;
-    }
-    f.nth = colon == std::string::npos ? 1 : std::atoll(v.c_str() + colon + 1);
-    if (f.kind == FaultKind::None || f.nth < 1) {
-        throw Error("BMOE_FAULT must be corrupt:N, fail:N, short:N or hang:N with N >= 1, got " + v);
-    }
-    return f;
-}
-
-std::string describe(const FaultInjection & f) {
-    if (f.kind == FaultKind::None) {
-        return "";
-    }
-    return std::string(kFaultKinds[static_cast<int>(f.kind)]) + ":" + std::to_string(f.nth);
+    return parse_fault(env, "BMOE_FAULT");
 }
 
 int64_t meta_int(const llama_model * model, const std::string & key) {
@@ -135,12 +89,54 @@ int64_t experts_in_file(const detail::GgufMap & gguf, const std::string & archit
 
 }  // namespace
 
+// Opening, in order: the settings checked and recorded, the file's header read and checked, the RPC
+// layers placed, the model loaded and its context made; while streaming then the warm-up capture,
+// the mirror and lanes, the cache's budget and the seam's callbacks. The checks that need only the
+// file come before load_model.
 void Engine::Impl::open(const std::string & path) {
     validate(config);
-    config.fault = fault_from_env(config.fault);
-    config.fault.hang_s = config.io_timeout_s > 0 ? config.io_timeout_s + 2 : 5;
+    fault = fault_of(config);
+    fault.hang_s = config.io_timeout > 0 ? static_cast<double>(config.io_timeout) + 2 : 5;
+    // auto: on where this build has the hook and no other engine of this process holds it (process-wide)
+    overlap = config.overlap == Toggle::On ||
+              (config.overlap == Toggle::Auto && build_info().expert_ready_hook && !overlap_in_use());
+    rpc_endpoints = config.rpc.empty() ? std::vector<std::string>{} : parse_endpoints(config.rpc);
+    rpc_split = config.rpc_split.empty() ? std::vector<double>{} : parse_weights(config.rpc_split);
     detail::ensure_llama_backend();
 
+    record_settings(path);
+    open_route_trace();
+    read_file_header(path);
+    check_lossy_settings(path);
+    const Recipe recipe_row = recipe_for(info.architecture);
+    const Recipe * recipe = config.stream ? &recipe_row : nullptr;
+    refuse_unstreamable(path, recipe_row);
+    place_layers_on_workers();
+    load_model(path, recipe);
+    read_model_shape(path);
+    if (config.stream) {
+        seam = std::make_unique<detail::Seam>(*recipe);
+    }
+    create_context();
+    if (!config.stream) {
+        gguf->check_same_as_paths();  // llama.cpp opened the files by path: the same ones?
+        info.cache_mode = "off";
+        info.rss_after_load = detail::rss_bytes();
+        return;
+    }
+    capture_weights(*recipe);
+    streaming = detail::attach_streaming(*gguf, *seam, config, fault, info);
+    stream_only_local_layers();
+    size_cache();
+    route_to_streamer();
+    set_up_read_ahead();
+    seam->set_mode(detail::Seam::Mode::Stream);
+    gguf->check_same_as_paths();  // llama.cpp and the lanes opened the files by path: the same ones?
+    info.rss_after_load = detail::rss_bytes();
+}
+
+// The run info's copy of the settings, before anything can fail on the file.
+void Engine::Impl::record_settings(const std::string & path) {
     info.model = path;
     info.streaming = config.stream;
     info.threads = config.threads;
@@ -149,30 +145,38 @@ void Engine::Impl::open(const std::string & path) {
     info.kernel_page_size = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     info.page_size = config.page_kb > 0 ? static_cast<uint64_t>(config.page_kb) * 1024 : info.kernel_page_size;
     info.dense = to_string(config.dense);
-    info.overlap = config.overlap;
+    info.overlap = overlap;
     info.hook_compiled_in = build_info().expert_ready_hook;
     info.ctx = config.ctx;
     info.batch = config.batch;
     info.ubatch = config.ubatch;
     info.flash_attn = config.flash_attn;
-    info.fault = describe(config.fault);
-    info.speculative = config.speculative_ngram ? "ngram" : "off";
+    info.fault = describe(fault);
+    info.speculative = to_string(config.speculative);
+    info.io_timeout_s = static_cast<double>(config.io_timeout);
+    info.verify_slices = config.verify_slices && config.stream;
+    info.parse_special = config.parse_special;
+}
+
+void Engine::Impl::open_route_trace() {
     if (!config.route_trace.empty()) {
         if (!config.stream) {
             throw Error("the route trace needs streaming: the routed experts are read where the engine streams them");
         }
         route_trace = std::make_unique<detail::RouteTrace>(config.route_trace);  // a bad path fails now
     }
-    info.io_timeout_s = config.io_timeout_s;
-    info.verify_slices = config.verify_slices && config.stream;
-    info.parse_special = config.parse_special;
+}
 
+void Engine::Impl::read_file_header(const std::string & path) {
     gguf = std::make_unique<detail::GgufMap>(path);  // header, shards, bounds: before any load
     info.architecture = printable(gguf->architecture());
     info.n_files = static_cast<int>(gguf->files().size());
     info.file_bytes = gguf->total_bytes();
+}
 
-    if (config.n_expert_used != 0) {
+// --n-expert-used against the file's expert count, and the run info's `lossy` label.
+void Engine::Impl::check_lossy_settings(const std::string & path) {
+    if (config.n_expert_used != kAuto) {
         const int64_t n_expert = experts_in_file(*gguf, info.architecture);
         if (n_expert == 0) {
             throw Error(path + ": --n-expert-used needs a MoE model of an architecture the engine knows ('" +
@@ -189,22 +193,28 @@ void Engine::Impl::open(const std::string & path) {
         std::snprintf(text, sizeof(text), "drop_cold=%g", config.drop_cold);
         info.lossy += (info.lossy.empty() ? "" : ", ") + std::string(text);
     }
-    const Recipe recipe_row = recipe_for(info.architecture);
-    const Recipe * recipe = config.stream ? &recipe_row : nullptr;
+}
+
+void Engine::Impl::refuse_unstreamable(const std::string & path, const Recipe & recipe_row) {
     if (config.stream && !recipe_row.refused.empty()) {  // said before a byte of weights is loaded
         throw Error(path + ": architecture '" + info.architecture + "' cannot be streamed: " + recipe_row.refused +
                     "; run it with --no-stream (bmoe-edge archs)");
     }
-    if (!config.rpc_endpoints.empty()) {
-        rpc = std::make_unique<detail::RpcWorkers>(config.rpc_endpoints, config.rpc_timeout_s);  // probed before
-        placement = rpc->place(*gguf, config.rpc_split, config.stream);
-        info.rpc_workers = static_cast<int>(config.rpc_endpoints.size());
+}
+
+// Which whole layers go to which RPC worker (the workers probed and registered first).
+void Engine::Impl::place_layers_on_workers() {
+    if (!rpc_endpoints.empty()) {
+        rpc = std::make_unique<detail::RpcWorkers>(rpc_endpoints, static_cast<double>(config.rpc_timeout));  // probed before
+        placement = rpc->place(*gguf, rpc_split, config.stream);
+        info.rpc_workers = static_cast<int>(rpc_endpoints.size());
         info.main_layers = placement.main_layers;
-        info.placement = detail::describe(placement, config.rpc_endpoints, config.stream);
-    } else if (!config.rpc_split.empty()) {
-        throw Error("--rpc-split needs RPC workers (--rpc)");
+        info.placement = detail::describe(placement, rpc_endpoints, config.stream);
     }
-    load_model(path, recipe);
+}
+
+// Layers and experts as llama.cpp loaded them; a dense model has nothing to stream.
+void Engine::Impl::read_model_shape(const std::string & path) {
     info.n_layer = llama_model_n_layer(model.get());
     info.n_expert = static_cast<int>(meta_int(model.get(), info.architecture + ".expert_count"));
     info.n_expert_used = config.n_expert_used > 0  // the file's count, unless overridden (lossy)
@@ -214,44 +224,46 @@ void Engine::Impl::open(const std::string & path) {
         throw Error(path + ": '" + info.architecture +
                     "' model without experts (dense): nothing to stream; run it with --no-stream");
     }
-    if (config.stream) {
-        seam = std::make_unique<detail::Seam>(*recipe);
-    }
-    create_context();
-    if (!config.stream) {
-        gguf->check_same_as_paths();  // llama.cpp opened the files by path: the same ones?
-        info.cache_mode = "off";
-        info.rss_after_load = detail::rss_bytes();
-        return;
-    }
+}
+
+// The warm-up decode with the seam capturing, the routed experts hinted to the kernel first.
+void Engine::Impl::capture_weights(const Recipe & recipe) {
     if (!rpc) {  // a worker's experts are read there
-        seam->set_warm_up_hint(detail::warm_up_reads(*gguf, *recipe));
+        seam->set_warm_up_hint(detail::warm_up_reads(*gguf, recipe));
     }
     warm_up_and_capture();
     seam->set_warm_up_hint(nullptr);
-    streaming = detail::attach_streaming(*gguf, *seam, config, info);
-    if (rpc) {  // isolate only the routers of the layers computed here
-        for (const auto & c : seam->captured()) {  // a worker's layer computed here would read unrouted bytes
-            if (c.is_expert && c.host && c.layer >= placement.main_layers) {
-                throw Error("expert tensor " + c.name + " belongs to a layer placed on an RPC worker but sits in this "
-                            "process's memory: llama.cpp did not place it as asked");
-            }
-        }
-        std::vector<bool> local(static_cast<size_t>(info.n_layer), false);
-        for (int il = 0; il < placement.main_layers && il < info.n_layer; ++il) {
-            local[static_cast<size_t>(il)] = true;
-        }
-        seam->set_streamed_layers(std::move(local));
+}
+
+// With RPC workers: isolate only the routers of the layers computed here.
+void Engine::Impl::stream_only_local_layers() {
+    if (!rpc) {
+        return;
     }
-    size_cache();
+    for (const auto & c : seam->captured()) {  // a worker's layer computed here would read unrouted bytes
+        if (c.is_expert && c.host && c.layer >= placement.main_layers) {
+            throw Error("expert tensor " + c.name + " belongs to a layer placed on an RPC worker but sits in this "
+                        "process's memory: llama.cpp did not place it as asked");
+        }
+    }
+    std::vector<bool> local(static_cast<size_t>(info.n_layer), false);
+    for (int il = 0; il < placement.main_layers && il < info.n_layer; ++il) {
+        local[static_cast<size_t>(il)] = true;
+    }
+    seam->set_streamed_layers(std::move(local));
+}
+
+// The seam's router hands each layer's routed experts to the streamer (published for the hook with
+// overlap, else read before the callback returns), through the route trace and the cold dropper.
+void Engine::Impl::route_to_streamer() {
     detail::Streamer & streamer = *streaming.streamer;
-    if (config.overlap) {
+    if (overlap) {
         hook = std::make_unique<detail::ExpertReadyHook>(streamer);
         llama_set_abort_callback(
             ctx.get(), [](void * s) { return static_cast<detail::Streamer *>(s)->failed(); }, &streamer);
     }
     detail::RouteTrace * trace = route_trace.get();
-    const bool overlapped = config.overlap;
+    const bool overlapped = overlap;
     seam->set_router([&streamer, trace, overlapped](int layer, const std::vector<int> & e, int per_token) {
         if (trace != nullptr) {
             trace->record(layer, e, per_token);
@@ -267,6 +279,12 @@ void Engine::Impl::open(const std::string & path) {
             config.drop_cold, [&streamer](int layer, int e) { return streamer.resident(layer, e); },
             [&streamer](int layer) { return streamer.cached_experts(layer); }));
     }
+}
+
+// --prefetch: the seam's guesses go to the streamer, and the policy says when to read ahead.
+void Engine::Impl::set_up_read_ahead() {
+    detail::Streamer & streamer = *streaming.streamer;
+    detail::RouteTrace * trace = route_trace.get();
     if (config.prefetch != Prefetch::Off) {
         seam->set_read_ahead([&streamer, trace](int layer, const std::vector<int> & e) {
             if (trace != nullptr) {
@@ -281,9 +299,6 @@ void Engine::Impl::open(const std::string & path) {
             info.prefetch_note = "no two consecutive layers with router weights (blk.N.ffn_gate_inp.weight): nothing to predict from";
         }
     }
-    seam->set_mode(detail::Seam::Mode::Stream);
-    gguf->check_same_as_paths();  // llama.cpp and the lanes opened the files by path: the same ones?
-    info.rss_after_load = detail::rss_bytes();
 }
 
 void Engine::Impl::load_model(const std::string & path, const Recipe * recipe) {
@@ -431,7 +446,7 @@ void Engine::Impl::size_cache() {
     }
     memory = std::make_unique<detail::MemoryBudget>(config, std::move(footprint), streamer.cache().bytes_per_token_slot());
     const detail::BudgetReport report = memory->initial(detail::read_memory());
-    info.cache_mode = config.cache_mb == 0 ? "off" : config.cache_mb == kCacheAuto ? "auto" : "fixed";
+    info.cache_mode = config.cache_mb == 0 ? "off" : config.cache_mb == kAuto ? "auto" : "fixed";
     info.cache_budget_mb = static_cast<double>(report.budget) / 1048576.0;
     info.cache_note = report.note;
     info.memory_limit_source = report.limit_source;

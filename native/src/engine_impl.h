@@ -58,6 +58,11 @@ auto guarded(const char * what, F && f) -> decltype(f()) {
 
 struct Engine::Impl {
     StreamConfig config;
+    // What the settings resolve to at open (the engine works with these, not with their texts or auto).
+    bool overlap = false;
+    FaultInjection fault;
+    std::vector<std::string> rpc_endpoints;
+    std::vector<double> rpc_split;
     RunInfo info;
     std::unique_ptr<detail::GgufMap> gguf;
     std::unique_ptr<detail::RpcWorkers> rpc;  // registered before the model loads
@@ -88,10 +93,22 @@ struct Engine::Impl {
     static constexpr int kNgramMax = 4;
 
     void open(const std::string & path);
+    // open's steps, in the order it takes them (engine.cpp)
+    void record_settings(const std::string & path);
+    void open_route_trace();
+    void read_file_header(const std::string & path);
+    void check_lossy_settings(const std::string & path);
+    void refuse_unstreamable(const std::string & path, const Recipe & recipe_row);
+    void place_layers_on_workers();
     void load_model(const std::string & path, const Recipe * recipe);
+    void read_model_shape(const std::string & path);
     void create_context();
+    void capture_weights(const Recipe & recipe);
     void warm_up_and_capture();
+    void stream_only_local_layers();
     void size_cache();
+    void route_to_streamer();
+    void set_up_read_ahead();
     void decode(std::vector<llama_token> & tokens, bool all_logits = false);
     std::vector<llama_token> draft_for(llama_pos used);
     llama_token verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out);

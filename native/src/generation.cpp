@@ -46,7 +46,7 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
             if (route_trace) {
                 route_trace->begin_batch(static_cast<int>(in_context.size()), n);
             }
-            if (config.overlap && streaming.streamer) {
+            if (overlap && streaming.streamer) {
                 streaming.streamer->clear_failure();
             }
             int rc = 0;
@@ -58,7 +58,7 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
                 rc = llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
             }
             const std::string error = seam ? seam->take_error() : std::string();  // taken always: never stale
-            if (config.overlap && streaming.streamer) {
+            if (overlap && streaming.streamer) {
                 streaming.streamer->drain();  // the last layer's reads; rethrows a failed read
             }
             if (!error.empty()) {
@@ -121,6 +121,7 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     if (prompt.empty()) {
         throw Error("the prompt is empty");
     }
+    check_settings(sampling);
     // Parsed before the context is touched: a bad grammar leaves everything as it was.
     std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar;
     if (!sampling.grammar.empty()) {
@@ -150,19 +151,24 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     if (grammar) {  // first: the samplers after it choose among the tokens it allows
         llama_sampler_chain_add(chain, grammar.release());
     }
-    if (sampling.temp <= 0.0f) {
+    if (sampling.temp <= 0) {
         llama_sampler_chain_add(chain, llama_sampler_init_greedy());
     } else {
-        llama_sampler_chain_add(chain, llama_sampler_init_top_k(sampling.top_k));
-        llama_sampler_chain_add(chain, llama_sampler_init_top_p(sampling.top_p, 1));
-        if (sampling.min_p > 0.0f) {
-            llama_sampler_chain_add(chain, llama_sampler_init_min_p(sampling.min_p, 1));
+        if (sampling.top_k > 0) {
+            llama_sampler_chain_add(chain, llama_sampler_init_top_k(sampling.top_k));
         }
-        llama_sampler_chain_add(chain, llama_sampler_init_temp(sampling.temp));
-        llama_sampler_chain_add(chain, llama_sampler_init_dist(sampling.seed));
+        llama_sampler_chain_add(chain, llama_sampler_init_top_p(static_cast<float>(sampling.top_p), 1));
+        if (sampling.min_p > 0) {
+            llama_sampler_chain_add(chain, llama_sampler_init_min_p(static_cast<float>(sampling.min_p), 1));
+        }
+        llama_sampler_chain_add(chain, llama_sampler_init_temp(static_cast<float>(sampling.temp)));
+        // auto: a fresh seed each generation (llama.cpp's LLAMA_DEFAULT_SEED asks it for a random one)
+        llama_sampler_chain_add(chain, llama_sampler_init_dist(sampling.seed == kAuto
+                                                                   ? LLAMA_DEFAULT_SEED
+                                                                   : static_cast<uint32_t>(sampling.seed)));
     }
     d.pending.assign(prompt.begin() + static_cast<long>(keep), prompt.end());
-    d.greedy = sampling.temp <= 0.0f;
+    d.greedy = sampling.temp <= 0;
     d.failure.clear();
     d.draft_policy = detail::DraftPolicy(d.config.draft_max);
     d.accepted.clear();
@@ -227,7 +233,7 @@ void Engine::Impl::emit(StepResult & out, llama_token token) {
 std::vector<llama_token> Engine::Impl::draft_for(llama_pos used) {
     // Greedy only (a draft cannot change what the model picks), and not on a prompt (its logits for
     // every position would cost n_vocab floats each).
-    if (!config.speculative_ngram || !greedy || pending.size() != 1) {
+    if (config.speculative != Speculative::Ngram || !greedy || pending.size() != 1) {
         return {};
     }
     const auto room = static_cast<int64_t>(config.ctx) - used - static_cast<int64_t>(pending.size());

@@ -8,17 +8,7 @@
 namespace bmoe::detail {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 constexpr uint64_t kMiB = 1ULL << 20;
-// Read memory at most this often while running: a reading is a handful of small file reads.
-constexpr auto kCheckEvery = std::chrono::milliseconds(250);
-// After pressure, wait this long before growing again, so the cache does not chase a neighbour.
-constexpr auto kCalmBeforeGrowing = std::chrono::seconds(2);
-// Signs of pressure: the machine stalls on memory (PSI "some", percent over 10 s), or dense
-// weights are being read back from disk (major faults in one step).
-constexpr double kPressureAvg10 = 20.0;
-constexpr uint64_t kPressureMajorFaults = 256;
 
 int64_t to_signed(uint64_t v) { return static_cast<int64_t>(std::min<uint64_t>(v, INT64_MAX)); }
 
@@ -35,25 +25,18 @@ std::string mib(uint64_t bytes) {
     return buf;
 }
 
-MemoryBudget::MemoryBudget(const StreamConfig & config, Footprint footprint, uint64_t slot_bytes)
-    : config_(config), footprint_(std::move(footprint)), slot_bytes_(slot_bytes) {}
-
-uint64_t MemoryBudget::pending() const {
-    uint64_t total = 0;
-    for (const Region & r : footprint_.to_touch) {
-        total += r.size - std::min(r.size, resident_bytes_of(r.data, r.size));
-    }
-    return total;
-}
+BudgetPolicy::BudgetPolicy(const StreamConfig & config, uint64_t in_flight_bytes, uint64_t mappings_cap_bytes,
+                           uint64_t slot_bytes)
+    : config_(config), in_flight_bytes_(in_flight_bytes), mappings_cap_bytes_(mappings_cap_bytes), slot_bytes_(slot_bytes) {}
 
 // What a cgroup could still give: its limit less its usage, plus the page cache the kernel takes
 // back first — never counting our own mapped file pages (dense weights) as reclaimable.
-int64_t MemoryBudget::cgroup_free(const CgroupMemory & c, const MemoryReading & m) {
+int64_t BudgetPolicy::cgroup_free(const CgroupMemory & c, const MemoryReading & m) {
     const uint64_t reclaimable = c.inactive_file > m.rss_file ? c.inactive_file - m.rss_file : 0;
     return to_signed(c.limit) - to_signed(c.usage) + to_signed(reclaimable);
 }
 
-MemoryBudget::Headroom MemoryBudget::headroom(const MemoryReading & m, uint64_t pool_held) const {
+BudgetPolicy::Headroom BudgetPolicy::headroom(const MemoryReading & m, uint64_t pool_held) const {
     // The pool's pages are the cache's own (charged as shared memory, never counted as available).
     // Mapped file pages of ours (dense weights) may sit on the inactive list: never count them as
     // memory the kernel could take back for the cache.
@@ -71,10 +54,10 @@ MemoryBudget::Headroom MemoryBudget::headroom(const MemoryReading & m, uint64_t 
     return best;
 }
 
-BudgetReport MemoryBudget::initial(const MemoryReading & m) {
+BudgetReport BudgetPolicy::initial(const MemoryReading & m, uint64_t pending, Clock::time_point now) {
     BudgetReport report;
-    report.pending = pending();
-    const uint64_t need = report.pending + footprint_.in_flight_bytes;
+    report.pending = pending;
+    const uint64_t need = report.pending + in_flight_bytes_;
     // A hard limit that cannot hold the model with no cache at all: say so before decoding.
     for (const CgroupMemory & c : m.cgroups) {
         const uint64_t reclaimable = c.inactive_file > m.rss_file ? c.inactive_file - m.rss_file : 0;
@@ -82,7 +65,7 @@ BudgetReport MemoryBudget::initial(const MemoryReading & m) {
             throw Error("the memory limit of " + c.path + " (" + mib(c.limit) + ") is too small for this model: it needs " +
                         mib(c.usage - reclaimable + need) + " with no expert cache (" + mib(c.usage - reclaimable) +
                         " in use, " + mib(report.pending) + " of KV cache, compute buffers and dense weights still to touch, " +
-                        mib(footprint_.in_flight_bytes) + " of experts in flight); raise the limit or lower --ctx/--batch");
+                        mib(in_flight_bytes_) + " of experts in flight); raise the limit or lower --ctx/--batch");
         }
     }
     if (m.mem_total > 0 && m.rss_anon + m.rss_file + need > m.mem_total) {
@@ -96,7 +79,7 @@ BudgetReport MemoryBudget::initial(const MemoryReading & m) {
     const int64_t left = h.bytes - to_signed(need) - margin;
     report.headroom = left > 0 ? static_cast<uint64_t>(left) : 0;
     const uint64_t ceiling = static_cast<uint64_t>(config_.cache_ceil_mb) * kMiB;
-    if (config_.cache_mb == kCacheAuto) {
+    if (config_.cache_mb == kAuto) {
         cap_ = ceiling;
         report.budget = std::min(report.headroom, ceiling);
     } else {
@@ -107,8 +90,8 @@ BudgetReport MemoryBudget::initial(const MemoryReading & m) {
                           " under the " + h.source + " limit): clamped to " + mib(report.budget);
         }
     }
-    if (cap_ > footprint_.mappings_cap_bytes) {
-        cap_ = footprint_.mappings_cap_bytes;
+    if (cap_ > mappings_cap_bytes_) {
+        cap_ = mappings_cap_bytes_;
         if (report.budget > cap_) {
             report.budget = cap_;
             report.note += std::string(report.note.empty() ? "" : "; ") + "cache budget limited to " + mib(cap_) +
@@ -122,19 +105,18 @@ BudgetReport MemoryBudget::initial(const MemoryReading & m) {
                        " cannot hold one expert of every layer (" + mib(slot_bytes_) + "), so it could never hit: running "
                        "with the cache off";
     }
-    last_check_ = calm_since_ = Clock::now();
+    last_check_ = calm_since_ = now;
     return report;
 }
 
-uint64_t MemoryBudget::adapt(uint64_t current, uint64_t pool_held, uint64_t step_major_faults) {
-    const auto now = Clock::now();
-    if (!adaptive_ || now - last_check_ < kCheckEvery) {
+uint64_t BudgetPolicy::adapt(uint64_t current, uint64_t pool_held, uint64_t step_major_faults, const MemoryReading & m,
+                             uint64_t pending, Clock::time_point now) {
+    if (!due(now)) {
         return current;
     }
     last_check_ = now;
-    const MemoryReading m = read_memory();
     const int64_t margin = config_.cache_margin_mb * static_cast<int64_t>(kMiB);
-    const int64_t left = headroom(m, pool_held).bytes - to_signed(pending() + footprint_.in_flight_bytes) - margin;
+    const int64_t left = headroom(m, pool_held).bytes - to_signed(pending + in_flight_bytes_) - margin;
     uint64_t target = std::min(left > 0 ? static_cast<uint64_t>(left) : 0, cap_);
     // Small moves either way are noise (the margin absorbs them); pressure always shrinks.
     const uint64_t step = std::max(slot_bytes_, current / 16);
@@ -151,6 +133,30 @@ uint64_t MemoryBudget::adapt(uint64_t current, uint64_t pool_held, uint64_t step
         return target;
     }
     return current;
+}
+
+MemoryBudget::MemoryBudget(const StreamConfig & config, Footprint footprint, uint64_t slot_bytes)
+    : footprint_(std::move(footprint)),
+      policy_(config, footprint_.in_flight_bytes, footprint_.mappings_cap_bytes, slot_bytes) {}
+
+uint64_t MemoryBudget::pending() const {
+    uint64_t total = 0;
+    for (const Region & r : footprint_.to_touch) {
+        total += r.size - std::min(r.size, resident_bytes_of(r.data, r.size));
+    }
+    return total;
+}
+
+BudgetReport MemoryBudget::initial(const MemoryReading & reading) {
+    return policy_.initial(reading, pending(), BudgetPolicy::Clock::now());
+}
+
+uint64_t MemoryBudget::adapt(uint64_t current, uint64_t pool_held, uint64_t step_major_faults) {
+    const auto now = BudgetPolicy::Clock::now();
+    if (!policy_.due(now)) {  // the readings cost a few file reads and a mincore walk: only when due
+        return current;
+    }
+    return policy_.adapt(current, pool_held, step_major_faults, read_memory(), pending(), now);
 }
 
 }  // namespace bmoe::detail

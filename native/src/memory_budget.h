@@ -4,7 +4,8 @@
 // still touch (KV cache and compute buffers that are allocated but not yet written, dense weights
 // not yet in memory), less one or two layers' experts in flight and a margin. Measured at open
 // and again while running, so the cache gives memory back under pressure and takes it again when
-// the pressure goes. Policy only: the readings come from telemetry, the evictions from the streamer.
+// the pressure goes. BudgetPolicy decides; MemoryBudget only feeds it the readings (telemetry), and
+// the evictions are the streamer's.
 #pragma once
 
 #include <chrono>
@@ -38,18 +39,34 @@ struct BudgetReport {
     std::string note;           // why the budget is what it is (clamped, cannot hit, ...)
 };
 
-class MemoryBudget {
+// The policy, a pure function of its inputs: readings, the bytes still to touch and the time come
+// in, a budget goes out. Nothing here reads memory or the clock (tests/test_policies.py drives it).
+class BudgetPolicy {
 public:
-    // `slot_bytes`: one expert of every layer, the smallest budget that can hit.
-    MemoryBudget(const StreamConfig & config, Footprint footprint, uint64_t slot_bytes);
+    using Clock = std::chrono::steady_clock;
+    // Read memory at most this often while running: a reading is a handful of small file reads.
+    static constexpr auto kCheckEvery = std::chrono::milliseconds(250);
+    // After pressure, wait this long before growing again, so the cache does not chase a neighbour.
+    static constexpr auto kCalmBeforeGrowing = std::chrono::seconds(2);
+    // Signs of pressure: the machine stalls on memory (PSI "some", percent over 10 s), or dense
+    // weights are being read back from disk (major faults in one step).
+    static constexpr double kPressureAvg10 = 20.0;
+    static constexpr uint64_t kPressureMajorFaults = 256;
 
-    // The budget at open. Throws bmoe::Error when a limit cannot hold the model even without a
-    // cache (the message says how much it needs).
-    BudgetReport initial(const MemoryReading & reading);
-    // While running (call once per token; it reads memory at most every few hundred ms): the
-    // budget the cache should have now, given the pool memory it holds and this step's major faults.
-    // Returns `current` when nothing should change.
-    uint64_t adapt(uint64_t current, uint64_t pool_held, uint64_t step_major_faults);
+    // `in_flight_bytes` and `mappings_cap_bytes` as in Footprint; `slot_bytes`: one expert of every
+    // layer, the smallest budget that can hit.
+    BudgetPolicy(const StreamConfig & config, uint64_t in_flight_bytes, uint64_t mappings_cap_bytes, uint64_t slot_bytes);
+
+    // The budget at open, with `pending` bytes the process will still touch. Throws bmoe::Error when
+    // a limit cannot hold the model even without a cache (the message says how much it needs).
+    BudgetReport initial(const MemoryReading & reading, uint64_t pending, Clock::time_point now);
+    // Whether adapt would look at a reading taken `now` (at most every kCheckEvery, and only when
+    // the budget adapts at all): the caller reads memory only then.
+    bool due(Clock::time_point now) const { return adaptive_ && now - last_check_ >= kCheckEvery; }
+    // The budget the cache should have now, given a reading, the pool memory the cache holds and
+    // this step's major faults; `current` when nothing should change (or when not due).
+    uint64_t adapt(uint64_t current, uint64_t pool_held, uint64_t step_major_faults, const MemoryReading & reading,
+                   uint64_t pending, Clock::time_point now);
 
     bool adaptive() const { return adaptive_; }
 
@@ -64,15 +81,34 @@ private:
         uint64_t limit = 0;
     };
     Headroom headroom(const MemoryReading & reading, uint64_t pool_held) const;
-    uint64_t pending() const;
 
     StreamConfig config_;
-    Footprint footprint_;
+    uint64_t in_flight_bytes_;
+    uint64_t mappings_cap_bytes_;
     uint64_t slot_bytes_;
     uint64_t cap_ = 0;  // the most the cache may grow to: the fixed request, or auto's ceiling
     bool adaptive_ = false;
-    std::chrono::steady_clock::time_point last_check_{};
-    std::chrono::steady_clock::time_point calm_since_{};
+    Clock::time_point last_check_{};
+    Clock::time_point calm_since_{};
+};
+
+// The mechanism around it: reads memory (telemetry), what of the footprint is not yet resident
+// (mincore) and the clock, and asks the policy.
+class MemoryBudget {
+public:
+    MemoryBudget(const StreamConfig & config, Footprint footprint, uint64_t slot_bytes);
+
+    BudgetReport initial(const MemoryReading & reading);
+    // While running (call once per token; it reads memory at most every few hundred ms).
+    uint64_t adapt(uint64_t current, uint64_t pool_held, uint64_t step_major_faults);
+
+    bool adaptive() const { return policy_.adaptive(); }
+
+private:
+    uint64_t pending() const;
+
+    Footprint footprint_;
+    BudgetPolicy policy_;
 };
 
 std::string mib(uint64_t bytes);

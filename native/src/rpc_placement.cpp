@@ -71,24 +71,24 @@ LayerPlacement place_layers(const PlacementInput & in) {
     }
     LayerPlacement p;
     p.main_layers = counts[0];
-    int first = p.main_layers;
-    for (size_t w = 0; w < n_workers; ++w) {
-        const bool last = w + 1 == n_workers;
-        int count = counts[w + 1];
-        if (by_memory) {
-            uint64_t bytes = bytes_of(in, first, count, last);  // at most what fits; the main process streams the rest
-            while (count > 0 && bytes + kWorkerReserveBytes > in.worker_free[w]) {
+    p.worker_layers.assign(counts.begin() + 1, counts.end());
+    p.worker_bytes.assign(n_workers, 0);
+    if (by_memory) {
+        // At most what fits; the main process streams the rest. A layer handed back goes to the main
+        // process, before every run, so the runs after it stay where they are: fit the workers from
+        // the last one (its run ends with the last layer) back, each on the layers it will hold.
+        int end = n_layer;
+        for (size_t w = n_workers; w-- > 0;) {
+            const bool last = w + 1 == n_workers;
+            int & count = p.worker_layers[w];
+            while (count > 0 && bytes_of(in, end - count, count, last) + kWorkerReserveBytes > in.worker_free[w]) {
                 --count;
-                bytes = bytes_of(in, first, count, last);
+                ++p.main_layers;
             }
-            p.main_layers += counts[w + 1] - count;  // handed back: placed before this worker's run
+            end -= count;
         }
-        p.worker_layers.push_back(count);
-        p.worker_bytes.push_back(0);
-        first += count;
     }
-    // Layers handed back move the later runs: count every worker's bytes from the final order.
-    first = p.main_layers;
+    int first = p.main_layers;
     for (size_t w = 0; w < n_workers; ++w) {
         const bool last = w + 1 == n_workers;
         p.worker_bytes[w] = bytes_of(in, first, p.worker_layers[w], last);

@@ -139,7 +139,7 @@ uint64_t main_free() {
     const MemoryReading m = read_memory();
     int64_t free = static_cast<int64_t>(std::min<uint64_t>(m.mem_available, INT64_MAX));
     for (const CgroupMemory & c : m.cgroups) {
-        free = std::min(free, MemoryBudget::cgroup_free(c, m));
+        free = std::min(free, BudgetPolicy::cgroup_free(c, m));
     }
     return free > 0 ? static_cast<uint64_t>(free) : 0;
 }

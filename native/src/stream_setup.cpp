@@ -86,7 +86,8 @@ Seam::RoutedHint warm_up_reads(const GgufMap & gguf, const Recipe & recipe) {
     };
 }
 
-StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config, RunInfo & info) {
+StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config,
+                                const FaultInjection & fault, RunInfo & info) {
     const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     StreamingParts parts;
     uint64_t mirrored = 0;  // the pool never holds more than every mirror at once
@@ -183,7 +184,7 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
         drop_mapped_pages(old_data, c.nbytes, page);
     }
 
-    parts.lanes = std::make_unique<ReadLanes>(config.io_threads, config.fault);
+    parts.lanes = std::make_unique<ReadLanes>(config.io_threads, fault);
     std::vector<SliceFile *> files;
     std::vector<Mirror *> mirrors;
     for (size_t i = 0; i < parts.files.size(); ++i) {
@@ -191,7 +192,8 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
         mirrors.push_back(parts.mirrors[i].get());
     }
     parts.streamer = std::make_unique<Streamer>(std::move(streamed), std::move(files), std::move(mirrors),
-                                                *parts.pool, *parts.lanes, info.threads, config.io_timeout_s);
+                                                *parts.pool, *parts.lanes, info.threads,
+                                                static_cast<double>(config.io_timeout));
     return parts;
 }
 

@@ -34,6 +34,7 @@ struct StreamingParts {
 Seam::RoutedHint warm_up_reads(const GgufMap & gguf, const Recipe & recipe);
 
 // The streamer starts with the cache off; the engine gives it a budget once memory is measured.
-StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config, RunInfo & info);
+StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config,
+                                const FaultInjection & fault, RunInfo & info);
 
 }  // namespace bmoe::detail

@@ -1,28 +1,139 @@
-// Everything a caller can set on the engine. Plain data; validated when an Engine opens.
+// Every setting of the engine and of sampling, declared once: each is one row of an X-macro list below.
+// The rows expand into the config structs and their defaults (here), the validation (config.cpp), the
+// binding (module.cpp) and the description `settings()` the Python side builds its table from (flags,
+// board-profile keys, help, what `generate --host` forwards). Nothing else lists the settings.
+//
+// Adding a setting is adding one row. A row is
+//   X(type, name, default, minimum, maximum, rule, profile, flag, help)
+// - type: bool, int, int64_t, double, std::string, or a choice (an enum declared with BMOE_CHOICE below).
+// - minimum, maximum: inclusive numeric bounds; kNoLimit where there is none (ignored for text and choices).
+// - rule: what the value means beyond its bounds — Rule::Plain, Rule::Auto (kAuto, shown "auto", lets the
+//   engine decide), Rule::BelowMax (the maximum itself is out), Rule::PageUnit (0 or a power of two from the
+//   kernel's page), Rule::FaultSpec, Rule::Endpoints, Rule::Weights (the text's syntax, parsed here once).
+// - profile: whether a board profile's `engine:` section may (Profile::Optional) or must (Profile::Required)
+//   set it, or not at all (Profile::None).
+// - flag: kNoFlag (Python/config only), kFlag (--the-name, --x/--no-x for a bool), or a short alias ("-t")
+//   given besides the long flag.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
 namespace bmoe {
 
-enum class ReadPath { Pread, ODirect };
-enum class DenseMode { Mmap, Anon };
-// Read-ahead of the next layer's predicted experts: never, every decode, or where it measurably pays.
-enum class Prefetch { Off, Predict, Auto };
+constexpr double kNoLimit = std::numeric_limits<double>::infinity();  // a bound that is not there
+constexpr int kAuto = -1;                                               // Rule::Auto's "auto"
+constexpr const char * kNoFlag = nullptr;
+constexpr const char * kFlag = "";
 
-// Test-only fault injection: act on the Nth slice read of the engine (1-based, counted across
-// the engine's life). Also settable with BMOE_FAULT=<kind>:N. corrupt garbles 256 bytes of the
-// slice after the read (once: a re-read gets the file's bytes), fail fails the read, short reads
-// half the slice and reports a short read, hang stalls the read for hang_s seconds and then does it
-// (the engine sets hang_s: its I/O deadline plus 2 s, or 5 s without one).
-enum class FaultKind { None, Corrupt, Fail, Short, Hang };
-struct FaultInjection {
-    FaultKind kind = FaultKind::None;
-    int64_t nth = 0;
-    double hang_s = 5.0;
-};
+enum class Rule { Plain, Auto, BelowMax, PageUnit, FaultSpec, Endpoints, Weights };
+enum class Profile { None, Optional, Required };
+
+// A choice: an enum and the names of its values (what flags, profiles and run reports say), one list each.
+template <typename T>
+struct Choices;
+#define BMOE_CHOICE_VALUE(value, name) value,
+#define BMOE_CHOICE_NAME(value, name) name,
+#define BMOE_CHOICE(Type, LIST)                                       \
+    enum class Type { LIST(BMOE_CHOICE_VALUE) };                      \
+    template <>                                                       \
+    struct Choices<Type> {                                            \
+        static constexpr const char * names[] = {LIST(BMOE_CHOICE_NAME)}; \
+    };
+
+#define BMOE_READ_PATHS(X) X(Pread, "pread") X(ODirect, "odirect")
+#define BMOE_DENSE_MODES(X) X(Mmap, "mmap") X(Anon, "anon")
+// Read-ahead of the next layer's predicted experts: never, every decode, or where it measurably pays.
+#define BMOE_PREFETCH_MODES(X) X(Off, "off") X(Predict, "predict") X(Auto, "auto")
+#define BMOE_SPECULATIVE_MODES(X) X(Off, "off") X(Ngram, "ngram")
+// A switch the engine may decide itself: Auto is on where it can be (and shown as a bool or "auto").
+#define BMOE_TOGGLES(X) X(Off, "off") X(On, "on") X(Auto, "auto")
+BMOE_CHOICE(ReadPath, BMOE_READ_PATHS)
+BMOE_CHOICE(DenseMode, BMOE_DENSE_MODES)
+BMOE_CHOICE(Prefetch, BMOE_PREFETCH_MODES)
+BMOE_CHOICE(Speculative, BMOE_SPECULATIVE_MODES)
+BMOE_CHOICE(Toggle, BMOE_TOGGLES)
+
+// The engine's settings.
+#define BMOE_ENGINE_SETTINGS(X)                                                                                        \
+    X(bool, stream, true, 0, 0, Rule::Plain, Profile::None, kFlag, "Stream experts (default on).")                   \
+    X(double, cache_mb, kAuto, 0, 1e9, Rule::Auto, Profile::Required, kFlag,                                          \
+      "Expert cache: MiB, 0 = off, or auto (what the memory limits leave; adapts to pressure).")                      \
+    X(int64_t, cache_floor_mb, 1024, 0, kNoLimit, Rule::Plain, Profile::Optional, kFlag,                              \
+      "Where the machine's memory is the limit: MiB left to other processes.")                                        \
+    X(int64_t, cache_ceil_mb, 1 << 20, 0, kNoLimit, Rule::Plain, Profile::Optional, kFlag, "auto: at most this.")     \
+    X(int64_t, cache_margin_mb, 64, 0, kNoLimit, Rule::Plain, Profile::Optional, kFlag,                               \
+      "MiB kept free under the memory limit beyond what the engine foresees.")                                        \
+    X(int, page_kb, 0, 0, 1024, Rule::PageUnit, Profile::Optional, kFlag,                                             \
+      "The mirror's page unit, KiB: a power of two from the kernel's page (0) to 1024.")                              \
+    X(int, io_threads, 4, 1, 64, Rule::Plain, Profile::Required, kFlag, "Read lanes.")                                \
+    X(ReadPath, read_path, ReadPath::ODirect, 0, 0, Rule::Plain, Profile::Required, kFlag, "pread or odirect.")       \
+    X(DenseMode, dense, DenseMode::Mmap, 0, 0, Rule::Plain, Profile::Required, kFlag, "Dense weights: mmap or anon.") \
+    X(Toggle, overlap, Toggle::Auto, 0, 0, Rule::Plain, Profile::Required, kFlag,                                     \
+      "I/O-compute overlap (default: on where the build has the hook and no other engine of this process uses "     \
+      "it; the hook is process-wide).")                                                                               \
+    X(Prefetch, prefetch, Prefetch::Auto, 0, 0, Rule::Plain, Profile::Optional, kFlag,                                \
+      "Read ahead: guess each next layer's experts from its router weights and read them while this layer "          \
+      "computes (lossless: a wrong guess costs bandwidth, never tokens). predict = every decode; auto = only while " \
+      "it measures faster than off.")                                                                                 \
+    X(int, threads, 0, 0, 4096, Rule::Plain, Profile::Required, "-t",                                                 \
+      "Compute threads (0 = auto: all cores, one left to the read lanes when streaming).")                            \
+    X(int, ctx, 2048, 16, 1 << 24, Rule::Plain, Profile::None, "-c",                                                  \
+      "Context length (`generate` without it: the prompt and -n, in steps of 256, up to this).")                      \
+    X(int, batch, 512, 1, 1 << 24, Rule::Plain, Profile::None, kNoFlag, "Logical batch size.")                        \
+    X(int, ubatch, 512, 1, 1 << 24, Rule::Plain, Profile::None, kNoFlag, "Physical batch size.")                      \
+    X(bool, flash_attn, false, 0, 0, Rule::Plain, Profile::None, kNoFlag, "Flash attention.")                         \
+    X(int, n_expert_used, kAuto, 1, 4096, Rule::Auto, Profile::None, kFlag,                                           \
+      "LOSSY: route every token to K experts instead of the model's count (auto = the model's). The output is not "  \
+      "the model's; the run info says so and gates refuse it.")                                                      \
+    X(double, drop_cold, 0, 0, 1, Rule::BelowMax, Profile::None, kFlag,                                               \
+      "LOSSY: skip a routed expert that is not resident (cached or read ahead) and carries less than this share of " \
+      "its token's routing weight; the kept experts share the weight (0 = off). Needs a cache: a skipped slot "      \
+      "points at a cached expert with weight zero.")                                                                  \
+    X(Speculative, speculative, Speculative::Off, 0, 0, Rule::Plain, Profile::Optional, kFlag,                        \
+      "Speculative decoding: ngram verifies prompt-lookup drafts in one batch (greedy decoding only; identical "     \
+      "tokens). A model's own MTP heads are not used: the pinned llama.cpp has no API to run them.")                  \
+    X(int, draft_max, 8, 1, 64, Rule::Plain, Profile::Optional, kFlag,                                                \
+      "Speculative decoding: draft at most this many tokens.")                                                        \
+    X(std::string, route_trace, "", 0, 0, Rule::Plain, Profile::None, kFlag,                                          \
+      "Write every token's routed experts, per layer, to this CSV (streaming only).")                                 \
+    X(int64_t, io_timeout, 30, 0, 1000000, Rule::Plain, Profile::Optional, kFlag,                                     \
+      "I/O deadline, seconds: a read making no progress this long fails the step (0 = wait forever).")                \
+    X(bool, verify_slices, false, 0, 0, Rule::Plain, Profile::Optional, kFlag,                                        \
+      "Check every slice read against the model's checksums (written once by `bmoe-edge verify-model`); a "          \
+      "mismatch is read again, then fails.")                                                                          \
+    X(bool, parse_special, false, 0, 0, Rule::Plain, Profile::None, kFlag,                                            \
+      "Let prompt text name control tokens (e.g. </s>); off: a prompt is text.")                                      \
+    X(std::string, fault, "", 0, 0, Rule::FaultSpec, Profile::None, kNoFlag,                                          \
+      "Test only: corrupt:N, fail:N, short:N or hang:N garbles, fails, cuts short or stalls the Nth slice read "      \
+      "(also BMOE_FAULT=...).")                                                                                       \
+    X(std::string, rpc, "", 0, 0, Rule::Endpoints, Profile::None, kFlag,                                              \
+      "llama.cpp RPC workers HOST:PORT[,HOST:PORT]: whole layers go there, resident; this machine keeps the first "  \
+      "layers and streams their experts (docs/rpc.md).")                                                              \
+    X(std::string, rpc_split, "", 0, 0, Rule::Weights, Profile::None, kFlag,                                          \
+      "Layer shares W0,W1,...: this machine first, then each --rpc worker (default: by free memory).")                \
+    X(int64_t, rpc_timeout, 300, 0, 1000000, Rule::Plain, Profile::None, kFlag,                                       \
+      "RPC: a decode waiting this many seconds on the workers ends the run with one line (a stopped worker or a "    \
+      "lost network); 0 = wait forever.")                                                                             \
+    X(bool, rpc_insecure, false, 0, 0, Rule::Plain, Profile::None, kFlag,                                             \
+      "Allow --rpc workers on a non-loopback address: RPC has no authentication or encryption (docs/rpc.md).")
+
+// How tokens are chosen. Conversations (`chat`, `serve`) sample at kConversationTemp where the user or the
+// request says nothing; everything else has one default here.
+#define BMOE_SAMPLING_SETTINGS(X)                                                                                      \
+    X(double, temp, 0, 0, 2, Rule::Plain, Profile::None, kFlag, "Temperature: 0 = greedy.")                          \
+    X(int, top_k, 40, 0, 1 << 20, Rule::Plain, Profile::None, kFlag, "Keep the K most likely tokens (0 = all).")     \
+    X(double, top_p, 0.95, 0, 1, Rule::Plain, Profile::None, kFlag, "Keep the most likely tokens up to this mass.")  \
+    X(double, min_p, 0.05, 0, 1, Rule::Plain, Profile::None, kFlag,                                                   \
+      "Drop tokens less likely than this share of the most likely one (0 = off).")                                    \
+    X(int64_t, seed, kAuto, 0, 4294967294.0, Rule::Auto, Profile::None, kFlag,                                        \
+      "Sampling seed: the same seed, prompt and settings give the same text (auto = a random one each run).")        \
+    X(std::string, grammar, "", 0, 0, Rule::Plain, Profile::None, kNoFlag,                                            \
+      "GBNF with a `root` rule: only tokens it allows are sampled (empty = unconstrained).")
+
+constexpr double kConversationTemp = 0.8;  // llama-server's; OpenAI's 1.0 is for far larger models
 
 // The expected CRC-32C of one expert slice: `length` bytes at `offset` of file `file` (the shard
 // index). Written by `bmoe-edge verify-model` into the model's sidecar; checked with verify_slices.
@@ -33,54 +144,75 @@ struct SliceSum {
     uint32_t crc32c = 0;
 };
 
-constexpr double kCacheAuto = -1;
+#define BMOE_SETTING_FIELD(type, name, default_value, ...) type name = default_value;
 
 struct StreamConfig {
-    bool stream = true;               // false: a plain resident llama.cpp run (no eval callback)
-    double cache_mb = 0;              // MiB (fractions allowed); 0 = nothing kept beyond the layer in flight; kCacheAuto = auto
-    int64_t cache_floor_mb = 1024;    // where the machine's memory is the limit: leave this much to other processes
-    int64_t cache_ceil_mb = 1 << 20;  // auto: never more than this
-    int64_t cache_margin_mb = 64;     // kept free under the limit for everything the budget cannot foresee
-    int page_kb = 0;                  // the mirror's page unit in KiB (a power of two >= the kernel's page); 0 = the kernel's
-    int io_threads = 4;               // read lanes, each with its own file descriptors
-    ReadPath read_path = ReadPath::ODirect;
-    DenseMode dense = DenseMode::Mmap;
-    bool overlap = false;             // I/O-compute overlap through the expert-ready hook
-    Prefetch prefetch = Prefetch::Auto;  // read the next layer's predicted experts ahead (lossless)
-    int threads = 0;                  // compute threads; 0 = all cores resident, all but one while streaming
-    int ctx = 2048;
-    int batch = 512;
-    int ubatch = 512;
-    bool flash_attn = false;
-    std::string route_trace;          // a CSV of every token's routed experts per layer (empty = none)
-    int n_expert_used = 0;            // lossy when > 0: route every token to this many experts (0 = the model's)
-    double drop_cold = 0;             // lossy when > 0: skip a routed expert that is not resident and carries less
-                                      // than this share of its token's routing weight (renormalised)
-    bool speculative_ngram = false;   // greedy decoding verifies prompt-lookup drafts in one batch
-    int draft_max = 8;                // ... of at most this many tokens
-    double io_timeout_s = 30;         // a read making no progress this long fails the decode; 0 = wait forever
-    bool verify_slices = false;       // check every slice read against slice_sums (re-read once, then fail)
-    std::vector<SliceSum> slice_sums; // every streamed slice's sum (required with verify_slices)
-    bool parse_special = false;       // tokenize() turns special-token text (e.g. "</s>") into control tokens
-    FaultInjection fault;
-    // llama.cpp RPC workers (`host:port` of an rpc-server each, probed beforehand): whole layers are
-    // placed there, resident; this process keeps the first layers and streams their experts.
-    std::vector<std::string> rpc_endpoints;
-    std::vector<double> rpc_split;    // layer shares: this process first, then each worker; empty = by memory
-    double rpc_timeout_s = 300;       // a decode waiting this long on the workers ends the process; 0 = never
+    BMOE_ENGINE_SETTINGS(BMOE_SETTING_FIELD)
+    // Not a setting: the model's slice checksums (`verify-model`'s sidecar), required with verify_slices.
+    std::vector<SliceSum> slice_sums;
 };
 
 struct SamplingParams {
-    float temp = 0.0f;  // 0 = greedy
-    int top_k = 40;
-    float top_p = 0.95f;
-    float min_p = 0.0f;  // 0 = off
-    uint32_t seed = 0;
-    std::string grammar;  // GBNF with a `root` rule: only tokens it allows are sampled; empty = off
+    BMOE_SAMPLING_SETTINGS(BMOE_SETTING_FIELD)
 };
 
-const char * to_string(ReadPath path);
-const char * to_string(DenseMode mode);
-const char * to_string(Prefetch prefetch);
+// What the bindings export for each row: the Python side's table (bmoe_edge.engine.settings) is built from it.
+struct SettingInfo {
+    std::string group;              // "engine" or "sampling"
+    std::string name;
+    std::string kind;               // bool, int, float, str, choice, toggle
+    std::vector<std::string> choices;
+    double minimum = -kNoLimit;
+    double maximum = kNoLimit;
+    bool below_max = false;         // the maximum itself is out
+    bool auto_value = false;        // "auto" is a value (kAuto, or a toggle's auto)
+    std::string profile;            // "", "optional" or "required"
+    std::string flag;               // "" = none; else the long flag (--x/--no-x for a bool)
+    std::string short_flag;
+    std::string help;
+};
+std::vector<SettingInfo> settings();
+
+// The rows' checks: bounds and rules of one setting (by name), or of every setting. Throw bmoe::Error naming it.
+void check_setting(const StreamConfig & config, const std::string & name);
+void check_setting(const SamplingParams & sampling, const std::string & name);
+void check_settings(const StreamConfig & config);
+void check_settings(const SamplingParams & sampling);
+
+// A choice's name, and the choice a name stands for (false: no such name).
+template <typename T>
+const char * to_string(T value) {
+    return Choices<T>::names[static_cast<int>(value)];
+}
+template <typename T>
+bool parse_choice(const std::string & text, T & out) {
+    int i = 0;
+    for (const char * name : Choices<T>::names) {
+        if (text == name) {
+            out = static_cast<T>(i);
+            return true;
+        }
+        ++i;
+    }
+    return false;
+}
+
+// The texts' syntax, parsed in one place (the rules above check with these; the engine uses them).
+// Test-only fault injection: act on the Nth slice read of the engine (1-based, counted across the
+// engine's life). corrupt garbles 256 bytes of the slice after the read (once: a re-read gets the
+// file's bytes), fail fails the read, short reads half the slice and reports a short read, hang stalls
+// the read for hang_s seconds and then does it (the engine sets hang_s: its I/O deadline plus 2 s, or
+// 5 s without one).
+#define BMOE_FAULT_KINDS(X) X(None, "none") X(Corrupt, "corrupt") X(Fail, "fail") X(Short, "short") X(Hang, "hang")
+BMOE_CHOICE(FaultKind, BMOE_FAULT_KINDS)
+struct FaultInjection {
+    FaultKind kind = FaultKind::None;
+    int64_t nth = 0;
+    double hang_s = 5.0;
+};
+FaultInjection parse_fault(const std::string & spec, const std::string & what);  // "" -> none
+std::string describe(const FaultInjection & fault);
+std::vector<std::string> parse_endpoints(const std::string & list);  // HOST:PORT,...
+std::vector<double> parse_weights(const std::string & list);         // W0,W1,... (>= 0, not all 0)
 
 }  // namespace bmoe
