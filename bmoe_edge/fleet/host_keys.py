@@ -1,7 +1,7 @@
 """Host keys, strictly: fabric's own default is to accept any key; here an unknown host is refused with
 the command that accepts it (or, with accept-new, its key added to the known_hosts file), a changed key
 is always refused, and `@cert-authority`/`@revoked` lines are refused with a message (paramiko would read
-them as plain keys). The same policy holds on the board and on every ProxyJump hop (connection.py)."""
+them as plain keys). The same policy holds on the board and on every ProxyJump hop (remote.py)."""
 
 from __future__ import annotations
 

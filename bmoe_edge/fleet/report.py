@@ -134,5 +134,6 @@ def report_json(results: Sequence[HostResult]) -> str:
 
 
 def describe_text(services: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """`status`: one line per installed service (services.describe finds their states)."""
     return [f"{name} {info.get('state')}, {info.get('bind')}:{info.get('port')}"
             + (f", model {info['model']}" if info.get("model") else "") for name, info in services.items()]
