@@ -5,15 +5,21 @@ single table in `arch_rows` (`ROWS`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bmoe_edge.synthetic.arch_parts import (
     ATTN_NORM,
+    DENSE_LEAD_FFN,
+    EXP_PROBS_B,
     EXPERT_SUFFIXES,
     EXPERTS,
     FFN_NORM,
     HEAD_KEYS,
     MOE_KEYS,
+    MOE_ONLY,
     ROUTER,
     SHEXP,
+    SIGMOID,
     ArchRow,
     Dims,
     _t,
@@ -98,4 +104,57 @@ DEEPSEEK4 = ArchRow(
           "kinds": "ACHCA", "n_hash": 1, "n_nextn": 1},
 )
 
-ROWS: tuple[ArchRow, ...] = (DEEPSEEK4,)
+# The MTP block of the V3 layout (deepseek32, glm-dsa): a full decoder block plus the next-n wiring.
+NEXTN = (_t("nextn.eh_proj.weight", "2*embd", "embd", where="nextn"),
+         _t("nextn.enorm.weight", "embd", init="norm", where="nextn"),
+         _t("nextn.hnorm.weight", "embd", init="norm", where="nextn"),
+         _t("nextn.shared_head_norm.weight", "embd", init="norm", where="nextn"))
+
+# DeepSeek-V3 layout with MLA (split attn_k_b / attn_v_b), as deepseek2's row, plus the DSA lightning
+# indexer (its own k projection and layer norm, head weights, q from the q LoRA).
+_MLA_DSA_LAYER = (
+    *ATTN_NORM,
+    _t("attn_q_a.weight", "embd", "q_lora"), _t("attn_q_a_norm.weight", "q_lora", init="norm"),
+    _t("attn_q_b.weight", "q_lora", "head*k_mla"),
+    _t("attn_kv_a_mqa.weight", "embd", "kv_lora+rope"), _t("attn_kv_a_norm.weight", "kv_lora", init="norm"),
+    _t("attn_k_b.weight", "qk_nope", "kv_lora", "head"), _t("attn_v_b.weight", "kv_lora", "v_mla", "head"),
+    _t("attn_output.weight", "head*v_mla", "embd"),
+    _t("indexer.k_norm.weight", "idx_dim", init="norm"), _t("indexer.k_norm.bias", "idx_dim", init="bias"),
+    _t("indexer.proj.weight", "embd", "idx_heads"), _t("indexer.attn_k.weight", "embd", "idx_dim"),
+    _t("indexer.attn_q_b.weight", "q_lora", "idx_heads*idx_dim"),
+    *FFN_NORM, *DENSE_LEAD_FFN, *MOE_ONLY, *EXP_PROBS_B, *SHEXP, *NEXTN)
+
+_MLA_DSA_KEYS = (
+    *MOE_KEYS, Key("expert_feed_forward_length", "ff_exp"), Key("feed_forward_length", "ff"),
+    Key("leading_dense_block_count", "dense_lead"), Key("expert_shared_count", 1),
+    Key("expert_weights_scale", 2.5, "f32"), Key("expert_weights_norm", True, "bool"),
+    Key("expert_gating_func", SIGMOID),
+    Key("attention.q_lora_rank", "q_lora"), Key("attention.kv_lora_rank", "kv_lora"),
+    Key("attention.key_length", "kv_lora+rope"), Key("attention.value_length", "kv_lora"),
+    Key("attention.key_length_mla", "k_mla"), Key("attention.value_length_mla", "v_mla"),
+    Key("rope.dimension_count", "qk_rope"),
+    Key("attention.indexer.head_count", "idx_heads"), Key("attention.indexer.key_length", "idx_dim"),
+    Key("attention.indexer.top_k", 8), Key("nextn_predict_layers", "n_nextn"))
+
+# A dense first layer, three MoE layers, one MTP block; indexer heads of 64 (the indexer's Hadamard
+# rotation is at least 64 wide; real: 128), top-8 of the keys: the prompts outgrow it.
+_MLA_DSA_DIMS = {"n_ff_exp": 64, "n_ff_shexp": 64, "n_dense_lead": 1, "n_head_kv": 1, "idx_dim": 64,
+                 "n_nextn": 1}
+
+DEEPSEEK32 = ArchRow(
+    # DeepSeek V3.2 (-Exp, -Speciale; deepseek32.cpp): V3's MLA + MoE layers with DSA sparse attention
+    # (the lightning indexer picks each query's top-k keys), sigmoid + bias routing, a shared expert, and
+    # the MTP block in the same file (skipped by the loader: load_mtp off).
+    name="deepseek32",
+    arch="deepseek32",
+    keys=_MLA_DSA_KEYS,
+    layer=_MLA_DSA_LAYER,
+    experts=EXPERT_SUFFIXES,
+    dims=_MLA_DSA_DIMS,
+)
+
+# GLM-5 / 5.1 (glm-dsa.cpp): deepseek32's tensors under GLM's name; a 4096 training context means the
+# pre-5.2 layout (every layer's indexer full, no indexer.types key).
+GLM_DSA = replace(DEEPSEEK32, name="glm-dsa", arch="glm-dsa")
+
+ROWS: tuple[ArchRow, ...] = (DEEPSEEK4, DEEPSEEK32, GLM_DSA)
