@@ -1,0 +1,115 @@
+"""Fixture rows of Moonshot's Kimi hybrids at the pin (Kimi K3, Kimi-Linear): KDA (Kimi delta attention,
+recurrent) layers between MLA layers; one data row each, from `src/models/kimi-k3.cpp` and
+`kimi-linear.cpp`. They join the single table in `arch_rows` (`ROWS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from bmoe_edge.synthetic.arch_parts import (
+    ATTN_NORM,
+    DENSE_LEAD_FFN,
+    EXP_PROBS_B,
+    EXPERT_SUFFIXES,
+    FFN_NORM,
+    MOE_KEYS,
+    MOE_ONLY,
+    SHEXP,
+    SIGMOID,
+    ArchRow,
+    Dims,
+    _t,
+)
+from bmoe_edge.synthetic.gguf_kv import Key
+
+
+def _recr(*ts):
+    return tuple(replace(t, mixer="recr") for t in ts)
+
+
+def _attn(*ts):
+    return tuple(replace(t, mixer="attn") for t in ts)
+
+
+# KDA: short convolutions on q, k, v (3-D, as a quantized file stores them), a low-rank forget gate
+# (ssm_f_a/_b), beta per head, decay per head, and an output gate before the gated RMS norm.
+_KDA = _recr(
+    _t("ssm_conv1d_q.weight", "ssm_conv", "1", "kda_inner"),
+    _t("ssm_conv1d_k.weight", "ssm_conv", "1", "kda_inner"),
+    _t("ssm_conv1d_v.weight", "ssm_conv", "1", "kda_inner"),
+    _t("attn_q.weight", "embd", "kda_inner"), _t("attn_k.weight", "embd", "kda_inner"),
+    _t("attn_v.weight", "embd", "kda_inner"),
+    _t("ssm_f_a.weight", "embd", "kda_dim"), _t("ssm_f_b.weight", "kda_dim", "kda_inner"),
+    _t("ssm_beta.weight", "embd", "head"),
+    _t("ssm_dt.bias", "kda_inner", init="bias"),
+    _t("ssm_norm.weight", "kda_dim", init="norm"),
+    _t("attn_output.weight", "kda_inner", "embd"))
+
+# MLA served as MQA (split attn_k_b / attn_v_b), as deepseek2's row.
+_MLA_KV = _attn(
+    _t("attn_kv_a_mqa.weight", "embd", "kv_lora+rope"), _t("attn_kv_a_norm.weight", "kv_lora", init="norm"),
+    _t("attn_k_b.weight", "qk_nope", "kv_lora", "head"), _t("attn_v_b.weight", "kv_lora", "v_mla", "head"),
+    _t("attn_output.weight", "head*v_mla", "embd"))
+
+# K3's routed experts live in the latent space: their rows are `latent` wide, not n_embd.
+LATENT_EXPERTS = (
+    _t("ffn_gate_exps.weight", "latent", "ff_exp", "expert", where="moe"),
+    _t("ffn_up_exps.weight", "latent", "ff_exp", "expert", where="moe"),
+    _t("ffn_down_exps.weight", "ff_exp", "latent", "expert", where="moe"))
+ROUTER_MOE = (_t("ffn_gate_inp.weight", "embd", "expert", where="moe"),)
+
+_KEYS = (*MOE_KEYS, Key("expert_feed_forward_length", "ff_exp"), Key("feed_forward_length", "ff"),
+         Key("attention.head_count_kv", Dims.head_kv_per_layer, "u32_arr"),
+         Key("attention.kv_lora_rank", "kv_lora"), Key("attention.key_length", "kv_lora+rope"),
+         Key("attention.key_length_mla", "k_mla"), Key("attention.value_length_mla", "v_mla"),
+         Key("rope.dimension_count", "qk_rope"),
+         Key("ssm.conv_kernel", "ssm_conv"), Key("kda.head_dim", "kda_dim"),
+         Key("leading_dense_block_count", "dense_lead"), Key("expert_shared_count", 1),
+         Key("expert_weights_scale", 2.5, "f32"), Key("expert_gating_func", SIGMOID))
+
+# KDA, KDA, KDA, MLA (the real models' 3:1), the first layer dense. head_count_kv: 0 marks a KDA layer,
+# 1 an MLA one (its cache holds one latent head; with n_head there the graph's cache write aborts).
+_DIMS = {"n_ff_exp": 64, "n_ff_shexp": 64, "n_dense_lead": 1, "n_head_kv": 1, "kinds": "RRRA"}
+
+KIMI_LINEAR = ArchRow(
+    # Kimi-Linear-48B-A3B (kimi-linear.cpp): KDA layers with a low-rank output gate (ssm_g_a/_b) and
+    # a padded 2-D decay, MLA layers without a q LoRA, sigmoid + bias routing, a shared expert.
+    name="kimi-linear",
+    arch="kimi-linear",
+    keys=_KEYS,
+    layer=(*ATTN_NORM, *_KDA,
+           *_recr(_t("ssm_a", "1", "head", init="decay"),
+                  _t("ssm_g_a.weight", "embd", "kda_dim"), _t("ssm_g_b.weight", "kda_dim", "kda_inner")),
+           *_attn(_t("attn_q.weight", "embd", "head*k_mla")), *_MLA_KV,
+           *FFN_NORM, *DENSE_LEAD_FFN, *MOE_ONLY, *EXP_PROBS_B, *SHEXP),
+    experts=EXPERT_SUFFIXES,
+    dims=_DIMS,
+)
+
+KIMI_K3 = ArchRow(
+    # Kimi K3 (kimi-k3.cpp): KDA layers with a full-rank output gate (ssm_g) and a 1-D decay; MLA layers
+    # with a q LoRA and a sigmoid output gate (attn_gate); latent experts (routed in a 32-wide space
+    # between ffn_routed_down and ffn_routed_up); situ activation; cross-layer attention residuals
+    # (attn_res.block_size 2: res scores per sub-layer and before the head); sigmoid + bias routing.
+    name="kimi-k3",
+    arch="kimi-k3",
+    keys=(*_KEYS, Key("attention.q_lora_rank", "q_lora"), Key("attention.value_length", "kv_lora"),
+          Key("expert_weights_norm", True, "bool"), Key("expert_latent_length", "latent"),
+          Key("attn_res.block_size", 2), Key("activation.situ_beta", 4.0, "f32"),
+          Key("activation.situ_linear_beta", 4.0, "f32")),
+    layer=(*ATTN_NORM, _t("attn_res_score.weight", "embd", init="bias"),
+           _t("ffn_res_score.weight", "embd", init="bias"), *_KDA,
+           *_recr(_t("ssm_a", "head", init="decay"), _t("ssm_g.weight", "embd", "kda_inner")),
+           *_attn(_t("attn_q_a.weight", "embd", "q_lora"), _t("attn_q_a_norm.weight", "q_lora", init="norm"),
+                  _t("attn_q_b.weight", "q_lora", "head*k_mla"), _t("attn_gate.weight", "embd", "head*v_mla")),
+           *_MLA_KV, *FFN_NORM, *DENSE_LEAD_FFN, *ROUTER_MOE, *LATENT_EXPERTS, *EXP_PROBS_B,
+           _t("ffn_routed_down.weight", "embd", "latent", where="moe"),
+           _t("ffn_routed_up.weight", "latent", "embd", where="moe"),
+           _t("ffn_routed_norm.weight", "latent", init="norm", where="moe"), *SHEXP),
+    experts=EXPERT_SUFFIXES,
+    model=(_t("output_res_score.weight", "embd", init="bias"),),
+    dims=_DIMS,
+)
+
+ROWS: tuple[ArchRow, ...] = (KIMI_K3, KIMI_LINEAR)
