@@ -1,6 +1,6 @@
-"""Fixture rows of Moonshot's Kimi hybrids at the pin (Kimi K3, Kimi-Linear): KDA (Kimi delta attention,
-recurrent) layers between MLA layers; one data row each, from `src/models/kimi-k3.cpp` and
-`kimi-linear.cpp`. They join the single table in `arch_rows` (`ROWS`).
+"""Fixture rows of the KDA hybrids at the pin (Kimi K3, Kimi-Linear, GLM-5-Next): KDA (Kimi delta
+attention, recurrent) layers between MLA layers; one data row each, from `src/models/kimi-k3.cpp`,
+`kimi-linear.cpp` and `glm5-next.cpp`. They join the single table in `arch_rows` (`ROWS`).
 """
 
 from __future__ import annotations
@@ -112,4 +112,59 @@ KIMI_K3 = ArchRow(
     dims=_DIMS,
 )
 
-ROWS: tuple[ArchRow, ...] = (KIMI_K3, KIMI_LINEAR)
+def _hc(prefix: str) -> tuple:
+    """A hyper-connection mixer of a trunk layer (hc_attn_* / hc_ffn_*), kept in F32 as the converter does."""
+    return (_t(f"{prefix}_fn.weight", "hc_dim", "hc_mix", where="trunk", f32=True),
+            _t(f"{prefix}_base.weight", "hc_mix", init="bias", where="trunk", f32=True),
+            _t(f"{prefix}_scale.weight", "3", init="bias", where="trunk", f32=True))
+
+
+GLM5_NEXT = ArchRow(
+    # GLM-5-Next (glm5-next.cpp): KDA layers (low-rank output gate, 1-D decay) between nope-only MLA
+    # layers (no rope part) with the DSA indexer over k-pools (kpool 2, top-4; a layer marked shared in
+    # indexer.types reuses the previous layer's selection); mHC (4 residual copies, Sinkhorn mixing)
+    # around every trunk sub-layer; sigmoid + bias routing, dense first layer, shared expert; one MTP
+    # block in the same file (an MLA layer with a full indexer, skipped by the loader).
+    name="glm5-next",
+    arch="glm5-next",
+    keys=(*MOE_KEYS, Key("expert_feed_forward_length", "ff_exp"), Key("feed_forward_length", "ff"),
+          Key("attention.head_count_kv", Dims.head_kv_per_layer, "u32_arr"),
+          Key("attention.layer_norm_epsilon", 1e-6, "f32"),
+          Key("attention.q_lora_rank", "q_lora"), Key("attention.kv_lora_rank", "kv_lora"),
+          Key("rope.dimension_count", "qk_rope"), Key("attention.key_length", "kv_lora+rope"),
+          Key("attention.value_length", "kv_lora"),
+          Key("attention.key_length_mla", "k_mla"), Key("attention.value_length_mla", "v_mla"),
+          Key("ssm.conv_kernel", "ssm_conv"), Key("kda.head_dim", "kda_dim"),
+          Key("attention.indexer.head_count", "idx_heads"), Key("attention.indexer.key_length", "idx_dim"),
+          Key("attention.indexer.top_k", 4), Key("attention.indexer.kpool", 2),
+          Key("attention.indexer.kpool_select_tail", True, "bool"),
+          Key("attention.indexer.types", lambda d: [d.kind(il) != "S" for il in range(d.n_layer)], "bool_arr"),
+          Key("hyper_connection.count", "hc_mult"), Key("hyper_connection.sinkhorn_iterations", 3),
+          Key("hyper_connection.epsilon", 1e-6, "f32"),
+          Key("leading_dense_block_count", "dense_lead"), Key("expert_shared_count", 1),
+          Key("expert_weights_scale", 2.5, "f32"), Key("expert_weights_norm", True, "bool"),
+          Key("swiglu_clamp_exp", lambda d: [10.0] * d.n_layer_all, "f32_arr"),
+          Key("swiglu_clamp_shexp", lambda d: [10.0] * d.n_layer_all, "f32_arr"),
+          Key("nextn_predict_layers", "n_nextn")),
+    layer=(*ATTN_NORM, *FFN_NORM, *_hc("hc_attn"), *_hc("hc_ffn"), *_KDA,
+           *_recr(_t("ssm_a", "head", init="decay"),
+                  _t("ssm_g_a.weight", "embd", "kda_dim"), _t("ssm_g_b.weight", "kda_dim", "kda_inner")),
+           *_attn(_t("attn_q_a.weight", "embd", "q_lora"), _t("attn_q_a_norm.weight", "q_lora", init="norm"),
+                  _t("attn_q_b.weight", "q_lora", "head*k_mla")), *_MLA_KV,
+           *(replace(t, mixer="idx") for t in (
+               _t("indexer.k_norm.weight", "idx_dim", init="norm"), _t("indexer.k_norm.bias", "idx_dim", init="bias"),
+               _t("indexer.proj.weight", "embd", "idx_heads"), _t("indexer.attn_k.weight", "embd", "idx_dim"),
+               _t("indexer.attn_q_b.weight", "q_lora", "idx_heads*idx_dim"),
+               _t("indexer_compressor_gate.weight", "embd", "idx_dim", f32=True),
+               _t("indexer_compressor_ape.weight", "idx_dim", "2", init="bias", f32=True))),
+           *DENSE_LEAD_FFN, *MOE_ONLY, *EXP_PROBS_B, *SHEXP,
+           _t("nextn.eh_proj.weight", "2*embd", "embd", where="nextn"),
+           _t("nextn.enorm.weight", "embd", init="norm", where="nextn"),
+           _t("nextn.hnorm.weight", "embd", init="norm", where="nextn"),
+           _t("nextn.shared_head_norm.weight", "embd", init="norm", where="nextn")),
+    experts=EXPERT_SUFFIXES,
+    # KDA (dense FFN), MLA with a full indexer, KDA, MLA sharing it; then the MTP block (MLA, full indexer)
+    dims={**_DIMS, "kinds": "RARSA", "qk_rope": 0, "idx_dim": 64, "n_nextn": 1},
+)
+
+ROWS: tuple[ArchRow, ...] = (KIMI_K3, KIMI_LINEAR, GLM5_NEXT)
