@@ -1,0 +1,84 @@
+"""Fixture rows of sliding-window MoE models with an MTP block at the pin (MiMo-V2, Step-3.5): one data
+row each, from `src/models/mimo2.cpp` and `step35.cpp`. They join the single table in `arch_rows`.
+"""
+
+from __future__ import annotations
+
+from bmoe_edge.synthetic.arch_parts import (
+    ATTN_NORM,
+    DENSE_LEAD_FFN,
+    EXP_PROBS_B,
+    EXPERT_SUFFIXES,
+    FFN_NORM,
+    HEAD_KEYS,
+    MOE_KEYS,
+    MOE_ONLY,
+    QK_HEAD_NORM,
+    QKV,
+    SHEXP,
+    SIGMOID,
+    ArchRow,
+    Dims,
+    _t,
+)
+from bmoe_edge.synthetic.gguf_kv import Key
+
+
+def _swa_but_every_4th(d: Dims) -> list[bool]:
+    """Sliding-window layers but every 4th of the trunk; MTP blocks sliding, as the converters pad them."""
+    return [il >= d.n_layer or il % 4 != 3 for il in range(d.n_layer_all)]
+
+
+_NEXTN = (_t("nextn.eh_proj.weight", "2*embd", "embd", where="nextn"),
+          _t("nextn.enorm.weight", "embd", init="norm", where="nextn"),
+          _t("nextn.hnorm.weight", "embd", init="norm", where="nextn"),
+          _t("nextn.shared_head_norm.weight", "embd", init="norm", where="nextn"))
+
+MIMO2 = ArchRow(
+    # MiMo-V2-Flash (mimo2.cpp): sliding-window layers (every 4th full here) with attention sinks, value
+    # heads narrower than key heads (value_length 8, key 16), partial rope, a value scale, a dense first
+    # layer, then sigmoid + bias routing (no shared expert); one MTP block in the same file (skipped by
+    # the loader: load_mtp off).
+    name="mimo2",
+    arch="mimo2",
+    keys=(*MOE_KEYS, Key("expert_feed_forward_length", "ff_exp"), Key("feed_forward_length", "ff"),
+          Key("attention.key_length", "head_dim"), Key("attention.value_length", "v_head"),
+          Key("rope.dimension_count", "head_dim/2"), Key("attention.sliding_window", "swa"),
+          Key("attention.sliding_window_pattern", _swa_but_every_4th, "bool_arr"),
+          Key("rope.freq_base_swa", 10000.0, "f32"), Key("attention.value_scale", 0.75, "f32"),
+          Key("leading_dense_block_count", "dense_lead"), Key("nextn_predict_layers", "n_nextn")),
+    layer=(*QKV[:2], _t("attn_v.weight", "embd", "kv_v"), _t("attn_output.weight", "head*v_head", "embd"),
+           *ATTN_NORM, _t("attn_sinks.weight", "head", init="sinks"), *FFN_NORM,
+           *DENSE_LEAD_FFN, *MOE_ONLY, *EXP_PROBS_B, *_NEXTN),
+    experts=EXPERT_SUFFIXES,
+    dims={"n_ff_exp": 64, "n_dense_lead": 1, "n_swa": 8, "v_head": 8, "n_nextn": 1},
+)
+
+STEP35 = ArchRow(
+    # Step-3.5-Flash (step35.cpp): sliding-window layers (every 4th full, with half the rope dims),
+    # q/k head norms, a head-wise sigmoid attention gate (attn_gate: one per head), a dense first layer,
+    # then sigmoid + bias routing with a shared expert and clamped swiglu; one MTP block in the same file.
+    # The MTP block's optional tensors (q/k norms, its FFN and experts) are not marked skippable in the
+    # loader: llama.cpp maps them though load_mtp is off; no graph uses them, so they are never read.
+    # The per-layer head counts (head_count arrays) are equal here.
+    name="step35",
+    arch="step35",
+    keys=(*MOE_KEYS, Key("expert_feed_forward_length", "ff_exp"), Key("feed_forward_length", "ff"),
+          Key("expert_shared_feed_forward_length", "ff_shexp"), *HEAD_KEYS,
+          Key("attention.head_count", lambda d: [d.n_head] * d.n_layer_all, "u32_arr"),
+          Key("attention.head_count_kv", lambda d: [d.n_head_kv] * d.n_layer_all, "u32_arr"),
+          Key("attention.sliding_window", "swa"),
+          Key("attention.sliding_window_pattern", _swa_but_every_4th, "bool_arr"),
+          Key("expert_gating_func", SIGMOID), Key("expert_weights_scale", 1.0, "f32"),
+          Key("expert_weights_norm", True, "bool"), Key("leading_dense_block_count", "dense_lead"),
+          Key("swiglu_clamp_exp", lambda d: [7.0] * d.n_layer + [0.0] * d.n_nextn, "f32_arr"),
+          Key("swiglu_clamp_shexp", lambda d: [16.0] * d.n_layer + [0.0] * d.n_nextn, "f32_arr"),
+          Key("nextn_predict_layers", "n_nextn")),
+    layer=(*ATTN_NORM, *QK_HEAD_NORM, *QKV, _t("attn_output.weight", "q", "embd"),
+           _t("attn_gate.weight", "embd", "head"), *FFN_NORM, *DENSE_LEAD_FFN, *MOE_ONLY, *EXP_PROBS_B,
+           *SHEXP, *_NEXTN),
+    experts=EXPERT_SUFFIXES,
+    dims={"n_ff_exp": 64, "n_ff_shexp": 64, "n_dense_lead": 1, "n_swa": 8, "n_nextn": 1},
+)
+
+ROWS: tuple[ArchRow, ...] = (MIMO2, STEP35)
