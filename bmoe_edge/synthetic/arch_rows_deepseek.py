@@ -112,12 +112,13 @@ NEXTN = (_t("nextn.eh_proj.weight", "2*embd", "embd", where="nextn"),
 
 # DeepSeek-V3 layout with MLA (split attn_k_b / attn_v_b), as deepseek2's row, plus the DSA lightning
 # indexer (its own k projection and layer norm, head weights, q from the q LoRA).
-_MLA_DSA_LAYER = (
-    *ATTN_NORM,
+_MLA = (
     _t("attn_q_a.weight", "embd", "q_lora"), _t("attn_q_a_norm.weight", "q_lora", init="norm"),
     _t("attn_q_b.weight", "q_lora", "head*k_mla"),
     _t("attn_kv_a_mqa.weight", "embd", "kv_lora+rope"), _t("attn_kv_a_norm.weight", "kv_lora", init="norm"),
-    _t("attn_k_b.weight", "qk_nope", "kv_lora", "head"), _t("attn_v_b.weight", "kv_lora", "v_mla", "head"),
+    _t("attn_k_b.weight", "qk_nope", "kv_lora", "head"), _t("attn_v_b.weight", "kv_lora", "v_mla", "head"))
+_MLA_DSA_LAYER = (
+    *ATTN_NORM, *_MLA,
     _t("attn_output.weight", "head*v_mla", "embd"),
     _t("indexer.k_norm.weight", "idx_dim", init="norm"), _t("indexer.k_norm.bias", "idx_dim", init="bias"),
     _t("indexer.proj.weight", "embd", "idx_heads"), _t("indexer.attn_k.weight", "embd", "idx_dim"),
@@ -157,4 +158,40 @@ DEEPSEEK32 = ArchRow(
 # pre-5.2 layout (every layer's indexer full, no indexer.types key).
 GLM_DSA = replace(DEEPSEEK32, name="glm-dsa", arch="glm-dsa")
 
-ROWS: tuple[ArchRow, ...] = (DEEPSEEK4, DEEPSEEK32, GLM_DSA)
+HY_V4 = ArchRow(
+    # Tencent Hunyuan v4 (hy-v4.cpp): V3's MLA (attention sinks, a sigmoid output gate) with iHC
+    # (independent hyper-connections: 4 residual copies, F32 mixers, a global head), DSA sparse attention
+    # whose indexer only "full" layers own (indexer.types; a shared layer reuses the previous top-k),
+    # sigmoid + bias routing with clamped routed swiglu, a dense first layer, a shared expert.
+    name="hy_v4",
+    arch="hy_v4",
+    keys=(*(k for k in _MLA_DSA_KEYS if k.name not in ("nextn_predict_layers", "attention.indexer.key_length")),
+          Key("attention.indexer.key_length", 32),
+          Key("attention.indexer.types", lambda d: [d.kind(il) != "S" for il in range(d.n_layer)], "bool_arr"),
+          Key("swiglu_clamp_exp", lambda d: [10.0] * d.n_layer_all, "f32_arr"),
+          Key("hyper_connection.count", "hc_mult"), Key("hyper_connection.epsilon", 1e-6, "f32"),
+          Key("hyper_connection.magnitude", 1.0, "f32")),
+    layer=(*ATTN_NORM, _t("attn_sinks.weight", "head", init="sinks"),
+           *_MLA,
+           _t("attn_output.weight", "head*v_mla", "embd"), _t("attn_gate.weight", "embd", "head*v_mla"),
+           _t("indexer.attn_q_b.weight", "q_lora", "idx_heads*32", mixer="idx"),
+           _t("indexer.attn_k.weight", "embd", "32", mixer="idx"),
+           _t("indexer.k_norm.weight", "32", init="norm", mixer="idx"),
+           _t("indexer.k_norm.bias", "32", init="bias", mixer="idx", f32=True),
+           _t("indexer.proj.weight", "embd", "idx_heads", mixer="idx"),
+           _t("hc_attn_fn.weight", "hc_dim", "2*hc_mult", f32=True),
+           _t("hc_attn_base.weight", "2*hc_mult", init="bias", f32=True),
+           _t("hc_attn_scale.weight", "2", init="bias", f32=True),
+           _t("hc_ffn_fn.weight", "hc_dim", "2*hc_mult", f32=True),
+           _t("hc_ffn_base.weight", "2*hc_mult", init="bias", f32=True),
+           _t("hc_ffn_scale.weight", "2", init="bias", f32=True),
+           *FFN_NORM, *DENSE_LEAD_FFN, *MOE_ONLY, *EXP_PROBS_B, *SHEXP),
+    experts=EXPERT_SUFFIXES,
+    model=(_t("output_hc_fn.weight", "hc_dim", "hc_mult", f32=True),
+           _t("output_hc_base.weight", "hc_mult", init="bias", f32=True),
+           _t("output_hc_scale.weight", "1", init="bias", f32=True)),
+    # layers: MLA owning an indexer, MLA sharing it, and again (the first must own one)
+    dims={"n_ff_exp": 64, "n_ff_shexp": 64, "n_dense_lead": 1, "n_head_kv": 1, "kinds": "ASAS"},
+)
+
+ROWS: tuple[ArchRow, ...] = (DEEPSEEK4, DEEPSEEK32, GLM_DSA, HY_V4)
