@@ -1,6 +1,6 @@
-"""Fixture rows of the KDA hybrids at the pin (Kimi K3, Kimi-Linear, GLM-5-Next): KDA (Kimi delta
-attention, recurrent) layers between MLA layers; one data row each, from `src/models/kimi-k3.cpp`,
-`kimi-linear.cpp` and `glm5-next.cpp`. They join the single table in `arch_rows` (`ROWS`).
+"""Fixture rows of the KDA hybrids at the pin (Kimi K3, Kimi-Linear, GLM-5-Next, Ling 3): KDA (Kimi
+delta attention, recurrent) layers between MLA layers; one data row each, from `src/models/kimi-k3.cpp`,
+`kimi-linear.cpp`, `glm5-next.cpp` and `bailingmoe3.cpp`. They join the single table in `arch_rows`.
 """
 
 from __future__ import annotations
@@ -167,4 +167,31 @@ GLM5_NEXT = ArchRow(
     dims={**_DIMS, "kinds": "RARSA", "qk_rope": 0, "idx_dim": 64, "n_nextn": 1},
 )
 
-ROWS: tuple[ArchRow, ...] = (KIMI_K3, KIMI_LINEAR, GLM5_NEXT)
+BAILINGMOE3 = ArchRow(
+    # Ling 3 / Ring 3 (bailingmoe3.cpp): KDA layers with full-rank forget and output gates (ssm_f_a,
+    # ssm_g_a; 4-D short convolutions, a safe gate with a negative lower bound) between MLA layers without
+    # a q LoRA and with a head-wise output gate, a dense first layer, sigmoid + bias routing, a shared
+    # expert; one MTP block in the same file (MLA + MoE, skipped by the loader).
+    name="bailingmoe3",
+    arch="bailingmoe3",
+    keys=(*(k for k in _KEYS if k.name != "expert_weights_scale"), Key("expert_weights_scale", 2.5, "f32"),
+          Key("expert_weights_norm", True, "bool"), Key("expert_shared_feed_forward_length", "ff_shexp"),
+          Key("kda.safe_gate", True, "bool"), Key("kda.gate_lower_bound", -5.0, "f32"),
+          Key("nextn_predict_layers", "n_nextn")),
+    layer=(*ATTN_NORM,
+           *_recr(*(replace(t, ne=(*t.ne, "1")) for t in _KDA[:3]), *_KDA[3:6],
+                  _t("ssm_f_a.weight", "embd", "kda_inner"), _t("ssm_beta.weight", "embd", "head"),
+                  _t("ssm_a", "1", "head", init="decay"), _t("ssm_dt.bias", "kda_inner", init="bias"),
+                  _t("ssm_g_a.weight", "embd", "kda_inner"), _t("ssm_norm.weight", "kda_dim", init="norm"),
+                  _t("attn_output.weight", "kda_inner", "embd")),
+           *_attn(_t("attn_q.weight", "embd", "head*k_mla"), _t("attn_gate.weight", "embd", "head")), *_MLA_KV,
+           *FFN_NORM, *DENSE_LEAD_FFN, *MOE_ONLY, *EXP_PROBS_B, *SHEXP,
+           _t("nextn.eh_proj.weight", "2*embd", "embd", where="nextn"),
+           _t("nextn.enorm.weight", "embd", init="norm", where="nextn"),
+           _t("nextn.hnorm.weight", "embd", init="norm", where="nextn"),
+           _t("layer_output_norm.weight", "embd", init="norm", where="nextn")),
+    experts=EXPERT_SUFFIXES,
+    dims={**_DIMS, "kinds": "RRRAA", "n_nextn": 1},
+)
+
+ROWS: tuple[ArchRow, ...] = (KIMI_K3, KIMI_LINEAR, GLM5_NEXT, BAILINGMOE3)
