@@ -26,6 +26,7 @@ from bmoe_edge.synthetic.arch_parts import (
 )
 from bmoe_edge.synthetic.gguf_kv import Key
 
+QKV_FULL = (_t("attn_q.weight", "embd", "embd"), _t("attn_k.weight", "embd", "embd"), _t("attn_v.weight", "embd", "embd"))
 SQRT_SOFTPLUS = 4  # llama_expert_gating_func_type: sqrt(softplus(logits)), DeepSeek V4's scoring
 _RATIO = {"A": 0, "C": 4, "H": 128}  # Dims.kind -> attention.compress_ratios
 
@@ -194,4 +195,59 @@ HY_V4 = ArchRow(
     dims={"n_ff_exp": 64, "n_ff_shexp": 64, "n_dense_lead": 1, "n_head_kv": 1, "kinds": "ASAS"},
 )
 
-ROWS: tuple[ArchRow, ...] = (DEEPSEEK4, DEEPSEEK32, GLM_DSA, HY_V4)
+def _mla(mixer: str, sfx: str = "") -> tuple:
+    """An MLA block (q LoRA, a normed rope key, a head-wise sigmoid gate) of one layer kind."""
+    return tuple(replace(t, mixer=mixer) for t in (
+        _t("attn_q_a.weight", "embd", "q_lora"), _t("attn_q_a_norm.weight", "q_lora", init="norm"),
+        _t("attn_q_b.weight", "q_lora", f"head*k_mla{sfx}"),
+        _t("attn_kv_a_mqa.weight", "embd", f"kv_lora{sfx}+rope"),
+        _t("attn_kv_a_norm.weight", f"kv_lora{sfx}", init="norm"),
+        _t("attn_k_norm.weight", "qk_rope", init="norm"),
+        _t("attn_k_b.weight", f"qk_nope{sfx}", f"kv_lora{sfx}", "head"),
+        _t("attn_v_b.weight", f"kv_lora{sfx}", f"v_mla{sfx}", "head"),
+        _t("attn_output.weight", f"head*v_mla{sfx}", "embd"), _t("attn_gate.weight", "embd", "head")))
+
+
+DOTS3NOTE = ArchRow(
+    # dots.llm3 note (dots3note.cpp): MLA in two geometries, full-attention layers with the DSA indexer
+    # and sliding-window layers with their own (smaller) latent and head sizes; a normed rope key and a
+    # head-wise sigmoid gate; a dense first layer, sigmoid + bias routing, a shared expert; one MTP block
+    # (sliding geometry, dense FFN) in the same file, which the loader skips.
+    name="dots3note",
+    arch="dots3note",
+    keys=(*(k for k in _MLA_DSA_KEYS if k.name != "attention.indexer.top_k"), Key("attention.indexer.top_k", 8),
+          Key("attention.head_count", lambda d: [d.n_head] * d.n_layer_all, "u32_arr"),
+          Key("attention.sliding_window", "swa"),
+          Key("attention.sliding_window_pattern", lambda d: [d.kind(il) == "W" for il in range(d.n_layer)],
+              "bool_arr"),
+          Key("rope.freq_base_swa", 10000.0, "f32"),
+          Key("attention.kv_lora_rank_swa", "kv_lora_swa"), Key("attention.key_length_swa", "kv_lora_swa+rope"),
+          Key("attention.value_length_swa", "kv_lora_swa"), Key("attention.key_length_mla_swa", "k_mla_swa"),
+          Key("attention.value_length_mla_swa", "v_mla_swa"),
+          Key("attention.indexer.types", lambda d: [d.kind(il) == "A" for il in range(d.n_layer)], "bool_arr")),
+    layer=(*ATTN_NORM, *_mla("full"), *_mla("swa", "_swa"),
+           *(replace(t, mixer="full", where="trunk") for t in _MLA_DSA_LAYER if t.name.startswith("indexer.")),
+           *FFN_NORM, *(replace(t, where="dense_nextn") for t in DENSE_LEAD_FFN),
+           *(replace(t, where="moe_trunk") for t in (*MOE_ONLY, *EXP_PROBS_B, *SHEXP)),
+           *NEXTN[:3], _t("nextn.embed_tokens.weight", "embd", "vocab", where="nextn"), NEXTN[3]),
+    experts=EXPERT_SUFFIXES,
+    # full, sliding, sliding, full; the MTP block sliding
+    dims={**_MLA_DSA_DIMS, "kinds": "AWWAW", "n_swa": 8},
+)
+
+DEEPSEEK2_OCR = ArchRow(
+    # DeepSeek-OCR's language model (deepseek2ocr.cpp; the vision encoder is a separate mmproj): deepseek2's
+    # MoE layout without MLA - plain multi-head attention with neox rope over the whole head, a dense
+    # first layer, softmax routing, a shared expert. Generates from token ids like any decoder.
+    name="deepseek2-ocr",
+    arch="deepseek2-ocr",
+    keys=(*MOE_KEYS, Key("expert_feed_forward_length", "ff_exp"), Key("feed_forward_length", "ff"),
+          Key("leading_dense_block_count", "dense_lead"), Key("expert_shared_count", 1),
+          Key("expert_weights_scale", 1.0, "f32"), Key("attention.head_count_kv", "head")),
+    layer=(*QKV_FULL, _t("attn_output.weight", "embd", "embd"), *FFN_NORM, *ATTN_NORM, *DENSE_LEAD_FFN, *MOE_ONLY,
+           *SHEXP),
+    experts=EXPERT_SUFFIXES,
+    dims={"n_ff_exp": 64, "n_ff_shexp": 64, "n_dense_lead": 1},
+)
+
+ROWS: tuple[ArchRow, ...] = (DEEPSEEK4, DEEPSEEK32, GLM_DSA, HY_V4, DOTS3NOTE, DEEPSEEK2_OCR)
