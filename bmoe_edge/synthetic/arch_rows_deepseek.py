@@ -26,7 +26,7 @@ from bmoe_edge.synthetic.arch_parts import (
 )
 from bmoe_edge.synthetic.gguf_kv import Key
 
-QKV_FULL = (_t("attn_q.weight", "embd", "embd"), _t("attn_k.weight", "embd", "embd"), _t("attn_v.weight", "embd", "embd"))
+QKV_FULL = tuple(_t(f"attn_{x}.weight", "embd", "embd") for x in "qkv")  # multi-head, n_embd wide
 SQRT_SOFTPLUS = 4  # llama_expert_gating_func_type: sqrt(softplus(logits)), DeepSeek V4's scoring
 _RATIO = {"A": 0, "C": 4, "H": 128}  # Dims.kind -> attention.compress_ratios
 

@@ -17,6 +17,7 @@ from bmoe_edge.synthetic.arch_parts import (
     SSM_KEYS,
     ArchRow,
     _t,
+    qk_indexer,
 )
 from bmoe_edge.synthetic.gguf_kv import Key
 
@@ -51,8 +52,7 @@ QWEN4EXP = ArchRow(
     layer=(*_hc("hc_attn"), *_hc("hc_ffn"),
            *(replace(t, mixer="attn") for t in (
                _t("attn_q.weight", "embd", "2q"), *QKV[1:], _t("attn_output.weight", "q", "embd"), *QK_HEAD_NORM,
-               _t("indexer.q_proj.weight", "embd", "idx_heads*idx_dim"), _t("indexer.k_proj.weight", "embd", "idx_dim"),
-               _t("indexer.q_norm.weight", "idx_dim", init="norm"), _t("indexer.k_norm.weight", "idx_dim", init="norm"))),
+               *qk_indexer("idx_heads*idx_dim"))),
            *DELTA_NET,
            _t("ssm_beta.weight", "embd", "ssm_heads", mixer="recr"),
            _t("ssm_alpha.weight", "embd", "ssm_heads", mixer="recr"), *QWEN_NEXT_FFN),

@@ -24,6 +24,7 @@ from bmoe_edge.synthetic.arch_parts import (
     SIGMOID,
     ArchRow,
     _t,
+    qk_indexer,
 )
 from bmoe_edge.synthetic.gguf_kv import Key
 
@@ -45,9 +46,7 @@ MINIMAX_M3 = ArchRow(
           Key("attention.indexer.local_blocks", 1)),
     layer=(*QKV, *ATTN_OUT, *ATTN_NORM, *QK_HEAD_NORM, *FFN_NORM, *DENSE_LEAD_FFN, *MOE_ONLY, *EXP_PROBS_B,
            *SHEXP,
-           *(replace(t, where="moe") for t in (
-               _t("indexer.q_proj.weight", "embd", "kv_heads*idx_dim"), _t("indexer.k_proj.weight", "embd", "idx_dim"),
-               _t("indexer.q_norm.weight", "idx_dim", init="norm"), _t("indexer.k_norm.weight", "idx_dim", init="norm")))),
+           *(replace(t, where="moe") for t in qk_indexer("kv_heads*idx_dim"))),
     experts=EXPERT_SUFFIXES,
     dims={"n_ff_exp": 64, "n_ff_shexp": 64, "n_dense_lead": 1, "idx_dim": 16},
 )

@@ -1,5 +1,5 @@
-"""Fixture rows of sliding-window MoE models with an MTP block at the pin (MiMo-V2, Step-3.5): one data
-row each, from `src/models/mimo2.cpp` and `step35.cpp`. They join the single table in `arch_rows`.
+"""Fixture rows of sliding-window MoE models at the pin (MiMo-V2, Step-3.5, Laguna): one data row each,
+from `src/models/mimo2.cpp`, `step35.cpp` and `laguna.cpp`. They join the single table in `arch_rows`.
 """
 
 from __future__ import annotations
@@ -81,4 +81,22 @@ STEP35 = ArchRow(
     dims={"n_ff_exp": 64, "n_ff_shexp": 64, "n_dense_lead": 1, "n_swa": 8, "n_nextn": 1},
 )
 
-ROWS: tuple[ArchRow, ...] = (MIMO2, STEP35)
+LAGUNA = ArchRow(
+    # Laguna (laguna.cpp; XS.2 30B-A3B, S.2 118B-A8B, M.1 230B-A10B): XS.2's hybrid layout, a full layer
+    # then three sliding-window ones (the loader's period 4, full first; SWA layers with their own rope
+    # dims), q/k head norms, a per-head attention output gate, a dense first layer, sigmoid + bias
+    # routing, an always-on shared expert. The per-layer head counts are equal here.
+    name="laguna",
+    arch="laguna",
+    keys=(*MOE_KEYS, Key("expert_feed_forward_length", "ff_exp"), Key("feed_forward_length", "ff"),
+          Key("expert_shared_feed_forward_length", "ff_shexp"), *HEAD_KEYS,
+          Key("leading_dense_block_count", "dense_lead"), Key("expert_weights_scale", 1.0, "f32"),
+          Key("expert_weights_norm", True, "bool"), Key("attention.sliding_window", "swa"),
+          Key("rope.dimension_count", "head_dim/2"), Key("rope.dimension_count_swa", "head_dim")),
+    layer=(*ATTN_NORM, *QKV, _t("attn_output.weight", "q", "embd"), *QK_HEAD_NORM,
+           _t("attn_gate.weight", "embd", "head"), *FFN_NORM, *DENSE_LEAD_FFN, *MOE_ONLY, *EXP_PROBS_B, *SHEXP),
+    experts=EXPERT_SUFFIXES,
+    dims={"n_ff_exp": 64, "n_ff_shexp": 96, "n_dense_lead": 1, "n_swa": 8},
+)
+
+ROWS: tuple[ArchRow, ...] = (MIMO2, STEP35, LAGUNA)
