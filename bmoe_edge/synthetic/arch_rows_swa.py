@@ -1,5 +1,6 @@
-"""Fixture rows of sliding-window MoE models at the pin (MiMo-V2, Step-3.5, Laguna): one data row each,
-from `src/models/mimo2.cpp`, `step35.cpp` and `laguna.cpp`. They join the single table in `arch_rows`.
+"""Fixture rows of sliding-window MoE models at the pin (MiMo-V2, Step-3.5, Laguna, Maple): one data row
+each, from `src/models/mimo2.cpp`, `step35.cpp`, `laguna.cpp` and `maple.cpp`. They join the single
+table in `arch_rows`.
 """
 
 from __future__ import annotations
@@ -9,17 +10,20 @@ from bmoe_edge.synthetic.arch_parts import (
     DENSE_LEAD_FFN,
     EXP_PROBS_B,
     EXPERT_SUFFIXES,
+    EXPERTS,
     FFN_NORM,
     HEAD_KEYS,
     MOE_KEYS,
     MOE_ONLY,
     QK_HEAD_NORM,
     QKV,
+    ROUTER,
     SHEXP,
     SIGMOID,
     ArchRow,
     Dims,
     _t,
+    swa_every_4th_full,
 )
 from bmoe_edge.synthetic.gguf_kv import Key
 
@@ -99,4 +103,19 @@ LAGUNA = ArchRow(
     dims={"n_ff_exp": 64, "n_ff_shexp": 96, "n_dense_lead": 1, "n_swa": 8},
 )
 
-ROWS: tuple[ArchRow, ...] = (MIMO2, STEP35, LAGUNA)
+MAPLE = ArchRow(
+    # Maple (maple.cpp; the 20B llama.cpp names): sliding-window layers with rope and full layers without
+    # (NoPE; every 4th full here), q/k head norms, softmax routing with normalised weights, clamped swiglu
+    # experts, no shared expert.
+    name="maple",
+    arch="maple",
+    keys=(*MOE_KEYS, Key("expert_feed_forward_length", "ff_exp"), *HEAD_KEYS, Key("attention.sliding_window", "swa"),
+          Key("attention.sliding_window_pattern", swa_every_4th_full, "bool_arr"),
+          Key("rope.freq_base_swa", 10000.0, "f32"),
+          Key("swiglu_clamp_exp", lambda d: [7.0] * d.n_layer_all, "f32_arr")),
+    layer=(*ATTN_NORM, *QKV, _t("attn_output.weight", "q", "embd"), *QK_HEAD_NORM, *FFN_NORM, *ROUTER, *EXPERTS),
+    experts=EXPERT_SUFFIXES,
+    dims={"n_ff_exp": 64, "n_swa": 8},
+)
+
+ROWS: tuple[ArchRow, ...] = (MIMO2, STEP35, LAGUNA, MAPLE)
