@@ -4,11 +4,13 @@ a reason said before any weight loads, or listed as untested; and every weight t
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import gguf
 import pytest
 
+from bmoe_edge.engine import info as engine_info
 from bmoe_edge.engine import moe_archs
 from bmoe_edge.proof import gates
 from bmoe_edge.synthetic import tinymoe
@@ -95,13 +97,51 @@ def test_the_full_matrix_has_the_breadth_columns_once() -> None:
 
 
 def test_streaming_an_unproven_architecture_is_said_not_silent() -> None:
-    from bmoe_edge.engine import info as engine_info
-
     gated, recipes = gates.gated_architectures(), engine_info.recipes()
     rows = {r.architecture: r.status for r in moe_archs.statuses(gated, recipes)}
-    untested = next(a for a, s in rows.items() if s == "untested")
-    note = moe_archs.unproven_note(untested, gated, recipes)
+    # every architecture at the pin is gated or refused: a new one (here: one without its row) is untested
+    untested = "olmoe"
+    ungated = {arch: rows for arch, rows in gated.items() if arch != untested}
+    note = moe_archs.unproven_note(untested, ungated, recipes)
     assert untested in note and "no gate has proven it" in note and "--no-stream" in note
-    assert moe_archs.unproven_note("qwen3moe", gated, recipes) == ""  # gated
+    assert moe_archs.unproven_note(untested, gated, recipes) == ""  # gated
     refused = next(a for a, s in rows.items() if s == "refused")
     assert moe_archs.unproven_note(refused, gated, recipes) == ""  # refused before loading, with its reason
+
+
+@pytest.mark.parametrize("arch", tinymoe.REFUSED_ROWS)
+def test_every_refused_fixture_is_refused_before_loading(tmp_path: Path, arch: str) -> None:
+    """The refused architectures' fixture rows (kept to measure the refusal again) stay out of the gates,
+    and generate says the reason in one line before loading weights."""
+    assert arch not in tinymoe.ROWS
+    rows = {r.architecture: r for r in moe_archs.statuses(gates.gated_architectures(), engine_info.recipes())}
+    assert rows[arch].status == "refused" and rows[arch].reason
+    path = tinymoe.write_tiny_moe(tmp_path / f"{arch}.gguf", arch, "Q8_0", vocab_size=512)[0]
+    result = run_cli("generate", "-m", str(path), "-p", "Hi", "-n", "2", "--stream")
+    assert_clean_error(result, arch, "cannot be streamed", "--no-stream")
+    assert rows[arch].reason.split(":")[0] in result.stderr
+
+
+def test_the_refusals_reasons_are_what_their_fixtures_measure() -> None:
+    """Diffusion decoders: the logits depend on how the prompt is batched (a causal row's do not);
+    dense-only loaders: a file with experts does not load; DFlash: no context without its target."""
+    import numpy as np
+
+    from bmoe_edge.engine import Engine
+    from bmoe_edge.errors import BmoeError
+
+    def logits(arch: str, ubatch: int) -> list[bytes]:
+        config = replace(gates.BASE, stream=False, batch=ubatch, ubatch=ubatch)
+        with Engine(tinymoe.fixture(arch, "Q8_0"), config) as engine:
+            return [b for g in gates._generate(engine, 1, 4) for b in g.logits]
+
+    def moved(arch: str) -> float:
+        return max(float(np.max(np.abs(np.frombuffer(a, np.float32) - np.frombuffer(b, np.float32))))
+                   for a, b in zip(logits(arch, 64), logits(arch, 1), strict=True))
+
+    assert moved("qwen3moe") == 0.0
+    assert moved("llada-moe") > 0.1 and moved("rnd1") > 0.1
+    for arch, missing in (("phi3", "ffn_down.weight' not found"), ("lfm2", "ffn_gate.weight' not found"),
+                          ("dflash", "requires ctx_other")):
+        with pytest.raises(BmoeError, match=missing):
+            Engine(tinymoe.fixture(arch, "Q8_0"), replace(gates.BASE, stream=False)).close()
