@@ -145,3 +145,24 @@ def test_the_refusals_reasons_are_what_their_fixtures_measure() -> None:
                           ("dflash", "requires ctx_other")):
         with pytest.raises(BmoeError, match=missing):
             Engine(tinymoe.fixture(arch, "Q8_0"), replace(gates.BASE, stream=False)).close()
+
+
+def test_mtp_blocks_are_in_the_file_and_never_routed(tmp_path: Path) -> None:
+    """Fixtures whose real files carry an MTP block carry it too; llama.cpp skips it (load_mtp off), so a
+    streamed generation routes the trunk's layers only (docs/architectures.md)."""
+    from bmoe_edge.engine import Engine
+
+    mtp = [name for name in tinymoe.MOE_ARCHS if tinymoe.dims_for(name, "Q8_0").n_nextn]
+    assert {"deepseek4", "deepseek32", "glm-dsa", "glm5-next", "mimo2", "step35", "bailingmoe3"} <= set(mtp)
+    for name in mtp:
+        d = tinymoe.dims_for(name, "Q8_0")
+        path = tinymoe.fixture(name, "Q8_0")
+        reader = gguf.GGUFReader(path)
+        assert reader.fields[f"{tinymoe.ROWS[name].arch}.nextn_predict_layers"].contents() == d.n_nextn
+        assert f"blk.{d.n_layer}.nextn.eh_proj.weight" in {t.name for t in reader.tensors}
+        trace = tmp_path / f"{name}.csv"
+        with Engine(path, replace(gates.BASE, stream=True, route_trace=str(trace))) as engine:
+            gates._generate(engine, 1, 2)
+        routed = {int(line.split(",")[2]) for line in trace.read_text().splitlines()[1:]}
+        with_experts = {int(t.split(".")[1]) for t in tinymoe.expert_tensors(name)}
+        assert routed == {il for il in with_experts if il < d.n_layer}, name  # MTP experts (if any) never read
