@@ -166,8 +166,7 @@ HY_V4 = ArchRow(
     # sigmoid + bias routing with clamped routed swiglu, a dense first layer, a shared expert.
     name="hy_v4",
     arch="hy_v4",
-    keys=(*(k for k in _MLA_DSA_KEYS if k.name not in ("nextn_predict_layers", "attention.indexer.key_length")),
-          Key("attention.indexer.key_length", 32),
+    keys=(*(k for k in _MLA_DSA_KEYS if k.name != "nextn_predict_layers"),
           Key("attention.indexer.types", lambda d: [d.kind(il) != "S" for il in range(d.n_layer)], "bool_arr"),
           Key("swiglu_clamp_exp", lambda d: [10.0] * d.n_layer_all, "f32_arr"),
           Key("hyper_connection.count", "hc_mult"), Key("hyper_connection.epsilon", 1e-6, "f32"),
@@ -175,10 +174,10 @@ HY_V4 = ArchRow(
     layer=(*ATTN_NORM, _t("attn_sinks.weight", "head", init="sinks"),
            *_MLA,
            _t("attn_output.weight", "head*v_mla", "embd"), _t("attn_gate.weight", "embd", "head*v_mla"),
-           _t("indexer.attn_q_b.weight", "q_lora", "idx_heads*32", mixer="idx"),
-           _t("indexer.attn_k.weight", "embd", "32", mixer="idx"),
-           _t("indexer.k_norm.weight", "32", init="norm", mixer="idx"),
-           _t("indexer.k_norm.bias", "32", init="bias", mixer="idx", f32=True),
+           _t("indexer.attn_q_b.weight", "q_lora", "idx_heads*idx_dim", mixer="idx"),
+           _t("indexer.attn_k.weight", "embd", "idx_dim", mixer="idx"),
+           _t("indexer.k_norm.weight", "idx_dim", init="norm", mixer="idx"),
+           _t("indexer.k_norm.bias", "idx_dim", init="bias", mixer="idx", f32=True),
            _t("indexer.proj.weight", "embd", "idx_heads", mixer="idx"),
            _t("hc_attn_fn.weight", "hc_dim", "2*hc_mult", f32=True),
            _t("hc_attn_base.weight", "2*hc_mult", init="bias", f32=True),
@@ -191,8 +190,9 @@ HY_V4 = ArchRow(
     model=(_t("output_hc_fn.weight", "hc_dim", "hc_mult", f32=True),
            _t("output_hc_base.weight", "hc_mult", init="bias", f32=True),
            _t("output_hc_scale.weight", "1", init="bias", f32=True)),
-    # layers: MLA owning an indexer, MLA sharing it, and again (the first must own one)
-    dims={"n_ff_exp": 64, "n_ff_shexp": 64, "n_dense_lead": 1, "n_head_kv": 1, "kinds": "ASAS"},
+    # layers: MLA owning an indexer, MLA sharing it, and again (the first must own one); indexer heads of
+    # 32 (wider than the rope part, as the loader requires)
+    dims={"n_ff_exp": 64, "n_ff_shexp": 64, "n_dense_lead": 1, "n_head_kv": 1, "kinds": "ASAS", "idx_dim": 32},
 )
 
 def _mla(mixer: str, sfx: str = "") -> tuple:
