@@ -33,6 +33,20 @@ def _swa_but_every_4th(d: Dims) -> list[bool]:
     return [il >= d.n_layer or il % 4 != 3 for il in range(d.n_layer_all)]
 
 
+def _attn_by_kind(gate: bool = False) -> tuple:
+    """q/k/v/output (and a per-head gate) of full ("A") and sliding-window ("W") layers, whose head counts
+    differ (head_count / head_count_kv arrays)."""
+    out = []
+    for mixer, sfx in (("full", ""), ("swa", "_swa")):
+        out += [_t("attn_q.weight", "embd", f"q{sfx}", mixer=mixer),
+                _t("attn_k.weight", "embd", f"kv{sfx}", mixer=mixer),
+                _t("attn_v.weight", "embd", f"kv{sfx}", mixer=mixer),
+                _t("attn_output.weight", f"q{sfx}", "embd", mixer=mixer)]
+        if gate:
+            out.append(_t("attn_gate.weight", "embd", f"head{sfx}", mixer=mixer))
+    return tuple(out)
+
+
 _NEXTN = (_t("nextn.eh_proj.weight", "2*embd", "embd", where="nextn"),
           _t("nextn.enorm.weight", "embd", init="norm", where="nextn"),
           _t("nextn.hnorm.weight", "embd", init="norm", where="nextn"),
@@ -64,13 +78,13 @@ STEP35 = ArchRow(
     # then sigmoid + bias routing with a shared expert and clamped swiglu; one MTP block in the same file.
     # The MTP block's optional tensors (q/k norms, its FFN and experts) are not marked skippable in the
     # loader: llama.cpp maps them though load_mtp is off; no graph uses them, so they are never read.
-    # The per-layer head counts (head_count arrays) are equal here.
+    # Sliding-window layers with twice the heads and kv heads of the full ones (head_count arrays).
     name="step35",
     arch="step35",
     keys=(*MOE_KEYS, Key("expert_feed_forward_length", "ff_exp"), Key("feed_forward_length", "ff"),
           Key("expert_shared_feed_forward_length", "ff_shexp"), *HEAD_KEYS,
-          Key("attention.head_count", lambda d: [d.n_head] * d.n_layer_all, "u32_arr"),
-          Key("attention.head_count_kv", lambda d: [d.n_head_kv] * d.n_layer_all, "u32_arr"),
+          Key("attention.head_count", Dims.heads_by_kind, "u32_arr"),
+          Key("attention.head_count_kv", Dims.heads_kv_by_kind, "u32_arr"),
           Key("attention.sliding_window", "swa"),
           Key("attention.sliding_window_pattern", _swa_but_every_4th, "bool_arr"),
           Key("expert_gating_func", SIGMOID), Key("expert_weights_scale", 1.0, "f32"),
@@ -78,29 +92,33 @@ STEP35 = ArchRow(
           Key("swiglu_clamp_exp", lambda d: [7.0] * d.n_layer + [0.0] * d.n_nextn, "f32_arr"),
           Key("swiglu_clamp_shexp", lambda d: [16.0] * d.n_layer + [0.0] * d.n_nextn, "f32_arr"),
           Key("nextn_predict_layers", "n_nextn")),
-    layer=(*ATTN_NORM, *QK_HEAD_NORM, *QKV, _t("attn_output.weight", "q", "embd"),
-           _t("attn_gate.weight", "embd", "head"), *FFN_NORM, *DENSE_LEAD_FFN, *MOE_ONLY, *EXP_PROBS_B,
-           *SHEXP, *_NEXTN),
+    layer=(*ATTN_NORM, *QK_HEAD_NORM, *_attn_by_kind(gate=True), *FFN_NORM, *DENSE_LEAD_FFN, *MOE_ONLY,
+           *EXP_PROBS_B, *SHEXP, *_NEXTN),
     experts=EXPERT_SUFFIXES,
-    dims={"n_ff_exp": 64, "n_ff_shexp": 64, "n_dense_lead": 1, "n_swa": 8, "n_nextn": 1},
+    # sliding, sliding, sliding, full; the MTP block sliding
+    dims={"n_ff_exp": 64, "n_ff_shexp": 64, "n_dense_lead": 1, "n_swa": 8, "n_nextn": 1, "kinds": "WWWAW",
+          "n_head_swa": 8, "n_head_kv_swa": 4},
 )
 
 LAGUNA = ArchRow(
     # Laguna (laguna.cpp; XS.2 30B-A3B, S.2 118B-A8B, M.1 230B-A10B): XS.2's hybrid layout, a full layer
     # then three sliding-window ones (the loader's period 4, full first; SWA layers with their own rope
     # dims), q/k head norms, a per-head attention output gate, a dense first layer, sigmoid + bias
-    # routing, an always-on shared expert. The per-layer head counts are equal here.
+    # routing, an always-on shared expert. The sliding-window layers have more heads than the full ones
+    # (64 vs 48 in XS.2; 8 vs 4 here), the kv heads are uniform.
     name="laguna",
     arch="laguna",
     keys=(*MOE_KEYS, Key("expert_feed_forward_length", "ff_exp"), Key("feed_forward_length", "ff"),
           Key("expert_shared_feed_forward_length", "ff_shexp"), *HEAD_KEYS,
           Key("leading_dense_block_count", "dense_lead"), Key("expert_weights_scale", 1.0, "f32"),
           Key("expert_weights_norm", True, "bool"), Key("attention.sliding_window", "swa"),
-          Key("rope.dimension_count", "head_dim/2"), Key("rope.dimension_count_swa", "head_dim")),
-    layer=(*ATTN_NORM, *QKV, _t("attn_output.weight", "q", "embd"), *QK_HEAD_NORM,
-           _t("attn_gate.weight", "embd", "head"), *FFN_NORM, *DENSE_LEAD_FFN, *MOE_ONLY, *EXP_PROBS_B, *SHEXP),
+          Key("rope.dimension_count", "head_dim/2"), Key("rope.dimension_count_swa", "head_dim"),
+          Key("attention.head_count", Dims.heads_by_kind, "u32_arr")),
+    layer=(*ATTN_NORM, *_attn_by_kind(gate=True), *QK_HEAD_NORM, *FFN_NORM, *DENSE_LEAD_FFN, *MOE_ONLY,
+           *EXP_PROBS_B, *SHEXP),
     experts=EXPERT_SUFFIXES,
-    dims={"n_ff_exp": 64, "n_ff_shexp": 96, "n_dense_lead": 1, "n_swa": 8},
+    # full, then three sliding-window layers: the loader's period-4 pattern, full first
+    dims={"n_ff_exp": 64, "n_ff_shexp": 96, "n_dense_lead": 1, "n_swa": 8, "kinds": "AWWW", "n_head_swa": 8},
 )
 
 MAPLE = ArchRow(
