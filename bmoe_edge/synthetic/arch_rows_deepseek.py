@@ -196,16 +196,18 @@ HY_V4 = ArchRow(
 )
 
 def _mla(mixer: str, sfx: str = "") -> tuple:
-    """An MLA block (q LoRA, a normed rope key, a head-wise sigmoid gate) of one layer kind."""
+    """An MLA block (q LoRA, a normed rope key, a head-wise sigmoid gate) of one layer kind; `sfx` "_swa"
+    for the sliding-window geometry (its own latent, head sizes and head count)."""
+    head = f"head{sfx}"
     return tuple(replace(t, mixer=mixer) for t in (
         _t("attn_q_a.weight", "embd", "q_lora"), _t("attn_q_a_norm.weight", "q_lora", init="norm"),
-        _t("attn_q_b.weight", "q_lora", f"head*k_mla{sfx}"),
+        _t("attn_q_b.weight", "q_lora", f"{head}*k_mla{sfx}"),
         _t("attn_kv_a_mqa.weight", "embd", f"kv_lora{sfx}+rope"),
         _t("attn_kv_a_norm.weight", f"kv_lora{sfx}", init="norm"),
         _t("attn_k_norm.weight", "qk_rope", init="norm"),
-        _t("attn_k_b.weight", f"qk_nope{sfx}", f"kv_lora{sfx}", "head"),
-        _t("attn_v_b.weight", f"kv_lora{sfx}", f"v_mla{sfx}", "head"),
-        _t("attn_output.weight", f"head*v_mla{sfx}", "embd"), _t("attn_gate.weight", "embd", "head")))
+        _t("attn_k_b.weight", f"qk_nope{sfx}", f"kv_lora{sfx}", head),
+        _t("attn_v_b.weight", f"kv_lora{sfx}", f"v_mla{sfx}", head),
+        _t("attn_output.weight", f"{head}*v_mla{sfx}", "embd"), _t("attn_gate.weight", "embd", head)))
 
 
 DOTS3NOTE = ArchRow(
@@ -216,7 +218,7 @@ DOTS3NOTE = ArchRow(
     name="dots3note",
     arch="dots3note",
     keys=(*(k for k in _MLA_DSA_KEYS if k.name != "attention.indexer.top_k"), Key("attention.indexer.top_k", 8),
-          Key("attention.head_count", lambda d: [d.n_head] * d.n_layer_all, "u32_arr"),
+          Key("attention.head_count", Dims.heads_by_kind, "u32_arr"),
           Key("attention.sliding_window", "swa"),
           Key("attention.sliding_window_pattern", lambda d: [d.kind(il) == "W" for il in range(d.n_layer)],
               "bool_arr"),
@@ -231,8 +233,8 @@ DOTS3NOTE = ArchRow(
            *(replace(t, where="moe_trunk") for t in (*MOE_ONLY, *EXP_PROBS_B, *SHEXP)),
            *NEXTN[:3], _t("nextn.embed_tokens.weight", "embd", "vocab", where="nextn"), NEXTN[3]),
     experts=EXPERT_SUFFIXES,
-    # full, sliding, sliding, full; the MTP block sliding
-    dims={**_MLA_DSA_DIMS, "kinds": "AWWAW", "n_swa": 8},
+    # full, sliding, sliding, full; the MTP block sliding; the sliding layers with twice the heads
+    dims={**_MLA_DSA_DIMS, "kinds": "AWWAW", "n_swa": 8, "n_head_swa": 8},
 )
 
 DEEPSEEK2_OCR = ArchRow(

@@ -28,9 +28,10 @@ from bmoe_edge.synthetic.arch_parts import (
 from bmoe_edge.synthetic.gguf_kv import Key
 
 
-def _swa_but_every_4th(d: Dims) -> list[bool]:
-    """Sliding-window layers but every 4th of the trunk; MTP blocks sliding, as the converters pad them."""
-    return [il >= d.n_layer or il % 4 != 3 for il in range(d.n_layer_all)]
+def _swa_kinds(d: Dims) -> list[bool]:
+    """attention.sliding_window_pattern from the layer kinds: "W" layers slide (MTP blocks too, as the
+    converters pad the pattern)."""
+    return [d.kind(il) == "W" for il in range(d.n_layer_all)]
 
 
 def _attn_by_kind(gate: bool = False) -> tuple:
@@ -56,20 +57,26 @@ MIMO2 = ArchRow(
     # MiMo-V2-Flash (mimo2.cpp): sliding-window layers (every 4th full here) with attention sinks, value
     # heads narrower than key heads (value_length 8, key 16), partial rope, a value scale, a dense first
     # layer, then sigmoid + bias routing (no shared expert); one MTP block in the same file (skipped by
-    # the loader: load_mtp off).
+    # the loader: load_mtp off). The sliding-window layers have their own kv head count (head_count_kv).
     name="mimo2",
     arch="mimo2",
     keys=(*MOE_KEYS, Key("expert_feed_forward_length", "ff_exp"), Key("feed_forward_length", "ff"),
           Key("attention.key_length", "head_dim"), Key("attention.value_length", "v_head"),
+          Key("attention.head_count_kv", Dims.heads_kv_by_kind, "u32_arr"),
           Key("rope.dimension_count", "head_dim/2"), Key("attention.sliding_window", "swa"),
-          Key("attention.sliding_window_pattern", _swa_but_every_4th, "bool_arr"),
+          Key("attention.sliding_window_pattern", _swa_kinds, "bool_arr"),
           Key("rope.freq_base_swa", 10000.0, "f32"), Key("attention.value_scale", 0.75, "f32"),
           Key("leading_dense_block_count", "dense_lead"), Key("nextn_predict_layers", "n_nextn")),
-    layer=(*QKV[:2], _t("attn_v.weight", "embd", "kv_v"), _t("attn_output.weight", "head*v_head", "embd"),
+    layer=(QKV[0], _t("attn_output.weight", "head*v_head", "embd"),
+           *(t for mixer, sfx in (("full", ""), ("swa", "_swa")) for t in (
+               _t("attn_k.weight", "embd", f"kv{sfx}", mixer=mixer),
+               _t("attn_v.weight", "embd", f"kv_v{sfx}", mixer=mixer))),
            *ATTN_NORM, _t("attn_sinks.weight", "head", init="sinks"), *FFN_NORM,
            *DENSE_LEAD_FFN, *MOE_ONLY, *EXP_PROBS_B, *_NEXTN),
     experts=EXPERT_SUFFIXES,
-    dims={"n_ff_exp": 64, "n_dense_lead": 1, "n_swa": 8, "v_head": 8, "n_nextn": 1},
+    # sliding, sliding, sliding, full; the MTP block sliding; the sliding layers with twice the kv heads
+    dims={"n_ff_exp": 64, "n_dense_lead": 1, "n_swa": 8, "v_head": 8, "n_nextn": 1, "kinds": "WWWAW",
+          "n_head_kv_swa": 4},
 )
 
 STEP35 = ArchRow(
@@ -86,7 +93,7 @@ STEP35 = ArchRow(
           Key("attention.head_count", Dims.heads_by_kind, "u32_arr"),
           Key("attention.head_count_kv", Dims.heads_kv_by_kind, "u32_arr"),
           Key("attention.sliding_window", "swa"),
-          Key("attention.sliding_window_pattern", _swa_but_every_4th, "bool_arr"),
+          Key("attention.sliding_window_pattern", _swa_kinds, "bool_arr"),
           Key("expert_gating_func", SIGMOID), Key("expert_weights_scale", 1.0, "f32"),
           Key("expert_weights_norm", True, "bool"), Key("leading_dense_block_count", "dense_lead"),
           Key("swiglu_clamp_exp", lambda d: [7.0] * d.n_layer + [0.0] * d.n_nextn, "f32_arr"),
