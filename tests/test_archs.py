@@ -4,11 +4,13 @@ a reason said before any weight loads, or listed as untested; and every weight t
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import gguf
 import pytest
 
+from bmoe_edge.engine import info as engine_info
 from bmoe_edge.engine import moe_archs
 from bmoe_edge.proof import gates
 from bmoe_edge.synthetic import tinymoe
@@ -95,13 +97,72 @@ def test_the_full_matrix_has_the_breadth_columns_once() -> None:
 
 
 def test_streaming_an_unproven_architecture_is_said_not_silent() -> None:
-    from bmoe_edge.engine import info as engine_info
-
     gated, recipes = gates.gated_architectures(), engine_info.recipes()
     rows = {r.architecture: r.status for r in moe_archs.statuses(gated, recipes)}
-    untested = next(a for a, s in rows.items() if s == "untested")
-    note = moe_archs.unproven_note(untested, gated, recipes)
+    # every architecture at the pin is gated or refused: a new one (here: one without its row) is untested
+    untested = "olmoe"
+    ungated = {arch: rows for arch, rows in gated.items() if arch != untested}
+    note = moe_archs.unproven_note(untested, ungated, recipes)
     assert untested in note and "no gate has proven it" in note and "--no-stream" in note
-    assert moe_archs.unproven_note("qwen3moe", gated, recipes) == ""  # gated
+    assert moe_archs.unproven_note(untested, gated, recipes) == ""  # gated
     refused = next(a for a, s in rows.items() if s == "refused")
     assert moe_archs.unproven_note(refused, gated, recipes) == ""  # refused before loading, with its reason
+
+
+@pytest.mark.parametrize("arch", tinymoe.REFUSED_ROWS)
+def test_every_refused_fixture_is_refused_before_loading(tmp_path: Path, arch: str) -> None:
+    """The refused architectures' fixture rows (kept to measure the refusal again) stay out of the gates,
+    and generate says the reason in one line before loading weights."""
+    assert arch not in tinymoe.ROWS
+    rows = {r.architecture: r for r in moe_archs.statuses(gates.gated_architectures(), engine_info.recipes())}
+    assert rows[arch].status == "refused" and rows[arch].reason
+    path = tinymoe.write_tiny_moe(tmp_path / f"{arch}.gguf", arch, "Q8_0", vocab_size=512)[0]
+    result = run_cli("generate", "-m", str(path), "-p", "Hi", "-n", "2", "--stream")
+    assert_clean_error(result, arch, "cannot be streamed", "--no-stream")
+    assert rows[arch].reason.split(":")[0] in result.stderr
+
+
+def test_the_refusals_reasons_are_what_their_fixtures_measure() -> None:
+    """Diffusion decoders: the logits depend on how the prompt is batched (a causal row's do not);
+    dense-only loaders: a file with experts does not load; DFlash: no context without its target."""
+    import numpy as np
+
+    from bmoe_edge.engine import Engine
+    from bmoe_edge.errors import BmoeError
+
+    def logits(arch: str, ubatch: int) -> list[bytes]:
+        config = replace(gates.BASE, stream=False, batch=ubatch, ubatch=ubatch)
+        with Engine(tinymoe.fixture(arch, "Q8_0"), config) as engine:
+            return [b for g in gates._generate(engine, 1, 4) for b in g.logits]
+
+    def moved(arch: str) -> float:
+        return max(float(np.max(np.abs(np.frombuffer(a, np.float32) - np.frombuffer(b, np.float32))))
+                   for a, b in zip(logits(arch, 64), logits(arch, 1), strict=True))
+
+    assert moved("qwen3moe") == 0.0
+    assert moved("llada-moe") > 0.1 and moved("rnd1") > 0.1
+    for arch, missing in (("phi3", "ffn_down.weight' not found"), ("lfm2", "ffn_gate.weight' not found"),
+                          ("dflash", "requires ctx_other")):
+        with pytest.raises(BmoeError, match=missing):
+            Engine(tinymoe.fixture(arch, "Q8_0"), replace(gates.BASE, stream=False)).close()
+
+
+def test_mtp_blocks_are_in_the_file_and_never_routed(tmp_path: Path) -> None:
+    """Fixtures whose real files carry an MTP block carry it too; llama.cpp skips it (load_mtp off), so a
+    streamed generation routes the trunk's layers only (docs/architectures.md)."""
+    from bmoe_edge.engine import Engine
+
+    mtp = [name for name in tinymoe.MOE_ARCHS if tinymoe.dims_for(name, "Q8_0").n_nextn]
+    assert {"deepseek4", "deepseek32", "glm-dsa", "glm5-next", "mimo2", "step35", "bailingmoe3"} <= set(mtp)
+    for name in mtp:
+        d = tinymoe.dims_for(name, "Q8_0")
+        path = tinymoe.fixture(name, "Q8_0")
+        reader = gguf.GGUFReader(path)
+        assert reader.fields[f"{tinymoe.ROWS[name].arch}.nextn_predict_layers"].contents() == d.n_nextn
+        assert f"blk.{d.n_layer}.nextn.eh_proj.weight" in {t.name for t in reader.tensors}
+        trace = tmp_path / f"{name}.csv"
+        with Engine(path, replace(gates.BASE, stream=True, route_trace=str(trace))) as engine:
+            gates._generate(engine, 1, 2)
+        routed = {int(line.split(",")[2]) for line in trace.read_text().splitlines()[1:]}
+        with_experts = {int(t.split(".")[1]) for t in tinymoe.expert_tensors(name)}
+        assert routed == {il for il in with_experts if il < d.n_layer}, name  # MTP experts (if any) never read

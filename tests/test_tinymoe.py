@@ -63,7 +63,7 @@ def test_fixture_has_the_rows_tensors_and_keys(written, arch: str, quant: str) -
     reader = gguf.GGUFReader(written(arch, quant, SMALL_VOCAB))
     prefix = row.arch
     assert field(reader, "general.architecture") == row.arch
-    assert field(reader, f"{prefix}.block_count") == 4
+    assert field(reader, f"{prefix}.block_count") == d.n_layer_all  # the trunk's 4 and any MTP layers
     assert field(reader, f"{prefix}.embedding_length") == d.n_embd
     if row.is_moe:
         assert field(reader, f"{prefix}.expert_count") == 8
@@ -72,15 +72,15 @@ def test_fixture_has_the_rows_tensors_and_keys(written, arch: str, quant: str) -
         assert f"{prefix}.expert_count" not in reader.fields
 
     tensors = {t.name: t for t in reader.tensors}
-    expected = {"token_embd.weight", row.output_norm, "output.weight"}
+    expected = {"token_embd.weight", "output.weight"} | ({row.output_norm} if row.output_norm else set())
     expected |= {t.name for t in row.model}
-    expected |= {f"blk.{il}.{t.name}" for il in range(4) for t in row.layer if t.in_layer(il, d)}
+    expected |= {f"blk.{il}.{t.name}" for il in range(d.n_layer_all) for t in row.layer if t.in_layer(il, d)}
     assert set(tensors) == expected
 
     wanted = GT[quant]
     experts = tinymoe.expert_tensors(arch)
     by_suffix = {t.name.removesuffix(".weight"): t for t in row.layer}
-    moe_layers = [il for il in range(4) if row.is_moe and by_suffix[row.experts[-1]].in_layer(il, d)]
+    moe_layers = [il for il in range(d.n_layer_all) if row.is_moe and by_suffix[row.experts[-1]].in_layer(il, d)]
     assert len(experts) == len(row.experts) * len(moe_layers)
     assert len(moe_layers) >= (2 if row.is_moe else 0)
     for name in experts:
@@ -220,7 +220,8 @@ def test_llama_cpp_reads_arch_and_experts(written, arch: str) -> None:
     info = NATIVE.probe_model(str(written(arch, "Q8_0")))
     row = tinymoe.ROWS[arch]
     assert info.architecture == row.arch
-    assert (info.n_layer, info.n_embd, info.n_vocab) == (4, 64, 32000)
+    n_layer_all = tinymoe.dims_for(arch, "Q8_0").n_layer_all  # block_count: the trunk's 4 and any MTP layers
+    assert (info.n_layer, info.n_embd, info.n_vocab) == (n_layer_all, 64, 32000)
     assert (info.n_expert, info.n_expert_used) == ((8, 2) if row.is_moe else (0, 0))
 
 

@@ -133,7 +133,8 @@ def verify_model_cmd(
 
 @app.command("tiny-model")
 def tiny_model_cmd(
-    arch: Annotated[str | None, typer.Option("--arch", help=f"One of: {', '.join(tinymoe.ARCHS)}.")] = None,
+    arch: Annotated[str | None, typer.Option("--arch", help=f"One of: {', '.join(tinymoe.ARCHS)}; or a refused one "
+                                             f"(to measure it): {', '.join(tinymoe.REFUSED_ROWS)}.")] = None,
     quant: Annotated[str | None, typer.Option("--quant", help=f"One of: {', '.join(tinymoe.QUANTS)}.")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="The gguf to write.")] = None,
     split: Annotated[int, typer.Option("--split", help="Write N shards <stem>-0000i-of-0000N.gguf.")] = 1,

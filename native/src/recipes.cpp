@@ -15,6 +15,12 @@ const std::vector<std::string> kExpertSuffixes = {
 // token, they stay in memory everywhere.
 const std::vector<Recipe> & recipes() {
     static const std::string kEncoder = "an encoder (embeddings, no generation): nothing to stream";
+    // Measured with a fixture (bmoe_edge/synthetic/arch_rows_refused.py): streamed == resident held in the
+    // pinned batch, but decoding the prompt as one 64-token batch or one token at a time moved the logits
+    // by up to 3.3 (llada-moe) and 4.0 (rnd1); every causal row: 0.
+    static const std::string kDiffusion =
+        "a diffusion decoder (bidirectional attention): its logits depend on how the prompt is batched, so "
+        "left-to-right generation is undefined for it (llama.cpp samples it with llama-diffusion-cli)";
     static const std::vector<Recipe> table = {
         {"bert", kExpertSuffixes, "", kEncoder},
         {"jina-bert-v2", kExpertSuffixes, "", kEncoder},
@@ -27,6 +33,22 @@ const std::vector<Recipe> & recipes() {
         {"grovemoe", kExpertSuffixes, "",
          "two routings per layer (experts and chunk experts) share one ffn_moe_topk name: the seam cannot tell "
          "whose ids it reads"},
+        {"llada-moe", kExpertSuffixes, "", kDiffusion},
+        {"rnd1", kExpertSuffixes, "", kDiffusion},
+        // Measured: a fixture with phimoe's / lfm2moe's experts under the dense name does not load
+        // ("check_tensor_dims: tensor 'blk.0.ffn_down.weight' not found", resp. "ffn_gate").
+        {"phi3", kExpertSuffixes, "",
+         "the loader is dense-only (no router or expert tensors; Phi MoE files are phimoe): a file with experts "
+         "does not load, so there is nothing to stream"},
+        {"lfm2", kExpertSuffixes, "",
+         "the loader makes every layer dense (LFM2 MoE files are lfm2moe): a file with experts does not load, so "
+         "there is nothing to stream"},
+        // Measured: a DSpark (DeepSeek-V4 backbone) fixture loads, but without embeddings and head of its own
+        // the context fails ("dflash requires ctx_other to be set"); with them it streams bit-exactly, yet
+        // decodes over an empty draft cache the target's features were meant to fill.
+        {"dflash", kExpertSuffixes, "",
+         "a speculative draft (DFlash/DSpark): it decodes over the target model's hidden states and borrows its "
+         "embeddings and head, so it cannot generate alone (llama.cpp: \"dflash requires ctx_other\")"},
     };
     return table;
 }
