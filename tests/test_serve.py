@@ -5,6 +5,7 @@ the server keeps serving, the API key, a full queue (429), a client that hangs u
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -57,6 +58,12 @@ class Server:
     url: str
     process: subprocess.Popen
     model_id: str
+    stderr: str = ""
+
+    def drain(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.stderr += line
 
     def client(self, key: str | None = None) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key or "none", max_retries=0, timeout=60)
@@ -71,20 +78,23 @@ def model() -> Path:
     return tinymoe.fixture("qwen3moe", "Q8_0")
 
 
-def start(model: Path, *args: str) -> Server:
+def start(model: Path, *args: str, env: dict[str, str] | None = None) -> Server:
     process = subprocess.Popen(
         [sys.executable, "-m", "bmoe_edge", "serve", "-m", str(model), "--port", "0", "-t", "1", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
     deadline = time.monotonic() + 120
     assert process.stderr is not None
+    seen = ""
     while time.monotonic() < deadline:
         line = process.stderr.readline()
+        seen += line
         if not line and process.poll() is not None:
             raise AssertionError(f"the server exited: {process.returncode}")
         found = re.search(r"serving (\S+) on (http://[\d.]+:\d+)/v1", line)
         if found:
-            threading.Thread(target=process.stderr.read, daemon=True).start()  # keep the pipe drained
-            return Server(found[2], process, found[1])
+            server = Server(found[2], process, found[1], seen)
+            threading.Thread(target=server.drain, daemon=True).start()  # keep the pipe drained
+            return server
     process.kill()
     raise AssertionError("the server did not start")
 
@@ -302,3 +312,156 @@ def test_the_server_stops_cleanly_on_sigterm(model: Path) -> None:
     s.process.terminate()
     # uvicorn shuts down gracefully, then re-raises the signal: systemd counts SIGTERM as a clean stop.
     assert s.process.wait(timeout=30) in (0, -signal.SIGTERM)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Nothing a request sends stops the server: it is refused before it is queued, or fails as its own error.
+
+@pytest.mark.parametrize(("path", "raw", "needle"), [
+    ("/v1/completions", '{"prompt":"\\ud800","max_tokens":4}', "lone surrogate"),
+    ("/v1/chat/completions", '{"messages":[{"role":"user","content":"hi \\udfff"}]}', "lone surrogate"),
+    ("/v1/completions", '{"prompt":"hi","stop":["\\ud800"]}', "lone surrogate"),
+    ("/v1/completions", '{"prompt":"hi","x":' + "[" * 5000 + "]" * 5000 + "}", "nests deeper"),
+    ("/v1/completions", '{"prompt":"hi","x":' + "[" * 100 + "]" * 100 + "}", "nests deeper"),
+    ("/v1/completions", b'{"prompt":"\xff\xfe"}', "not valid JSON"),
+    ("/v1/chat/completions", '{"messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":"x"}',
+     "stream_options"),
+    ("/v1/completions", '{"prompt":"hi","stream_options":{"include_usage":true}}', "stream_options"),
+    ("/v1/completions", '{"prompt":"hi","stream":"yes"}', "'stream'"),
+    ("/v1/completions", json.dumps({"prompt": "hi", "stop": ["ab" * 200]}), "256 characters"),
+    ("/v1/completions", json.dumps({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}), "up to 4"),
+])
+def test_a_request_that_cannot_be_served_is_a_400_before_it_is_queued(server: Server, path: str, raw: str | bytes,
+                                                                      needle: str) -> None:
+    before = server.metrics()
+    data = raw if isinstance(raw, bytes) else raw.encode()
+    r = http(server.url, "POST", path, data, {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 400, r.text
+    assert needle in r.json()["error"]["message"]
+    after = server.metrics()
+    assert after["bmoe_requests_total"] == before["bmoe_requests_total"]   # never reached the engine
+    assert after["bmoe_request_failures_total"] == before["bmoe_request_failures_total"]
+    ok = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+    assert http(server.url, "GET", "/health").json()["status"] == "ok"
+
+
+def test_a_job_that_raises_anything_is_its_own_500_and_the_next_job_runs(model: Path) -> None:
+    """Past the request checks (a Request built by hand), the binding's TypeError on a lone surrogate is
+    that job's 500; the engine thread lives on and answers the next job."""
+    import queue as queue_module
+
+    from bmoe_edge.serve.worker import Job, Request, Worker
+
+    with Engine(model, StreamConfig(ctx=256, threads=1)) as e:
+        worker = Worker(e)
+        try:
+            events: queue_module.Queue = queue_module.Queue()
+            worker.submit(Job(Request(max_tokens=2, sampling=Sampling(temp=0.0), prompt="\ud800"), events.put))
+            kind, (status, message) = events.get(timeout=30)
+            assert (kind, status) == ("error", 500) and "TypeError" in message
+            worker.submit(Job(Request(max_tokens=2, sampling=Sampling(temp=0.0), prompt="Hi"), events.put))
+            got = [events.get(timeout=60)]
+            while got[-1][0] == "delta":
+                got.append(events.get(timeout=60))
+            assert got[-1][0] == "done" and got[-1][1].completion_tokens == 2
+            assert worker.stats.failures == 1
+        finally:
+            worker.close()
+
+
+def test_stop_strings_match_in_linear_time_and_as_a_plain_search_would() -> None:
+    import random
+
+    rng = random.Random(5)
+    for _ in range(300):
+        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 5))) for _ in range(rng.randint(1, 4))]
+        text = "".join(rng.choice("abc") for _ in range(rng.randint(0, 30)))
+        s = chat.StopStrings(stops)
+        out = ""
+        i = 0
+        while i < len(text) and not s.stopped:
+            n = rng.randint(1, 4)
+            out += s.feed(text[i:i + n])
+            i += n
+        if not s.stopped:
+            out += s.flush()
+        ends = [(text.find(x) + len(x), -len(x)) for x in stops if x in text]
+        if ends:   # the earliest stop string to end, the longest of those ending there
+            end, neg = min(ends)
+            assert s.stopped and out == text[: end + neg], (stops, text, out)
+        else:
+            assert not s.stopped and out == text, (stops, text, out)
+    # a 256-character stop string over a long answer: linear, so quick
+    s = chat.StopStrings(["a" * 255 + "b"] * 4)
+    started = time.perf_counter()
+    for _ in range(20000):
+        assert s.feed("a") == "" or not s.stopped
+    assert time.perf_counter() - started < 2 and not s.stopped
+
+
+def test_a_dead_engine_thread_is_a_503_on_health_and_the_server_exits_non_zero(model: Path) -> None:
+    s = start(model, env={"BMOE_EDGE_SERVE_TEST_HOOKS": "1"})
+    try:
+        assert http(s.url, "GET", "/health").status_code == 200
+        assert post(s, "/_test/kill-worker", {}, key=None).status_code == 200
+        deadline = time.monotonic() + 1
+        while (health := http(s.url, "GET", "/health", timeout=1)).status_code == 200:
+            assert time.monotonic() < deadline, "still ok a second after the engine thread died"
+            time.sleep(0.02)
+        assert health.status_code == 503 and health.json()["reason"].startswith("the engine thread"), health
+        refused = post(s, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, key=None)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "unavailable"
+        assert s.process.wait(timeout=30) == 1
+        time.sleep(0.2)
+        assert "error: the server stopped: the engine thread failed" in s.stderr, s.stderr
+    finally:
+        stop(s)
+
+
+def test_the_test_hook_exists_only_when_asked_for(server: Server) -> None:
+    assert post(server, "/_test/kill-worker", {}).status_code == 404
+    assert http(server.url, "GET", "/health").json()["status"] == "ok"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fail closed: no key by accident.
+
+def test_an_empty_key_file_or_a_blank_key_is_one_line_not_a_server_without_a_key(model: Path,
+                                                                                   tmp_path: Path) -> None:
+    empty = tmp_path / "key"
+    empty.write_text("\n  \n")
+    assert_clean_error(run_cli("serve", "-m", str(model), "--port", "0", "--api-key-file", str(empty), timeout=60),
+                       "holds no key")
+    assert_clean_error(run_cli("serve", "-m", str(model), "--port", "0", "--api-key", "  ", timeout=60),
+                       "API key", "empty")
+    assert_clean_error(run_cli("serve", "-m", str(model), "--port", "0", env={**os.environ,
+                                                                             "BMOE_EDGE_API_KEY": ""}, timeout=60),
+                       "empty")
+
+
+def test_beyond_loopback_a_key_is_needed_unless_no_auth_says_so(model: Path, tmp_path: Path) -> None:
+    assert_clean_error(run_cli("serve", "-m", str(model), "--port", "0", "--bind", "0.0.0.0", timeout=60),
+                       "--bind 0.0.0.0 without an API key", "--no-auth")
+    assert_clean_error(run_cli("serve", "-m", str(model), "--port", "0", "--no-auth", "--api-key", "k", timeout=60),
+                       "--no-auth")
+    s = start(model, "--bind", "0.0.0.0", "--no-auth")
+    try:
+        assert post(s, "/v1/completions", {"prompt": "Hi", "max_tokens": 1}, key=None).status_code == 200
+        assert "without an API key (--no-auth)" in s.stderr
+    finally:
+        stop(s)
+
+
+def test_a_key_file_with_several_keys_takes_each(model: Path, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("alpha-1\n\nbeta-2\n")
+    keys.chmod(0o600)
+    s = start(model, "--api-key-file", str(keys))
+    try:
+        for key in ("alpha-1", "beta-2"):
+            assert post(s, "/v1/completions", {"prompt": "Hi", "max_tokens": 1}, key=key).status_code == 200
+        for key in ("alpha-1 beta-2", "alpha", "", None):
+            assert post(s, "/v1/completions", {"prompt": "Hi", "max_tokens": 1}, key=key).status_code == 401
+    finally:
+        stop(s)

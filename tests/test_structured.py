@@ -6,6 +6,7 @@ engine on a tiny random-weight model, and OpenAI's own client against a real ser
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -277,3 +278,39 @@ def test_a_reasoning_effort_needs_a_template_that_takes_it(server: Server) -> No
     with pytest.raises(openai.BadRequestError, match="reasoning_effort"):
         client.chat.completions.create(extra_body={"reasoning_effort": "extreme"}, **kw)
     assert client.chat.completions.create(**kw).usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("parameters, needle", [
+    ({"type": "object", "properties": {"a": {}}, "required": [[1]], "additionalProperties": False}, "required"),
+    ({"type": "object", "$defs": [], "properties": {"a": {"$ref": "#/$defs/x"}}, "additionalProperties": False},
+     "$defs"),
+    ({"type": "object", "properties": [1]}, "properties"),
+    ({"type": "object", "properties": {"a": {"type": "array", "items": {"enum": 3}}}, "additionalProperties": False},
+     "enum"),
+    ({"$ref": "#/$defs/a", "$defs": {"a": {"type": {"x": 1}}}}, "schema"),
+])
+def test_a_forced_call_with_a_bad_schema_is_a_400_and_the_server_goes_on(server: Server, parameters: dict,
+                                                                        needle: str) -> None:
+    client = server.client()
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    with pytest.raises(openai.BadRequestError, match=re.escape(needle)):
+        client.chat.completions.create(model=server.model_id, messages=[{"role": "user", "content": "hi"}],
+                                       tools=[tool], tool_choice="required", max_tokens=4)
+    ok = client.completions.create(model=server.model_id, prompt="Hi", max_tokens=2)
+    assert ok.usage.completion_tokens == 2
+
+
+def test_bad_schemas_never_crash_the_converter() -> None:
+    for schema in ({"required": [[1]], "properties": {}}, {"$defs": [], "$ref": "#/$defs/a"},
+                   {"$defs": {"a": {"type": 3}}, "$ref": "#/$defs/a"},
+                   {"type": "array", "items": [1]}, {"anyOf": [{"type": "string"}, 5]}):
+        with pytest.raises(grammar.UnsupportedSchema):
+            grammar.from_schema(schema)
+
+
+def test_a_tool_call_nested_past_the_recursion_limit_stays_text() -> None:
+    deep = '{"name": "f", "arguments": ' + "[" * 100000 + "]" * 100000 + "}"
+    assert tools.parse_call(deep) is None
+    split = tools.ToolCallSplit(tools.TOOL_STYLES[0])
+    text, calls = split.feed(f"<tool_call>\n{deep}\n</tool_call>")
+    assert calls == [] and text.startswith("<tool_call>")

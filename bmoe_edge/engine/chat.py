@@ -226,29 +226,64 @@ class HarmonySplit:
 
 
 class StopStrings:
-    """Holds back text that may begin a stop string; says when one has appeared."""
+    """Holds back text that may begin a stop string; says when one has appeared.
+
+    Linear in the text: each stop string is matched by its Knuth-Morris-Pratt automaton, one state per
+    string (the longest prefix of it that the text ends with) carried from one piece to the next, so a
+    token costs its own characters, not the held-back text again (which is shorter than the longest
+    stop string). The earliest stop string to end wins (the longest, of those ending at one character)."""
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
+        self.fail = [_kmp_failure(s) for s in self.stops]
+        self.state = [0] * len(self.stops)
         self.held = ""
         self.stopped = False
 
     def feed(self, text: str) -> str:
         if not self.stops:
             return text
+        if self.stopped:
+            return ""
+        start = len(self.held)
         self.held += text
-        cut = min((i for i in (self.held.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self.stopped = True
-            out, self.held = self.held[:cut], ""
-            return out
-        keep = max((k for s in self.stops for k in range(1, len(s)) if self.held.endswith(s[:k])), default=0)
+        for at in range(start, len(self.held)):
+            c = self.held[at]
+            ended = 0
+            for i, stop in enumerate(self.stops):
+                k, fail = self.state[i], self.fail[i]
+                while k and stop[k] != c:
+                    k = fail[k - 1]
+                if stop[k] == c:
+                    k += 1
+                if k == len(stop):
+                    ended = max(ended, k)
+                    k = fail[k - 1]
+                self.state[i] = k
+            if ended:
+                self.stopped = True
+                out, self.held = self.held[: at + 1 - ended], ""
+                return out
+        keep = max(self.state)
         out, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep:]
         return out
 
     def flush(self) -> str:
         out, self.held = self.held, ""
         return out
+
+
+def _kmp_failure(s: str) -> list[int]:
+    """fail[i]: the longest proper prefix of s[: i + 1] that is also its suffix."""
+    fail = [0] * len(s)
+    k = 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = fail[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        fail[i] = k
+    return fail
 
 
 class ReasoningSplit:

@@ -9,9 +9,10 @@ declared order); the code and the JSON grammar are our own."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from bmoe_edge.errors import BmoeError
@@ -149,7 +150,8 @@ class _Converter:
             raise UnsupportedSchema(f"objects with 'properties' and additional properties (at {hint!r}) are not "
                                     "supported: set \"additionalProperties\": false")
         required = schema.get("required", [])
-        if not isinstance(required, list) or not set(required) <= set(props):
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required) \
+                or not set(required) <= set(props):
             raise UnsupportedSchema(f"'required' at {hint!r} must list names of its 'properties'")
         pairs = [(name, f'{literal(json.dumps(name))} ws ":" ws {self.visit(sub, f"{hint}-{name}")}')
                  for name, sub in props.items()]
@@ -194,7 +196,10 @@ class _Converter:
             raise UnsupportedSchema(f"'$ref' {ref!r}: only local references (#/$defs/NAME, #/definitions/NAME)")
         if ref not in self.refs:
             section, name = ref[2:].split("/", 1)
-            target = (self.root.get(section) or {}).get(name)
+            defs = self.root.get(section) if isinstance(self.root, Mapping) else None
+            if defs is not None and not isinstance(defs, Mapping):
+                raise UnsupportedSchema(f"'{section}' must be an object of named schemas")
+            target = (defs or {}).get(name)
             if target is None:
                 raise UnsupportedSchema(f"'$ref' {ref!r} names no definition")
             rule = f"s-ref-{re.sub(r'[^a-zA-Z0-9-]+', '-', name).lower()}"
@@ -209,5 +214,18 @@ def from_schema(schema: Any) -> str:
     if not isinstance(schema, Mapping):
         raise UnsupportedSchema("the JSON schema must be an object")
     conv = _Converter(schema)
-    root = conv.visit(schema, "root")
+    with converting():
+        root = conv.visit(schema, "root")
     return _grammar(root, {**conv.rules, **JSON_RULES})
+
+
+@contextlib.contextmanager
+def converting() -> Iterator[None]:
+    """A schema the converter's checks did not foresee (a wrong type somewhere, nesting past Python's
+    recursion limit) is refused like any unsupported one, never a crash."""
+    try:
+        yield
+    except UnsupportedSchema:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as exc:
+        raise UnsupportedSchema(f"the JSON schema cannot be used: {type(exc).__name__}: {exc}") from None

@@ -135,6 +135,10 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
                 or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise BmoeError("each of 'tools' must be {'type': 'function', 'function': {'name': ..., "
                            "'parameters': ...}}")
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise BmoeError(f"the description of the tool {fn['name']!r} must be a string")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], Mapping):
+            raise BmoeError(f"the parameters of the tool {fn['name']!r} must be a JSON schema (an object)")
     return [dict(t) for t in tools]
 
 
@@ -146,12 +150,13 @@ def parse_call(text: str) -> ToolCall | None:
     """The JSON between a style's markers as a call; None when it is not one (then it stays text)."""
     try:
         data = json.loads(text)
-    except ValueError:
+        if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
+            return None
+        args = data.get("arguments", data.get("parameters", {}))
+        return ToolCall(call_id(), data["name"],
+                        args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+    except (ValueError, RecursionError):   # not JSON, or nested past the recursion limit: text
         return None
-    if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
-        return None
-    args = data.get("arguments", data.get("parameters", {}))
-    return ToolCall(call_id(), data["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
 
 
 class ToolCallSplit:
@@ -238,8 +243,9 @@ def call_grammar(style: ToolStyle, tools: Sequence[Mapping[str, Any]], only: str
         if only is not None and fn["name"] != only:
             continue
         params = fn.get("parameters") or {"type": "object"}
-        conv.root = params
-        args = conv.visit(params, f"args-{fn['name']}")
+        conv.root, conv.refs = params, {}   # each tool's $refs are its own
+        with grammar.converting():
+            args = conv.visit(params, f"args-{fn['name']}")
         options.append(f'"{{" ws "\\"name\\"" ws ":" ws {grammar.literal(json.dumps(fn["name"]))} ws "," ws '
                        f'"\\"arguments\\"" ws ":" ws {args} "}}"')
     call = " | ".join(f"( {o} )" for o in options)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -16,12 +17,14 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from bmoe_edge.engine import chat
+from bmoe_edge.engine import chat, tools
 from bmoe_edge.serve import metrics, openai_api
 from bmoe_edge.serve.openai_api import ApiError
-from bmoe_edge.serve.worker import Job, QueueFull, Request, Worker, loop_delivery, request_id
+from bmoe_edge.serve.worker import Job, QueueFull, Request, Unavailable, Worker, loop_delivery, request_id
 
+TEST_HOOKS = "BMOE_EDGE_SERVE_TEST_HOOKS"   # "1": the test routes (/_test/...) exist
 MAX_BODY_BYTES = 4 << 20
+MAX_DEPTH = 64   # arrays and objects nested in a body; deeper is a 400, not a recursion in a parser
 RETRY_AFTER_S = 2
 
 
@@ -40,9 +43,40 @@ async def _body(request: HttpRequest) -> Any:
         if len(raw) > MAX_BODY_BYTES:
             raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
     try:
-        return json.loads(raw)
-    except ValueError as exc:
+        body = json.loads(raw)
+    except ValueError as exc:   # also bytes that are not UTF-8
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels") from None
+    check_json(body)
+    return body
+
+
+def check_json(body: Any) -> None:
+    """Refuse what JSON allows and nothing after this may meet: a string that is not Unicode text (a lone
+    surrogate such as "\\ud800" parses, but cannot be encoded), or nesting deeper than MAX_DEPTH."""
+    todo: list[tuple[Any, int]] = [(body, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, str):
+            _text(value)
+        elif isinstance(value, dict | list):
+            if depth > MAX_DEPTH:
+                raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels")
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    _text(key)
+                    todo.append((item, depth + 1))
+            else:
+                todo.extend((item, depth + 1) for item in value)
+
+
+def _text(s: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "the request body has a string that is not valid Unicode text (a lone surrogate "
+                       "escape such as \\ud800)") from None
 
 
 async def _until_disconnect(request: HttpRequest) -> None:
@@ -51,24 +85,37 @@ async def _until_disconnect(request: HttpRequest) -> None:
 
 
 class Server:
-    def __init__(self, worker: Worker, model_id: str, api_key: str | None = None) -> None:
+    def __init__(self, worker: Worker, model_id: str, api_keys: Sequence[str] = ()) -> None:
         self.worker = worker
         self.model_id = model_id
-        self.api_key = api_key
+        self.api_keys = tuple(f"Bearer {k}".encode() for k in api_keys)
         self.created = int(time.time())
         self.rejected = 0
+        self.tool_style = tools.tool_style(worker.jinja)
+
+    def tenant(self, request: HttpRequest) -> int | None:
+        """Which key the request carries (its index: the tenant), 0 when the server has none; None when
+        it carries no valid key. Every key is compared, in constant time."""
+        if not self.api_keys:
+            return 0
+        given = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
+        found = None
+        for i, key in enumerate(self.api_keys):
+            if hmac.compare_digest(given, key) and found is None:
+                found = i
+        return found
 
     def _authorized(self, request: HttpRequest) -> bool:
-        if not self.api_key:
-            return True
-        given = request.headers.get("authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode())
+        return self.tenant(request) is not None
 
     def _enqueue(self, req: Request) -> tuple[Job, asyncio.Queue]:
         events: asyncio.Queue = asyncio.Queue()
         job = Job(req, loop_delivery(asyncio.get_running_loop(), events))
         try:
             self.worker.submit(job)
+        except Unavailable as exc:
+            raise ApiError(503, f"the server cannot answer: {exc}", type="server_error",
+                           code="unavailable") from None
         except QueueFull:
             self.rejected += 1
             raise ApiError(429, "the server is busy: its queue is full, retry later", type="rate_limit_error",
@@ -128,13 +175,13 @@ class Server:
 
     async def chat_completions(self, request: HttpRequest) -> Response:
         body = await _body(request)
-        req = openai_api.parse_chat(body, self.model_id)
+        req = openai_api.parse_chat(body, self.model_id, self.tool_style)
         job, events = self._enqueue(req)
         rid = request_id("chatcmpl")
         if not body.get("stream"):
             reply = await self._result(request, job, events)
             return JSONResponse(openai_api.chat_completion(rid, self.model_id, reply))
-        with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        with_usage = openai_api.include_usage(body)
 
         calls = [0]   # tool calls streamed so far: each call's index
 
@@ -176,15 +223,26 @@ class Server:
         return JSONResponse(openai_api.models(self.model_id, self.created))
 
     async def health(self, request: HttpRequest) -> Response:
+        """200 while a request can be answered; 503 with the reason when not (the engine thread is gone,
+        the engine failed, or the server is shutting down)."""
+        reason = self.worker.unavailable()
+        if reason is not None:
+            return JSONResponse({"status": "unavailable", "reason": reason, "model": self.model_id},
+                                status_code=503)
         return JSONResponse({"status": "ok", "model": self.model_id, "queue_depth": self.worker.queue_depth})
+
+    async def kill_worker(self, request: HttpRequest) -> Response:
+        """The test hook (BMOE_EDGE_SERVE_TEST_HOOKS=1): the engine thread ends as an unforeseen fault would."""
+        self.worker.kill_for_test()
+        return JSONResponse({"status": "killing"})
 
     async def metrics(self, request: HttpRequest) -> Response:
         text = metrics.prometheus(self.worker.stats, self.worker.queue_depth, self.rejected)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
-def create_app(worker: Worker, model_id: str, api_key: str | None = None) -> Starlette:
-    server = Server(worker, model_id, api_key)
+def create_app(worker: Worker, model_id: str, api_keys: Sequence[str] = ()) -> Starlette:
+    server = Server(worker, model_id, api_keys)
 
     def guarded(handler: Callable, public: bool = False) -> Callable:
         async def endpoint(request: HttpRequest) -> Response:
@@ -195,6 +253,9 @@ def create_app(worker: Worker, model_id: str, api_key: str | None = None) -> Sta
                 return await handler(request)
             except ApiError as exc:
                 return _error(exc)
+            except Exception as exc:  # a fault of ours: still OpenAI's error object
+                return _error(ApiError(500, f"the server failed on this request ({type(exc).__name__})",
+                                       type="server_error"))
         return endpoint
 
     routes = [
@@ -204,6 +265,8 @@ def create_app(worker: Worker, model_id: str, api_key: str | None = None) -> Sta
         Route("/v1/chat/completions", guarded(server.chat_completions), methods=["POST"]),
         Route("/v1/completions", guarded(server.completions), methods=["POST"]),
     ]
+    if os.environ.get(TEST_HOOKS) == "1":
+        routes.append(Route("/_test/kill-worker", guarded(server.kill_worker), methods=["POST"]))
     app = Starlette(routes=routes)
     app.state.server = server
     return app

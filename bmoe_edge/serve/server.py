@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from bmoe_edge.engine.session import Engine
 from bmoe_edge.engine.settings import StreamConfig
@@ -36,30 +39,64 @@ def is_loopback(bind: str) -> bool:
     return ipaddress.ip_address(bind).is_loopback
 
 
+def check_auth(bind: str, api_keys: Sequence[str], no_auth: bool) -> None:
+    """Fail closed: beyond loopback a key is needed, unless --no-auth says otherwise out loud."""
+    if any(not k.strip() for k in api_keys):
+        raise BmoeError("an API key is empty")
+    try:
+        loopback = is_loopback(bind)
+    except ValueError:
+        raise BmoeError(f"--bind takes an IP address (e.g. 127.0.0.1 or 0.0.0.0), got {bind!r}") from None
+    if not loopback and not api_keys and not no_auth:
+        raise BmoeError(f"--bind {bind} without an API key would let anyone who reaches the port use the model: "
+                        "give --api-key-file (or $BMOE_EDGE_API_KEY), or --no-auth to mean it")
+
+
+WATCH_S = 0.2
+EXIT_AFTER_S = 1.0   # /health answers 503 this long before the server goes (a load balancer sees why)
+
+
+def _watch(worker: Any, server: Any) -> None:
+    """Stop the server once its engine thread is gone: /health says 503 at once; exiting lets the service
+    manager start a new one."""
+    while not server.should_exit:
+        if worker.failure is not None:
+            time.sleep(EXIT_AFTER_S)
+            server.should_exit = True
+            return
+        time.sleep(WATCH_S)
+
+
 def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: int = DEFAULT_PORT,
-          api_key: str | None = None, queue_size: int = 8, template: str | None = None,
+          api_keys: Sequence[str] = (), no_auth: bool = False, queue_size: int = 8, template: str | None = None,
           parse_special: bool = False, model_id: str | None = None, say: Callable[[str], None] = print) -> None:
     import uvicorn
 
     from bmoe_edge.serve.app import create_app
     from bmoe_edge.serve.worker import Worker
 
+    check_auth(bind, api_keys, no_auth)
     sock = listen(bind, port)
-    if not is_loopback(bind) and not api_key:
-        say(f"warning: listening on {bind} without --api-key: anyone who reaches this port can use the model")
+    if not is_loopback(bind) and not api_keys:
+        say(f"warning: listening on {bind} without an API key (--no-auth): anyone who reaches this port can "
+            "use the model")
     name = model_id or model.name
     try:
         with Engine(model, config) as engine:
             worker = Worker(engine, queue_size=queue_size, template=template, parse_special=parse_special)
             if worker.template.note:
                 say(f"note: {worker.template.note}")
-            app = create_app(worker, name, api_key)
+            app = create_app(worker, name, api_keys)
             host, bound_port = sock.getsockname()[:2]
             say(f"serving {name} on http://{host}:{bound_port}/v1 (queue {queue_size}; Ctrl-C stops)")
             server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+            watch = threading.Thread(target=_watch, args=(worker, server), name="bmoe-watch", daemon=True)
+            watch.start()
             try:
                 server.run(sockets=[sock])
             finally:
                 worker.close()
+            if worker.failure is not None:   # a server that cannot serve exits non-zero: systemd restarts it
+                raise BmoeError(f"the server stopped: {worker.failure}")
     finally:
         sock.close()
