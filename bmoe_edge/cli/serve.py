@@ -77,6 +77,12 @@ def serve_cmd(
     api_key_file: Annotated[Path | None, typer.Option("--api-key-file", help="Read the API key from this file "
                                                       "(a service's secret; never in `ps`); one key a line: "
                                                       "each key is a tenant of its own.")] = None,
+    allowed_host: Annotated[list[str] | None, typer.Option(
+        "--allowed-host", help="A name clients reach this server by (the Host header), beside loopback and the "
+        "bound address; repeat for more ('*': any, which lets DNS rebinding in).")] = None,
+    cors_origin: Annotated[list[str] | None, typer.Option(
+        "--cors-origin", help="A web origin (https://app.example) whose pages may call this server; repeat "
+        "for more ('*': any). Without it, requests that carry an Origin are refused.")] = None,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="Listen beyond loopback without an API key "
                                           "(anyone who reaches the port can use the model).")] = False,
     local_port: Annotated[int | None, typer.Option(
@@ -107,6 +113,9 @@ def serve_cmd(
         fail("--no-auth and an API key contradict each other: give one")
     if keys is not None:
         api_key = "\n".join(keys)
+    if host and (allowed_host or cors_origin):
+        fail("--allowed-host and --cors-origin are not forwarded to a board yet: the board's server listens on "
+             "its loopback, reached here through 127.0.0.1")
     if host and (port == 0 or local_port == 0):
         fail("with --host, give fixed ports: --port (the board's) and --local-port (this machine's)")
     on_board(host, rpc_host=rpc_host, inventory=inventory, ssh_config=ssh_config,
@@ -124,7 +133,8 @@ def serve_cmd(
     with rpc_tunnelled(engine, rpc_host, rpc_port, inventory=inventory, ssh_config=ssh_config,
                        accept_new_host_key=accept_new_host_key, say=say) as flags:
         config = machine_config(board, flags)
-        server.serve(model, config, bind=bind, port=port, api_keys=keys or (), no_auth=no_auth, queue_size=queue,
+        server.serve(model, config, bind=bind, port=port, api_keys=keys or (), no_auth=no_auth,
+                     allowed_hosts=allowed_host or (), cors_origins=cors_origin or (), queue_size=queue,
                      template=chat_template, parse_special=config.parse_special, model_id=model_id, say=say)
 
 

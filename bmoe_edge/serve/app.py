@@ -13,12 +13,14 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from bmoe_edge.engine import chat, tools
 from bmoe_edge.serve import metrics, openai_api
+from bmoe_edge.serve.gate import Gate
 from bmoe_edge.serve.openai_api import ApiError
 from bmoe_edge.serve.worker import Job, QueueFull, Request, Unavailable, Worker, loop_delivery, request_id
 
@@ -241,7 +243,9 @@ class Server:
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
-def create_app(worker: Worker, model_id: str, api_keys: Sequence[str] = ()) -> Starlette:
+def create_app(worker: Worker, model_id: str, api_keys: Sequence[str] = (), *, bind: str = "127.0.0.1",
+               allowed_hosts: Sequence[str] = (), cors_origins: Sequence[str] = ()) -> Starlette:
+    """The routes behind the gate (gate.py: Host, Origin and Content-Type checked first)."""
     server = Server(worker, model_id, api_keys)
 
     def guarded(handler: Callable, public: bool = False) -> Callable:
@@ -267,6 +271,7 @@ def create_app(worker: Worker, model_id: str, api_keys: Sequence[str] = ()) -> S
     ]
     if os.environ.get(TEST_HOOKS) == "1":
         routes.append(Route("/_test/kill-worker", guarded(server.kill_worker), methods=["POST"]))
-    app = Starlette(routes=routes)
+    gate = Middleware(Gate, bind=bind, allowed_hosts=allowed_hosts, cors_origins=cors_origins)
+    app = Starlette(routes=routes, middleware=[gate])
     app.state.server = server
     return app

@@ -68,7 +68,8 @@ def _watch(worker: Any, server: Any) -> None:
 
 
 def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: int = DEFAULT_PORT,
-          api_keys: Sequence[str] = (), no_auth: bool = False, queue_size: int = 8, template: str | None = None,
+          api_keys: Sequence[str] = (), no_auth: bool = False, allowed_hosts: Sequence[str] = (),
+          cors_origins: Sequence[str] = (), queue_size: int = 8, template: str | None = None,
           parse_special: bool = False, model_id: str | None = None, say: Callable[[str], None] = print) -> None:
     import uvicorn
 
@@ -86,7 +87,8 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
             worker = Worker(engine, queue_size=queue_size, template=template, parse_special=parse_special)
             if worker.template.note:
                 say(f"note: {worker.template.note}")
-            app = create_app(worker, name, api_keys)
+            app = create_app(worker, name, api_keys, bind=bind, allowed_hosts=allowed_hosts,
+                             cors_origins=cors_origins)
             host, bound_port = sock.getsockname()[:2]
             say(f"serving {name} on http://{host}:{bound_port}/v1 (queue {queue_size}; Ctrl-C stops)")
             server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
