@@ -183,6 +183,23 @@ def check_text(engine: ChatEngine, messages: Sequence[Message], parse_special: b
                             "remove it (or allow it with --parse-special)")
 
 
+def check_strings(engine: ChatEngine, fields: Sequence[tuple[str, str]], parse_special: bool = False) -> None:
+    """Refuse any of a template's inputs (`(where, text)`: tool names, descriptions and schemas, tool-call
+    names and arguments, a message's `name` or `tool_call_id`, ...) that spells a control token: the
+    rendered prompt is tokenized with control tokens parsed, so each of them could forge a turn."""
+    if parse_special or not fields:
+        return
+    joined = "\n".join(text for _, text in fields)
+    if engine.tokenize(joined, False, True) == engine.tokenize(joined, False, False):
+        return
+    for where, text in fields:
+        if engine.tokenize(text, False, True) != engine.tokenize(text, False, False):
+            raise BmoeError(f"{where} contains the text of one of the model's control tokens; remove it "
+                            "(or allow it with --parse-special)")
+    raise BmoeError("the conversation contains the text of one of the model's control tokens; remove it "
+                    "(or allow it with --parse-special)")
+
+
 HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")  # gpt-oss's message framing (control tokens)
 HARMONY_REASONING = ("analysis",)  # channels whose text is reasoning; final/commentary are the answer
 

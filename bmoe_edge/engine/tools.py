@@ -142,6 +142,27 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
     return [dict(t) for t in tools]
 
 
+def template_inputs(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]
+                    ) -> list[tuple[str, str]]:
+    """Every string a template is given, keys included, each with where it came from: what the
+    control-token check looks at."""
+    out: list[tuple[str, str]] = []
+    todo: list[tuple[str, Any]] = [(f"message {i}", m) for i, m in enumerate(messages)]
+    todo += [(f"tool {i}", t) for i, t in enumerate(tools)]
+    while todo:
+        where, value = todo.pop()
+        if isinstance(value, str):
+            out.append((where, value))
+        elif isinstance(value, Mapping):
+            for k, v in value.items():
+                if isinstance(k, str):
+                    out.append((f"{where}: a key", k))
+                todo.append((f"{where}: {k}" if isinstance(k, str) else where, v))
+        elif isinstance(value, list | tuple):
+            todo.extend((where, v) for v in value)
+    return out
+
+
 def call_id() -> str:
     return f"call_{secrets.token_hex(12)}"
 

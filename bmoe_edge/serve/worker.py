@@ -267,7 +267,7 @@ class Worker:
                             "that use `tools`)")
         if r.reasoning_effort and "reasoning_effort" not in self.jinja:
             raise BmoeError("this model's chat template takes no reasoning_effort (gpt-oss's does)")
-        chat.check_text(self.engine, r.messages, self.parse_special)
+        chat.check_strings(self.engine, tools.template_inputs(r.template_messages, r.tools), self.parse_special)
         sampling, think = r.sampling, r.think
         forced = r.tool_choice not in ("auto", "none")
         if forced or sampling.grammar:   # a grammar from the first token: no reasoning first
