@@ -531,3 +531,99 @@ def test_a_server_bound_to_all_addresses_answers_to_ip_addresses_not_to_names(mo
         assert _raw(s, "GET", "/v1/models", Host=f"rebound.example:{port}", Authorization=auth).status_code == 403
     finally:
         stop(s)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Clean shutdown: nothing waits forever, nothing is freed under a decode.
+
+def _drain(events, timeout: float = 60) -> list[tuple[str, object]]:
+    got = [events.get(timeout=timeout)]
+    while got[-1][0] == "delta":
+        got.append(events.get(timeout=timeout))
+    return got
+
+
+def test_closing_a_worker_with_a_full_queue_answers_every_job_and_does_not_block(model: Path) -> None:
+    import queue as queue_module
+
+    from bmoe_edge.serve.worker import Job, QueueFull, Request, Unavailable, Worker
+
+    with Engine(model, StreamConfig(ctx=4096, threads=1)) as e:
+        worker = Worker(e, queue_size=2)
+        running: queue_module.Queue = queue_module.Queue()
+        long = Request(max_tokens=4000, sampling=Sampling(temp=0.0), prompt="Go")
+        worker.submit(Job(long, running.put))
+        assert running.get(timeout=60)[0] == "delta"   # it runs
+        waiting = [queue_module.Queue() for _ in range(2)]
+        for q in waiting:
+            worker.submit(Job(long, q.put))
+        with pytest.raises(QueueFull):
+            worker.submit(Job(long, lambda event: None))
+        started = time.monotonic()
+        assert worker.close(timeout=30)
+        assert time.monotonic() - started < 5
+        for q in waiting:
+            assert q.get(timeout=1) == ("error", (503, "the server cannot answer: shutting down"))
+        last = _drain(running)[-1]
+        assert last[0] == "error" and last[1][0] == 503
+        assert worker.unavailable() == "shutting down"
+        with pytest.raises(Unavailable):
+            worker.submit(Job(long, lambda event: None))
+
+
+CLOSE_UNDER_NEXT = """
+import sys, threading, time
+from bmoe_edge.engine.session import Engine, Sampling
+from bmoe_edge.engine.settings import StreamConfig
+from bmoe_edge.errors import BmoeError
+e = Engine(sys.argv[1], StreamConfig(ctx=4096, threads=1))
+out = []
+def gen():
+    try:
+        for t in e.generate("Go", 4000, Sampling(temp=0.0)):
+            out.append(t)
+    except BmoeError as exc:
+        out.append(str(exc))
+t = threading.Thread(target=gen)
+t.start()
+while len(out) < 3:
+    time.sleep(0.001)
+e.close()
+t.join()
+assert out[-1] == "the engine is closed", out[-1]
+print("closed after", len(out) - 1, "tokens")
+"""
+
+
+def test_closing_an_engine_while_another_thread_decodes_waits_for_the_decode(model: Path) -> None:
+    for _ in range(3):
+        result = subprocess.run([sys.executable, "-c", CLOSE_UNDER_NEXT, str(model)], capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "closed after" in result.stdout
+
+
+def test_sigterm_during_a_stream_ends_it_and_answers_the_queued_requests(model: Path) -> None:
+    s = start(model, "--ctx", "4096", "--queue", "4")
+    try:
+        host, port = s.url.removeprefix("http://").rsplit(":", 1)
+        conn = http_client.HTTPConnection(host, int(port), timeout=60)
+        conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "Go", "max_tokens": 4000, "stream": True}),
+                     headers={"Content-Type": "application/json"})
+        stream = conn.getresponse()
+        assert stream.status == 200 and stream.readline().startswith(b"data: ")
+        queued: list[Response] = []
+        waiter = threading.Thread(target=lambda: queued.append(post(s, "/v1/completions", {"prompt": "Hi",
+                                                                                         "max_tokens": 2}, key=None)))
+        waiter.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+        s.process.terminate()
+        rest = stream.read().decode()   # ends: the job was cancelled
+        assert "shutting down" in rest or rest.endswith("data: [DONE]\n\n") or rest == "", rest[-300:]
+        waiter.join(timeout=30)
+        assert queued and queued[0].status_code == 503, queued
+        assert s.process.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert time.monotonic() - started < 5
+    finally:
+        stop(s)

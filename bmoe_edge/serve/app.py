@@ -5,11 +5,12 @@ but /health needs `Authorization: Bearer KEY`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -79,6 +80,32 @@ def _text(s: str) -> None:
     except UnicodeEncodeError:
         raise ApiError(400, "the request body has a string that is not valid Unicode text (a lone surrogate "
                        "escape such as \\ud800)") from None
+
+
+@contextlib.contextmanager
+def _cancelled_unless_answered(job: Job) -> Iterator[None]:
+    """A handler that leaves by an error (its task cancelled, the client gone, a fault) cancels its job:
+    a queued job is skipped, a running one stops between two tokens."""
+    try:
+        yield
+    except BaseException:
+        job.cancelled.set()
+        raise
+
+
+class _JobStream(StreamingResponse):
+    """Server-sent events whose job is cancelled however the response ends (also when the stream never
+    started: the client went away first)."""
+
+    def __init__(self, job: Job, content: AsyncIterator[str]) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.job = job
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancelled.set()
 
 
 async def _until_disconnect(request: HttpRequest) -> None:
@@ -179,47 +206,49 @@ class Server:
         body = await _body(request)
         req = openai_api.parse_chat(body, self.model_id, self.tool_style)
         job, events = self._enqueue(req)
-        rid = request_id("chatcmpl")
-        if not body.get("stream"):
-            reply = await self._result(request, job, events)
-            return JSONResponse(openai_api.chat_completion(rid, self.model_id, reply))
-        with_usage = openai_api.include_usage(body)
+        with _cancelled_unless_answered(job):
+            rid = request_id("chatcmpl")
+            if not body.get("stream"):
+                reply = await self._result(request, job, events)
+                return JSONResponse(openai_api.chat_completion(rid, self.model_id, reply))
+            with_usage = openai_api.include_usage(body)
 
-        calls = [0]   # tool calls streamed so far: each call's index
+            calls = [0]   # tool calls streamed so far: each call's index
 
-        def chunk(d: chat.Delta) -> dict[str, Any] | None:
-            fields = openai_api.delta_fields(d, calls[0])
-            calls[0] += len(d.tool_calls)
-            return openai_api.chat_chunk(rid, self.model_id, fields) if fields else None
+            def chunk(d: chat.Delta) -> dict[str, Any] | None:
+                fields = openai_api.delta_fields(d, calls[0])
+                calls[0] += len(d.tool_calls)
+                return openai_api.chat_chunk(rid, self.model_id, fields) if fields else None
 
-        def last(reply: chat.Reply) -> list[dict[str, Any]]:
-            out = [openai_api.chat_chunk(rid, self.model_id, {}, reply.finish_reason)]
-            if with_usage:
-                out.append(openai_api.envelope("chat.completion.chunk", rid, self.model_id)
-                           | {"choices": [], "usage": openai_api.usage(reply)})
-            return out
+            def last(reply: chat.Reply) -> list[dict[str, Any]]:
+                out = [openai_api.chat_chunk(rid, self.model_id, {}, reply.finish_reason)]
+                if with_usage:
+                    out.append(openai_api.envelope("chat.completion.chunk", rid, self.model_id)
+                               | {"choices": [], "usage": openai_api.usage(reply)})
+                return out
 
-        pending = await self._next_event(request, job, events)
-        head = [openai_api.chat_chunk(rid, self.model_id, {"role": "assistant", "content": ""})]
-        return StreamingResponse(self._stream(job, events, pending, head, chunk, last), media_type="text/event-stream")
+            pending = await self._next_event(request, job, events)
+            head = [openai_api.chat_chunk(rid, self.model_id, {"role": "assistant", "content": ""})]
+            return _JobStream(job, self._stream(job, events, pending, head, chunk, last))
 
     async def completions(self, request: HttpRequest) -> Response:
         body = await _body(request)
         req = openai_api.parse_completion(body, self.model_id)
         job, events = self._enqueue(req)
-        rid = request_id("cmpl")
-        if not body.get("stream"):
-            reply = await self._result(request, job, events)
-            return JSONResponse(openai_api.text_completion(rid, self.model_id, reply))
+        with _cancelled_unless_answered(job):
+            rid = request_id("cmpl")
+            if not body.get("stream"):
+                reply = await self._result(request, job, events)
+                return JSONResponse(openai_api.text_completion(rid, self.model_id, reply))
 
-        def chunk(d: chat.Delta) -> dict[str, Any] | None:
-            return openai_api.text_chunk(rid, self.model_id, d.content) if d.content else None
+            def chunk(d: chat.Delta) -> dict[str, Any] | None:
+                return openai_api.text_chunk(rid, self.model_id, d.content) if d.content else None
 
-        def last(reply: chat.Reply) -> list[dict[str, Any]]:
-            return [openai_api.text_chunk(rid, self.model_id, "", reply.finish_reason)]
+            def last(reply: chat.Reply) -> list[dict[str, Any]]:
+                return [openai_api.text_chunk(rid, self.model_id, "", reply.finish_reason)]
 
-        pending = await self._next_event(request, job, events)
-        return StreamingResponse(self._stream(job, events, pending, [], chunk, last), media_type="text/event-stream")
+            pending = await self._next_event(request, job, events)
+            return _JobStream(job, self._stream(job, events, pending, [], chunk, last))
 
     async def models(self, request: HttpRequest) -> Response:
         return JSONResponse(openai_api.models(self.model_id, self.created))

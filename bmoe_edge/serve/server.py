@@ -52,6 +52,29 @@ def check_auth(bind: str, api_keys: Sequence[str], no_auth: bool) -> None:
                         "give --api-key-file (or $BMOE_EDGE_API_KEY), or --no-auth to mean it")
 
 
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, whose shutdown first stops the worker taking jobs: /health says "shutting down",
+        queued jobs are answered 503, the running one stops between two tokens, so open connections end
+        within the grace period instead of waiting it out."""
+
+        def __init__(self, worker: Any, config: uvicorn.Config) -> None:
+            super().__init__(config)
+            self.worker = worker
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            self.worker.stop_taking_jobs()
+            await super().shutdown(sockets)
+
+    return Server
+
+
+def _uvicorn_server(worker: Any, config: Any) -> Any:
+    return _server_class()(worker, config)
+
+
 WATCH_S = 0.2
 EXIT_AFTER_S = 1.0   # /health answers 503 this long before the server goes (a load balancer sees why)
 
@@ -91,7 +114,7 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
                              cors_origins=cors_origins)
             host, bound_port = sock.getsockname()[:2]
             say(f"serving {name} on http://{host}:{bound_port}/v1 (queue {queue_size}; Ctrl-C stops)")
-            server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+            server = _uvicorn_server(worker, uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
             watch = threading.Thread(target=_watch, args=(worker, server), name="bmoe-watch", daemon=True)
             watch.start()
             try:

@@ -150,13 +150,18 @@ class Worker:
         """Stop taking jobs: the queued ones are answered 503 (cancelled), the running one stops between two
         tokens, and the engine thread is waited for. True when it ended within `timeout` (never blocks on a
         full queue)."""
+        self.stop_taking_jobs()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop_taking_jobs(self) -> None:
+        """The first half of close, without waiting: no new job, the queued ones answered 503, the running
+        one cancelled."""
         self.closing = True
         current = self._current
         if current is not None:
             current.cancelled.set()
         self._fail_queued("shutting down")
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
 
     def _run(self) -> None:
         try:
