@@ -627,3 +627,55 @@ def test_sigterm_during_a_stream_ends_it_and_answers_the_queued_requests(model: 
         assert time.monotonic() - started < 5
     finally:
         stop(s)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Limits: connections, a body's time to arrive, what one tenant learns of another.
+
+def test_connections_beyond_the_limit_are_503_and_a_trickled_body_is_408(model: Path) -> None:
+    import socket
+
+    s = start(model, "--max-connections", "3", "--body-timeout", "1")
+    host, port = s.url.removeprefix("http://").rsplit(":", 1)
+    try:
+        slow = socket.create_connection((host, int(port)))
+        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"prompt\"")
+        started = time.monotonic()
+        slow.settimeout(10)
+        answer = ""
+        while "body_timeout" not in answer and (part := slow.recv(65536).decode()):
+            answer += part
+        assert answer.startswith("HTTP/1.1 408") and "body_timeout" in answer, answer
+        assert time.monotonic() - started < 5
+        slow.close()
+        idle = [socket.create_connection((host, int(port))) for _ in range(3)]
+        time.sleep(0.3)
+        try:
+            assert http(s.url, "GET", "/health").status_code == 503
+        finally:
+            for c in idle:
+                c.close()
+        time.sleep(0.3)
+        assert http(s.url, "GET", "/health").status_code == 200
+    finally:
+        stop(s)
+
+
+def test_cached_tokens_are_never_reported_across_api_keys(model: Path, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("tenant-a\ntenant-b\n")
+    s = start(model, "--api-key-file", str(keys))
+    try:
+        a, b = s.client("tenant-a"), s.client("tenant-b")
+        messages = [{"role": "user", "content": "A secret plan about the hills and the weather"}]
+        kw = {"model": s.model_id, "messages": messages, "max_tokens": 2, "temperature": 0}
+        first = a.chat.completions.create(**kw)
+        assert b.chat.completions.create(**kw).usage.prompt_tokens_details.cached_tokens == 0
+        again = b.chat.completions.create(**kw)
+        assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+        back = a.chat.completions.create(**kw)
+        assert back.usage.prompt_tokens_details.cached_tokens == 0
+        assert back.choices[0].message.content == first.choices[0].message.content   # the same greedy answer
+    finally:
+        stop(s)

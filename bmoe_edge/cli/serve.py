@@ -83,6 +83,10 @@ def serve_cmd(
     cors_origin: Annotated[list[str] | None, typer.Option(
         "--cors-origin", help="A web origin (https://app.example) whose pages may call this server; repeat "
         "for more ('*': any). Without it, requests that carry an Origin are refused.")] = None,
+    max_connections: Annotated[int, typer.Option(
+        "--max-connections", min=1, help="Open connections at most; more are answered 503 at once.")] = 64,
+    body_timeout: Annotated[float, typer.Option(
+        "--body-timeout", min=0.1, help="Seconds a request's body may take to arrive (then 408).")] = 30.0,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="Listen beyond loopback without an API key "
                                           "(anyone who reaches the port can use the model).")] = False,
     local_port: Annotated[int | None, typer.Option(
@@ -134,7 +138,8 @@ def serve_cmd(
                        accept_new_host_key=accept_new_host_key, say=say) as flags:
         config = machine_config(board, flags)
         server.serve(model, config, bind=bind, port=port, api_keys=keys or (), no_auth=no_auth,
-                     allowed_hosts=allowed_host or (), cors_origins=cors_origin or (), queue_size=queue,
+                     allowed_hosts=allowed_host or (), cors_origins=cors_origin or (),
+                     max_connections=max_connections, body_timeout_s=body_timeout, queue_size=queue,
                      template=chat_template, parse_special=config.parse_special, model_id=model_id, say=say)
 
 

@@ -353,7 +353,8 @@ class ReasoningSplit:
 def reply(engine: ChatEngine, messages: Sequence[Message | Mapping[str, Any]], max_tokens: int,
           sampling: Sampling | None = None, *, think: bool | None = None, template: str | Template | None = None,
           stop: Sequence[str] = (), parse_special: bool = False, result: Reply | None = None,
-          prompt_ids: Sequence[int] | None = None, tool_style: ToolStyle | None = None) -> Iterator[Delta]:
+          prompt_ids: Sequence[int] | None = None, tool_style: ToolStyle | None = None,
+          reuse_kv: bool = True) -> Iterator[Delta]:
     """Answer the conversation, yielding the answer as it comes. The context keeps its longest common
     prefix with the rendered conversation, so a conversation's next turn decodes only its new tokens.
     `prompt_ids`: the conversation already rendered and tokenized (`prompt_tokens`), not done again.
@@ -394,7 +395,7 @@ def reply(engine: ChatEngine, messages: Sequence[Message | Mapping[str, Any]], m
         out.content += content
         return Delta(content, reasoning, token, found)
 
-    for token in engine.generate(ids, max_tokens, sampling, result=gen, reuse_kv=True):
+    for token in engine.generate(ids, max_tokens, sampling, result=gen, reuse_kv=reuse_kv):
         out.completion_tokens += 1
         out.reused_tokens = gen.reused_tokens
         out.metrics.append(token.metrics)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import os
@@ -27,6 +28,7 @@ from bmoe_edge.serve.worker import Job, QueueFull, Request, Unavailable, Worker,
 
 TEST_HOOKS = "BMOE_EDGE_SERVE_TEST_HOOKS"   # "1": the test routes (/_test/...) exist
 MAX_BODY_BYTES = 4 << 20
+BODY_TIMEOUT_S = 30.0
 MAX_DEPTH = 64   # arrays and objects nested in a body; deeper is a 400, not a recursion in a parser
 RETRY_AFTER_S = 2
 
@@ -36,15 +38,25 @@ def _error(exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
-async def _body(request: HttpRequest) -> Any:
+async def _body(request: HttpRequest, timeout_s: float = BODY_TIMEOUT_S) -> Any:
+    """The request's JSON body: at most MAX_BODY_BYTES, read within `timeout_s` (a client that trickles
+    its body is a 408, not a connection held open), checked by check_json."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
-    raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY_BYTES:
-            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
+
+    async def read() -> bytes:
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_BODY_BYTES:
+                raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
+        return bytes(raw)
+
+    try:
+        raw = await asyncio.wait_for(read(), timeout_s)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s", code="body_timeout") from None
     try:
         body = json.loads(raw)
     except ValueError as exc:   # also bytes that are not UTF-8
@@ -114,8 +126,10 @@ async def _until_disconnect(request: HttpRequest) -> None:
 
 
 class Server:
-    def __init__(self, worker: Worker, model_id: str, api_keys: Sequence[str] = ()) -> None:
+    def __init__(self, worker: Worker, model_id: str, api_keys: Sequence[str] = (),
+                 body_timeout_s: float = BODY_TIMEOUT_S) -> None:
         self.worker = worker
+        self.body_timeout_s = body_timeout_s
         self.model_id = model_id
         self.api_keys = tuple(f"Bearer {k}".encode() for k in api_keys)
         self.created = int(time.time())
@@ -137,7 +151,9 @@ class Server:
     def _authorized(self, request: HttpRequest) -> bool:
         return self.tenant(request) is not None
 
-    def _enqueue(self, req: Request) -> tuple[Job, asyncio.Queue]:
+    def _enqueue(self, req: Request, request: HttpRequest) -> tuple[Job, asyncio.Queue]:
+        # Each key is a tenant: the context (and the prompt prefix it holds) is reused only for the same one
+        req = dataclasses.replace(req, tenant=self.tenant(request) or 0)
         events: asyncio.Queue = asyncio.Queue()
         job = Job(req, loop_delivery(asyncio.get_running_loop(), events))
         try:
@@ -203,9 +219,9 @@ class Server:
             job.cancelled.set()  # a no-op when done; stops the engine when the client went away
 
     async def chat_completions(self, request: HttpRequest) -> Response:
-        body = await _body(request)
+        body = await _body(request, self.body_timeout_s)
         req = openai_api.parse_chat(body, self.model_id, self.tool_style)
-        job, events = self._enqueue(req)
+        job, events = self._enqueue(req, request)
         with _cancelled_unless_answered(job):
             rid = request_id("chatcmpl")
             if not body.get("stream"):
@@ -232,9 +248,9 @@ class Server:
             return _JobStream(job, self._stream(job, events, pending, head, chunk, last))
 
     async def completions(self, request: HttpRequest) -> Response:
-        body = await _body(request)
+        body = await _body(request, self.body_timeout_s)
         req = openai_api.parse_completion(body, self.model_id)
-        job, events = self._enqueue(req)
+        job, events = self._enqueue(req, request)
         with _cancelled_unless_answered(job):
             rid = request_id("cmpl")
             if not body.get("stream"):
@@ -273,9 +289,10 @@ class Server:
 
 
 def create_app(worker: Worker, model_id: str, api_keys: Sequence[str] = (), *, bind: str = "127.0.0.1",
-               allowed_hosts: Sequence[str] = (), cors_origins: Sequence[str] = ()) -> Starlette:
+               allowed_hosts: Sequence[str] = (), cors_origins: Sequence[str] = (),
+               body_timeout_s: float = BODY_TIMEOUT_S) -> Starlette:
     """The routes behind the gate (gate.py: Host, Origin and Content-Type checked first)."""
-    server = Server(worker, model_id, api_keys)
+    server = Server(worker, model_id, api_keys, body_timeout_s)
 
     def guarded(handler: Callable, public: bool = False) -> Callable:
         async def endpoint(request: HttpRequest) -> Response:

@@ -16,6 +16,7 @@ from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
 
 DEFAULT_PORT = 8080
+MAX_CONNECTIONS = 64
 
 
 def listen(bind: str, port: int) -> socket.socket:
@@ -92,7 +93,8 @@ def _watch(worker: Any, server: Any) -> None:
 
 def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: int = DEFAULT_PORT,
           api_keys: Sequence[str] = (), no_auth: bool = False, allowed_hosts: Sequence[str] = (),
-          cors_origins: Sequence[str] = (), queue_size: int = 8, template: str | None = None,
+          cors_origins: Sequence[str] = (), max_connections: int = MAX_CONNECTIONS,
+          body_timeout_s: float = 30.0, queue_size: int = 8, template: str | None = None,
           parse_special: bool = False, model_id: str | None = None, say: Callable[[str], None] = print) -> None:
     import uvicorn
 
@@ -111,10 +113,13 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
             if worker.template.note:
                 say(f"note: {worker.template.note}")
             app = create_app(worker, name, api_keys, bind=bind, allowed_hosts=allowed_hosts,
-                             cors_origins=cors_origins)
+                             cors_origins=cors_origins, body_timeout_s=body_timeout_s)
             host, bound_port = sock.getsockname()[:2]
             say(f"serving {name} on http://{host}:{bound_port}/v1 (queue {queue_size}; Ctrl-C stops)")
-            server = _uvicorn_server(worker, uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+            # limit_concurrency: connections (and tasks) beyond it are answered 503 at once; idle keep-alive
+            # connections close after 5 s (uvicorn's default)
+            server = _uvicorn_server(worker, uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
+                                                            limit_concurrency=max_connections, timeout_keep_alive=5))
             watch = threading.Thread(target=_watch, args=(worker, server), name="bmoe-watch", daemon=True)
             watch.start()
             try:

@@ -36,6 +36,7 @@ class Request:
     template_messages: tuple[dict[str, Any], ...] = ()  # the messages as that template sees them
     reasoning_effort: str | None = None  # gpt-oss's template switch (low, medium, high)
     call_grammar: str = ""  # a forced tool call's grammar, built when the request was parsed
+    tenant: int = 0  # which API key sent it: the context's prefix is reused only for the same tenant
 
 
 @dataclass
@@ -114,6 +115,7 @@ class Worker:
         self.failure: str | None = None   # why the engine thread ended, if it did
         self.closing = False
         self._current: Job | None = None
+        self._context_tenant = 0   # whose prompt the context holds
         self._thread = threading.Thread(target=self._run, name="bmoe-engine", daemon=True)
         self._thread.start()
 
@@ -214,8 +216,10 @@ class Worker:
         """One job. Whatever it raises becomes its own error (a 4xx when the request is wrong, a 500 when
         the server failed), and the next job runs: nothing a request does ends the thread."""
         reply = chat.Reply()
+        reuse = job.request.tenant == self._context_tenant
+        self._context_tenant = job.request.tenant
         try:
-            answer = self._answer(job.request, reply)
+            answer = self._answer(job.request, reply, reuse)
         except BmoeError as exc:  # the request itself is wrong: the client's error
             job.deliver(("error", (400, str(exc))))
             return
@@ -243,9 +247,12 @@ class Worker:
         finally:
             self.stats.add(reply)
 
-    def _answer(self, r: Request, reply: chat.Reply):
+    def _answer(self, r: Request, reply: chat.Reply, reuse_kv: bool = True):
+        """The job's answer; `reuse_kv`: the context was left by the same tenant, so its prefix may be kept
+        (another tenant's prompt decodes afresh: neither cached_tokens nor timing tells one tenant what
+        another asked)."""
         if r.template_messages:
-            return self._answer_jinja(r, reply)
+            return self._answer_jinja(r, reply, reuse_kv)
         if r.prompt is None:
             think = r.think
             style = self.template.thinking
@@ -258,12 +265,12 @@ class Worker:
                                      parse_special=self.parse_special)
             self._fits(len(ids), r.max_tokens)
             return chat.reply(self.engine, r.messages, r.max_tokens, r.sampling, template=self.template, stop=r.stop,
-                              result=reply, prompt_ids=ids)
+                              result=reply, prompt_ids=ids, reuse_kv=reuse_kv)
         ids = self.engine.tokenize(r.prompt, True, self.parse_special)
         self._fits(len(ids), r.max_tokens)
-        return _complete(self.engine, ids, r, reply)
+        return _complete(self.engine, ids, r, reply, reuse_kv)
 
-    def _answer_jinja(self, r: Request, reply: chat.Reply):
+    def _answer_jinja(self, r: Request, reply: chat.Reply, reuse_kv: bool = True):
         """Rendered by the model's own Jinja template: tools, earlier tool calls, a reasoning effort."""
         style = tools.tool_style(self.jinja)
         if style is None and (r.tools or any(m.get("tool_calls") for m in r.template_messages)):
@@ -289,7 +296,7 @@ class Worker:
         self._fits(len(ids), r.max_tokens)
         parse_calls = style if r.tools and r.tool_choice != "none" else None
         return chat.reply(self.engine, r.messages, r.max_tokens, sampling, template=self.template, stop=r.stop,
-                          result=reply, prompt_ids=ids, tool_style=parse_calls)
+                          result=reply, prompt_ids=ids, tool_style=parse_calls, reuse_kv=reuse_kv)
 
     def _fits(self, n_prompt: int, max_tokens: int) -> None:
         if n_prompt >= self.ctx:
@@ -304,12 +311,12 @@ def _fault(exc: BaseException) -> str:
     return f"the server failed on this request ({type(exc).__name__}: {exc})"
 
 
-def _complete(engine: Engine, ids: Sequence[int], r: Request, out: chat.Reply):
+def _complete(engine: Engine, ids: Sequence[int], r: Request, out: chat.Reply, reuse_kv: bool = True):
     """Raw text completion: no template, no reasoning split; stop strings as in chat."""
     out.prompt_tokens = len(ids)
     gen = Generation(list(ids))
     stops = chat.StopStrings(r.stop)
-    for token in engine.generate(list(ids), r.max_tokens, r.sampling, result=gen, reuse_kv=True):
+    for token in engine.generate(list(ids), r.max_tokens, r.sampling, result=gen, reuse_kv=reuse_kv):
         out.completion_tokens += 1
         out.metrics.append(token.metrics)
         text = stops.feed(token.text)
