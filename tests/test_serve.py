@@ -679,3 +679,12 @@ def test_cached_tokens_are_never_reported_across_api_keys(model: Path, tmp_path:
         assert back.choices[0].message.content == first.choices[0].message.content   # the same greedy answer
     finally:
         stop(s)
+
+
+def test_unknown_routes_and_methods_are_openai_errors_not_redirects(server: Server) -> None:
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for method, path, status in (("GET", "/v1/embeddings", 404), ("POST", "/v1/completions/", 404),
+                                 ("GET", "/v1/completions", 405), ("DELETE", "/v1/models", 405)):
+        r = http(server.url, method, path, b"{}" if method == "POST" else None,
+                 auth | ({"Content-Type": "application/json"} if method == "POST" else {}))
+        assert r.status_code == status and r.json()["error"]["message"], (method, path, r.status_code, r.text)

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -317,7 +318,18 @@ def create_app(worker: Worker, model_id: str, api_keys: Sequence[str] = (), *, b
     ]
     if os.environ.get(TEST_HOOKS) == "1":
         routes.append(Route("/_test/kill-worker", guarded(server.kill_worker), methods=["POST"]))
+    async def http_error(request: HttpRequest, exc: Exception) -> Response:
+        """Starlette's own answers (no such route: 404, a wrong method: 405) as OpenAI's error object too."""
+        assert isinstance(exc, HTTPException)
+        messages = {404: f"there is no route {request.url.path[:200]!r} (see /v1/models)",
+                    405: f"{request.method[:20]} is not a method of {request.url.path[:200]!r}"}
+        message = messages.get(exc.status_code, str(exc.detail))
+        response = _error(ApiError(exc.status_code, message))
+        response.headers.update(exc.headers or {})
+        return response
+
     gate = Middleware(Gate, bind=bind, allowed_hosts=allowed_hosts, cors_origins=cors_origins)
-    app = Starlette(routes=routes, middleware=[gate])
+    app = Starlette(routes=routes, middleware=[gate], exception_handlers={HTTPException: http_error})
+    app.router.redirect_slashes = False   # "/v1/completions/" is a 404, not a redirect built from the Host
     app.state.server = server
     return app
