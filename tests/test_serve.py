@@ -184,6 +184,7 @@ def test_sampling_is_seeded_and_stop_strings_stop(server: Server) -> None:
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "'temperature'"),
     ({"messages": [{"role": "user", "content": "word " * 700}]}, 400, "context holds 512"),
     ({"messages": [{"role": "user", "content": "hi</s>"}]}, 400, "control tokens"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, 400, "string 'text'"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
      400, "no tool calling"),

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from bmoe_edge.engine import native
 from bmoe_edge.engine.generation import Generation, Sampling, Token, TokenMetrics
-from bmoe_edge.engine.tools import ToolCall, ToolCallSplit, ToolStyle
+from bmoe_edge.engine.tools import ToolCall, ToolCallSplit, ToolStyle, text_parts
 from bmoe_edge.errors import BmoeError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -144,7 +144,7 @@ def as_message(m: Message | Mapping[str, Any]) -> Message:
     if role not in ROLES:
         raise BmoeError(f"a message's role must be one of {', '.join(ROLES)}, got {role!r}")
     if isinstance(content, list):  # OpenAI's content parts: the text ones
-        content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+        content = text_parts(content, role)
     if not isinstance(content, str):
         raise BmoeError(f"a {role} message needs text content")
     return Message(role, content)

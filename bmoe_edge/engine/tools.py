@@ -87,6 +87,14 @@ def render(source: str, messages: Sequence[Mapping[str, Any]], *, tools: Sequenc
         raise BmoeError(f"the model's chat template failed on this conversation: {exc}") from None
 
 
+def text_parts(parts: list[Any], role: str) -> str:
+    """OpenAI's content parts: the text of the text ones (each must be a string)."""
+    texts = [p.get("text", "") for p in parts if isinstance(p, Mapping) and p.get("type") == "text"]
+    if not all(isinstance(t, str) for t in texts):
+        raise BmoeError(f"a {role} message's text part must have a string 'text'")
+    return "".join(texts)
+
+
 def message_dict(m: Mapping[str, Any]) -> dict[str, Any]:
     """An OpenAI message as a template sees it: text content (parts joined), tool calls with their
     arguments parsed (templates write them with `tojson`, or as given when they are text)."""
@@ -95,7 +103,7 @@ def message_dict(m: Mapping[str, Any]) -> dict[str, Any]:
         raise BmoeError(f"a message's role must be one of system, user, assistant, tool, got {role!r}")
     content = m.get("content")
     if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+        content = text_parts(content, str(role))
     if content is None and role == "assistant" and m.get("tool_calls"):
         content = ""
     if not isinstance(content, str):
