@@ -303,7 +303,9 @@ def test_a_forced_call_with_a_bad_schema_is_a_400_and_the_server_goes_on(server:
 def test_bad_schemas_never_crash_the_converter() -> None:
     for schema in ({"required": [[1]], "properties": {}}, {"$defs": [], "$ref": "#/$defs/a"},
                    {"$defs": {"a": {"type": 3}}, "$ref": "#/$defs/a"},
-                   {"type": "array", "items": [1]}, {"anyOf": [{"type": "string"}, 5]}):
+                   {"type": "array", "items": [1]}, {"anyOf": [{"type": "string"}, 5]},
+                   {"$ref": "#/$defs/a", "$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}},
+                   {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}):
         with pytest.raises(grammar.UnsupportedSchema):
             grammar.from_schema(schema)
 

@@ -69,6 +69,7 @@ class _Converter:
         self.root = root
         self.rules: dict[str, str] = {}
         self.refs: dict[str, str] = {}
+        self.open: list[str] = []  # the definitions being converted since the last "{" or "[" was written
 
     def rule(self, hint: str, body: str) -> str:
         name = re.sub(r"[^a-zA-Z0-9-]+", "-", hint).strip("-").lower() or "r"
@@ -138,6 +139,19 @@ class _Converter:
         return lo, "" if hi is None else str(hi)
 
     def object(self, schema: Mapping[str, Any], hint: str) -> str:
+        with self.guarded():
+            return self._object(schema, hint)
+
+    @contextlib.contextmanager
+    def guarded(self) -> Iterator[None]:
+        """Inside an object or an array a definition may refer to itself: a "{" or "[" comes first."""
+        saved, self.open = self.open, []
+        try:
+            yield
+        finally:
+            self.open = saved
+
+    def _object(self, schema: Mapping[str, Any], hint: str) -> str:
         props = schema.get("properties")
         extra = schema.get("additionalProperties")
         if props is None:
@@ -182,6 +196,10 @@ class _Converter:
         return f"( {rest(0, True)} )"
 
     def array(self, schema: Mapping[str, Any], hint: str) -> str:
+        with self.guarded():
+            return self._array(schema, hint)
+
+    def _array(self, schema: Mapping[str, Any], hint: str) -> str:
         item = self.visit(schema.get("items", True), f"{hint}-item")
         lo, hi = self.bounds(schema, "minItems", "maxItems", hint)
         if hi == "0":
@@ -205,7 +223,12 @@ class _Converter:
             rule = f"s-ref-{re.sub(r'[^a-zA-Z0-9-]+', '-', name).lower()}"
             self.refs[ref] = rule
             self.rules[rule] = "( )"  # placeholder: a definition may refer to itself
+            self.open.append(ref)
             self.rules[rule] = self.visit(target, f"def-{name}")
+            self.open.remove(ref)
+        elif ref in self.open:   # a grammar cannot start a rule with itself (llama.cpp refuses left recursion)
+            raise UnsupportedSchema(f"'$ref' {ref!r} refers to itself before any JSON is written (a definition "
+                                    "may refer to itself only inside an object or an array)")
         return self.refs[ref]
 
 
