@@ -232,7 +232,7 @@ def _mutate_http(headers: dict[str, str], rng: random.Random) -> str:
                                               "application/json; charset=latin-1", "APPLICATION/JSON"))
         return f"content-type:{headers['Content-Type']}"
     if kind == 1:
-        headers.pop("Authorization")
+        headers.pop("Authorization", None)
         return "no-key"
     if kind == 2:
         headers["Authorization"] = rng.choice(("Bearer wrong", f"bearer {KEY}", f"Bearer {KEY} ", "Basic eDp5",
