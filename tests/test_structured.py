@@ -288,6 +288,7 @@ def test_a_reasoning_effort_needs_a_template_that_takes_it(server: Server) -> No
     ({"type": "object", "properties": {"a": {"type": "array", "items": {"enum": 3}}}, "additionalProperties": False},
      "enum"),
     ({"$ref": "#/$defs/a", "$defs": {"a": {"type": {"x": 1}}}}, "schema"),
+    ({"type": "object", "properties": {"n": {"type": []}}, "additionalProperties": False}, "at least one type"),
 ])
 def test_a_forced_call_with_a_bad_schema_is_a_400_and_the_server_goes_on(server: Server, parameters: dict,
                                                                         needle: str) -> None:

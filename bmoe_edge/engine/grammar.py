@@ -108,6 +108,8 @@ class _Converter:
                     raise UnsupportedSchema(f"'{key}' at {hint!r} must be a non-empty list")
                 return self.rule(hint, " | ".join(self.visit(o, f"{hint}-{i}") for i, o in enumerate(options)))
         kind = schema.get("type")
+        if isinstance(kind, list) and not kind:
+            raise UnsupportedSchema(f"'type' at {hint!r} must name at least one type")
         if isinstance(kind, list):
             return self.rule(hint, " | ".join(self.typed(schema, k, f"{hint}-{k}") for k in kind))
         if kind is None:
