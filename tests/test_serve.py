@@ -689,3 +689,43 @@ def test_unknown_routes_and_methods_are_openai_errors_not_redirects(server: Serv
         r = http(server.url, method, path, b"{}" if method == "POST" else None,
                  auth | ({"Content-Type": "application/json"} if method == "POST" else {}))
         assert r.status_code == status and r.json()["error"]["message"], (method, path, r.status_code, r.text)
+
+
+def test_an_engine_that_fails_every_request_is_unhealthy_and_the_server_restarts(model: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "model.gguf"
+    shutil.copy(model, copy)
+    s = start(copy)
+    try:
+        assert post(s, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, key=None).status_code == 200
+        os.utime(copy, (time.time() + 100, time.time() + 100))   # the model file changed under the server
+        for _ in range(3):
+            r = post(s, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, key=None)
+            assert r.status_code == 500 and r.json()["error"]["type"] == "server_error", r.text
+        health = http(s.url, "GET", "/health")
+        assert health.status_code == 503 and "failed on 3 requests in a row" in health.json()["reason"]
+        assert s.process.wait(timeout=30) == 1
+        time.sleep(0.2)
+        assert "error: the server stopped: the engine failed on 3 requests in a row" in s.stderr, s.stderr
+    finally:
+        stop(s)
+
+
+def test_a_grammar_the_engine_refuses_is_the_requests_400(model: Path) -> None:
+    import queue as queue_module
+
+    from bmoe_edge.serve.worker import Job, Request, Worker
+
+    with Engine(model, StreamConfig(ctx=256, threads=1)) as e:
+        worker = Worker(e)
+        try:
+            events: queue_module.Queue = queue_module.Queue()
+            bad = Request(max_tokens=2, sampling=Sampling(temp=0.0, grammar="root ::= nothing-here"), prompt="Hi")
+            for _ in range(4):
+                worker.submit(Job(bad, events.put))
+                kind, (status, message) = events.get(timeout=30)
+                assert (kind, status) == ("error", 400) and "grammar" in message
+            assert worker.unavailable() is None and worker.engine_failures == 0
+        finally:
+            worker.close()

@@ -81,11 +81,13 @@ EXIT_AFTER_S = 1.0   # /health answers 503 this long before the server goes (a l
 
 
 def _watch(worker: Any, server: Any) -> None:
-    """Stop the server once its engine thread is gone: /health says 503 at once; exiting lets the service
-    manager start a new one."""
+    """Stop the server once it cannot answer (its engine thread gone, the engine failing every request):
+    /health says 503 at once; exiting non-zero lets the service manager start a new one."""
     while not server.should_exit:
-        if worker.failure is not None:
+        reason = worker.unavailable()
+        if reason is not None and not worker.closing:
             time.sleep(EXIT_AFTER_S)
+            worker.failure = worker.failure or reason
             server.should_exit = True
             return
         time.sleep(WATCH_S)

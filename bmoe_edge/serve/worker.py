@@ -86,6 +86,10 @@ class Stats:
         self.rss_bytes = m.rss_bytes
 
 
+ENGINE_FAILURES = 3   # the engine failing this many requests in a row: unhealthy, and the server restarts
+GRAMMAR_REFUSED = "the grammar does not parse"   # the engine's word for a request's grammar it cannot use
+
+
 class QueueFull(Exception):
     pass
 
@@ -113,6 +117,8 @@ class Worker:
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self.stats = Stats()
         self.failure: str | None = None   # why the engine thread ended, if it did
+        self.engine_failures = 0   # requests the engine failed in a row (a model file that changed fails each)
+        self.last_engine_failure = ""
         self.closing = False
         self._current: Job | None = None
         self._context_tenant = 0   # whose prompt the context holds
@@ -133,6 +139,8 @@ class Worker:
             return "the engine thread is gone"
         if getattr(self.engine, "_native", True) is None:
             return "the engine is closed"
+        if self.engine_failures >= ENGINE_FAILURES:
+            return f"the engine failed on {self.engine_failures} requests in a row: {self.last_engine_failure}"
         return None
 
     def submit(self, job: Job) -> None:
@@ -238,8 +246,15 @@ class Worker:
             else:
                 job.deliver(("done", reply))
             self.stats.requests += 1
-        except BmoeError as exc:  # the engine failed (a read, the model file): the server's error
+            self.engine_failures, self.last_engine_failure = 0, ""
+        except BmoeError as exc:
+            if job.request.sampling.grammar and reply.completion_tokens == 0 and GRAMMAR_REFUSED in str(exc):
+                job.deliver(("error", (400, f"the request's grammar: {exc}")))   # its schema's, not the engine's
+                return
+            # the engine failed (a read, the model file): the server's error; in a row, the engine's state
             self.stats.failures += 1
+            self.engine_failures += 1
+            self.last_engine_failure = str(exc)
             job.deliver(("error", (500, str(exc))))
         except Exception as exc:  # any other fault during the answer: this job's 500
             self.stats.failures += 1
