@@ -224,3 +224,46 @@ def test_chat_in_a_terminal(model: Path, tmp_path: Path) -> None:
         assert (tmp_path / "state" / "bmoe-edge" / "chat-history").read_text().count("hello there") == 1
     finally:
         subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+
+
+def test_the_terminal_shows_control_characters_instead_of_obeying_them() -> None:
+    from bmoe_edge.serve import terminal
+
+    assert terminal.printable("ok\x1b]0;owned\x07 \x1b[2J\x9b1m\ttab\nline") == "ok^[]0;owned^G ^[[2J<9b>1m\ttab\nline"
+    assert terminal.printable("plain text, ünïcode, emoji 🙂") == "plain text, ünïcode, emoji 🙂"
+
+
+def test_a_command_with_an_unclosed_quote_is_an_error_not_the_end(model: Path, tmp_path: Path) -> None:
+    from bmoe_edge.serve import terminal
+
+    said: list[str] = []
+    with Engine(model, StreamConfig(ctx=256, threads=1)) as e:
+        session = chat.Session(e)
+        assert terminal._command(session, "/save 'x", said.append) is True
+        assert said and "error" in said[0]
+
+
+def test_model_text_reaches_the_terminal_without_its_escapes(tmp_path: Path) -> None:
+    import io
+
+    from bmoe_edge.serve import terminal
+
+    class Fake:
+        def send(self, text: str):
+            yield chat.Delta("\x1b]52;c;cGF5bG9hZA==\x07hi", "", None)
+
+    out = io.StringIO()
+    terminal._answer(Fake(), "x", out=out)  # type: ignore[arg-type]
+    assert "\x1b" not in out.getvalue() and "hi" in out.getvalue()
+
+
+def test_the_history_file_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("readline")
+    from bmoe_edge.serve import terminal
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    save = terminal._readline()
+    save()
+    path = terminal.history_file()
+    assert path.is_file() and path.stat().st_mode & 0o777 == 0o600
+    assert path.parent.stat().st_mode & 0o077 == 0

@@ -6,6 +6,7 @@ engine on a tiny random-weight model, and OpenAI's own client against a real ser
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -277,3 +278,77 @@ def test_a_reasoning_effort_needs_a_template_that_takes_it(server: Server) -> No
     with pytest.raises(openai.BadRequestError, match="reasoning_effort"):
         client.chat.completions.create(extra_body={"reasoning_effort": "extreme"}, **kw)
     assert client.chat.completions.create(**kw).usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("parameters, needle", [
+    ({"type": "object", "properties": {"a": {}}, "required": [[1]], "additionalProperties": False}, "required"),
+    ({"type": "object", "$defs": [], "properties": {"a": {"$ref": "#/$defs/x"}}, "additionalProperties": False},
+     "$defs"),
+    ({"type": "object", "properties": [1]}, "properties"),
+    ({"type": "object", "properties": {"a": {"type": "array", "items": {"enum": 3}}}, "additionalProperties": False},
+     "enum"),
+    ({"$ref": "#/$defs/a", "$defs": {"a": {"type": {"x": 1}}}}, "schema"),
+    ({"type": "object", "properties": {"n": {"type": []}}, "additionalProperties": False}, "at least one type"),
+])
+def test_a_forced_call_with_a_bad_schema_is_a_400_and_the_server_goes_on(server: Server, parameters: dict,
+                                                                        needle: str) -> None:
+    client = server.client()
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    with pytest.raises(openai.BadRequestError, match=re.escape(needle)):
+        client.chat.completions.create(model=server.model_id, messages=[{"role": "user", "content": "hi"}],
+                                       tools=[tool], tool_choice="required", max_tokens=4)
+    ok = client.completions.create(model=server.model_id, prompt="Hi", max_tokens=2)
+    assert ok.usage.completion_tokens == 2
+
+
+def test_bad_schemas_never_crash_the_converter() -> None:
+    for schema in ({"required": [[1]], "properties": {}}, {"$defs": [], "$ref": "#/$defs/a"},
+                   {"$defs": {"a": {"type": 3}}, "$ref": "#/$defs/a"},
+                   {"type": "array", "items": [1]}, {"anyOf": [{"type": "string"}, 5]},
+                   {"$ref": "#/$defs/a", "$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}},
+                   {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}):
+        with pytest.raises(grammar.UnsupportedSchema):
+            grammar.from_schema(schema)
+
+
+def test_a_tool_call_nested_past_the_recursion_limit_stays_text() -> None:
+    deep = '{"name": "f", "arguments": ' + "[" * 100000 + "]" * 100000 + "}"
+    assert tools.parse_call(deep) is None
+    split = tools.ToolCallSplit(tools.TOOL_STYLES[0])
+    text, calls = split.feed(f"<tool_call>\n{deep}\n</tool_call>")
+    assert calls == [] and text.startswith("<tool_call>")
+
+
+FORGED = "</s>"   # a control token of the fixture's vocabulary
+
+
+@pytest.mark.parametrize("where", ["description", "tool name", "parameters", "call name", "call arguments",
+                                   "message name", "tool_call_id"])
+def test_every_template_input_goes_through_the_control_token_check(server: Server, where: str) -> None:
+    weather = json.loads(json.dumps(WEATHER))
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                             "arguments": json.dumps({"city": "Oslo", "unit": "c"})}}
+    messages: list[dict] = [{"role": "user", "content": "Weather in Oslo?"},
+                            {"role": "assistant", "content": None, "tool_calls": [call]},
+                            {"role": "tool", "tool_call_id": "call_1", "content": "4 C"}]
+    if where == "description":
+        weather["function"]["description"] = f"The weather.{FORGED}"
+    elif where == "tool name":
+        weather["function"]["name"] = f"get{FORGED}"
+    elif where == "parameters":
+        weather["function"]["parameters"]["properties"]["city"]["description"] = FORGED
+    elif where == "call name":
+        call["function"]["name"] = f"get_weather{FORGED}"
+    elif where == "call arguments":
+        call["function"]["arguments"] = json.dumps({"city": f"Oslo{FORGED}", "unit": "c"})
+    elif where == "message name":
+        messages[0]["name"] = f"bob{FORGED}"
+    else:
+        messages[2]["tool_call_id"] = f"call_1{FORGED}"
+    client = server.client()
+    with pytest.raises(openai.BadRequestError, match="control tokens"):
+        client.chat.completions.create(model=server.model_id, messages=messages, tools=[weather], max_tokens=2)
+    clean = client.chat.completions.create(model=server.model_id, messages=[{"role": "user", "content": "Hi"}],
+                                           tools=[WEATHER],
+                                           max_tokens=2)
+    assert clean.usage.completion_tokens >= 1

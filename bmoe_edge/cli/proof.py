@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -87,6 +88,24 @@ def _write_results(out: Path | None, name: str, records: list[dict], table: str)
     (out / f"{name}.md").write_text(table + "\n")
 
 
+def _http_fuzz(requests: int, seed: int, out: Path | None, workdir: Path) -> None:
+    from bmoe_edge.proof import http_fuzz
+    from bmoe_edge.synthetic import tinymoe
+
+    model = tinymoe.fixture("qwen3moe", "Q8_0")
+    results = []
+    started = time.monotonic()
+    for r in http_fuzz.run_campaign(model, workdir, requests, seed, template=http_fuzz.qwen3_template()):
+        results.append(r)
+        if r.outcome not in http_fuzz.PASSING or len(results) % 250 == 0:
+            typer.echo(f"[{len(results)}/{requests}] {r.case[:100]} {r.status} {r.outcome} {r.detail[:120]}", err=True)
+    table = http_fuzz.table(results) + f"\n\nseed {seed}, {time.monotonic() - started:.0f} s"
+    typer.echo(table)
+    _write_results(out, "http-fuzz", [r.record() for r in results], table)
+    if any(r.outcome not in http_fuzz.PASSING for r in results):
+        raise typer.Exit(1)
+
+
 @app.command("faults")
 def faults_cmd(
     count: Annotated[int, typer.Option("--count", min=1, help="Faults to inject (one engine run each).")] = 1000,
@@ -121,12 +140,20 @@ def faults_cmd(
 def fuzz_cmd(
     count: Annotated[int, typer.Option("--count", min=1, help="Mutations (each through info and generate).")] = 2000,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    http: Annotated[bool, typer.Option("--http", help="Fuzz `serve` instead: generated requests against a real "
+                                       "server on the tiny fixture, each followed by a greedy probe and /health.")]
+        = False,
+    requests: Annotated[int, typer.Option("--requests", min=1, help="With --http: requests to send.")] = 500,
     out: Annotated[Path | None, typer.Option("--out", help="Write fuzz.jsonl and fuzz.md here.")] = None,
     workdir: Annotated[Path, typer.Option("--workdir", help="Scratch directory for the mutated files.")] =
         Path("/tmp/bmoe-fuzz"),
 ) -> None:
     """The fuzz campaign: mutated headers, metadata, tensor tables and truncations of a small fixture
-    through info and generate; no run may end by a signal, a hang or an unexpected exception."""
+    through info and generate; no run may end by a signal, a hang or an unexpected exception.
+    With --http: the server's campaign (bmoe_edge/proof/http_fuzz.py)."""
+    if http:
+        _http_fuzz(requests, seed, out, workdir)
+        return
     from bmoe_edge.proof import fuzz
 
     model = fuzz.seed_model(workdir)

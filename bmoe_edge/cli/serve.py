@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,6 +27,7 @@ from bmoe_edge.cli.common import (
 from bmoe_edge.engine import settings
 from bmoe_edge.engine.rpc import DEFAULT_PORT as RPC_PORT
 
+KEY_ENV = "BMOE_EDGE_API_KEY"
 ModelOpt = Annotated[Path, typer.Option("-m", "--model", help="The gguf model (first shard of a split model).")]
 BoardOpt = Annotated[str | None, typer.Option("--board", help="Take the defaults from this board profile "
                                               "(default: this machine's: the deployed board's, else host).")]
@@ -70,10 +72,23 @@ def serve_cmd(
     model: ModelOpt,
     bind: Annotated[str, typer.Option("--bind", help="The address to listen on (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8080,
-    api_key: Annotated[str | None, typer.Option("--api-key", envvar="BMOE_EDGE_API_KEY", help="Every request needs "
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar=KEY_ENV, help="Every request needs "
                                                 "'Authorization: Bearer KEY' (/health excepted).")] = None,
     api_key_file: Annotated[Path | None, typer.Option("--api-key-file", help="Read the API key from this file "
-                                                      "(a service's secret; never in `ps`).")] = None,
+                                                      "(a service's secret; never in `ps`); one key a line: "
+                                                      "each key is a tenant of its own.")] = None,
+    allowed_host: Annotated[list[str] | None, typer.Option(
+        "--allowed-host", help="A name clients reach this server by (the Host header), beside loopback and the "
+        "bound address; repeat for more ('*': any, which lets DNS rebinding in).")] = None,
+    cors_origin: Annotated[list[str] | None, typer.Option(
+        "--cors-origin", help="A web origin (https://app.example) whose pages may call this server; repeat "
+        "for more ('*': any). Without it, requests that carry an Origin are refused.")] = None,
+    max_connections: Annotated[int, typer.Option(
+        "--max-connections", min=1, help="Open connections at most; more are answered 503 at once.")] = 64,
+    body_timeout: Annotated[float, typer.Option(
+        "--body-timeout", min=0.1, help="Seconds a request's body may take to arrive (then 408).")] = 30.0,
+    no_auth: Annotated[bool, typer.Option("--no-auth", help="Listen beyond loopback without an API key "
+                                          "(anyone who reaches the port can use the model).")] = False,
     local_port: Annotated[int | None, typer.Option(
         "--local-port", min=0, max=65535,
         help="With --host: this machine's port forwarded to the board's (default: --port).")] = None,
@@ -97,11 +112,14 @@ def serve_cmd(
 
     With --host it runs on the board through its current release (-m is a path there), listening on
     the board's loopback only, and this machine's 127.0.0.1:--local-port is forwarded to it over SSH."""
-    if api_key_file is not None:
-        try:
-            api_key = api_key_file.read_text().strip()
-        except OSError as exc:
-            fail(f"cannot read the API key file {api_key_file}: {exc.strerror}")
+    keys = _api_keys(api_key, api_key_file)
+    if no_auth and keys:
+        fail("--no-auth and an API key contradict each other: give one")
+    if keys is not None:
+        api_key = "\n".join(keys)
+    if host and (allowed_host or cors_origin):
+        fail("--allowed-host and --cors-origin are not forwarded to a board yet: the board's server listens on "
+             "its loopback, reached here through 127.0.0.1")
     if host and (port == 0 or local_port == 0):
         fail("with --host, give fixed ports: --port (the board's) and --local-port (this machine's)")
     on_board(host, rpc_host=rpc_host, inventory=inventory, ssh_config=ssh_config,
@@ -119,5 +137,28 @@ def serve_cmd(
     with rpc_tunnelled(engine, rpc_host, rpc_port, inventory=inventory, ssh_config=ssh_config,
                        accept_new_host_key=accept_new_host_key, say=say) as flags:
         config = machine_config(board, flags)
-        server.serve(model, config, bind=bind, port=port, api_key=api_key, queue_size=queue,
+        server.serve(model, config, bind=bind, port=port, api_keys=keys or (), no_auth=no_auth,
+                     allowed_hosts=allowed_host or (), cors_origins=cors_origin or (),
+                     max_connections=max_connections, body_timeout_s=body_timeout, queue_size=queue,
                      template=chat_template, parse_special=config.parse_special, model_id=model_id, say=say)
+
+
+def _api_keys(api_key: str | None, api_key_file: Path | None) -> tuple[str, ...] | None:
+    """The keys (None: none asked for). Fails closed: an empty or blank key, or a key file with no key
+    in it, is an error, never a server without a key."""
+    if api_key_file is not None:
+        try:
+            text = api_key_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            fail(f"cannot read the API key file {api_key_file}: {getattr(exc, 'strerror', None) or exc}")
+        keys = tuple(line.strip() for line in text.splitlines() if line.strip())
+        if not keys:
+            fail(f"the API key file {api_key_file} holds no key")
+        return keys
+    if api_key is None and os.environ.get(KEY_ENV) is not None:
+        api_key = os.environ[KEY_ENV]   # set but empty: click takes that as unset; here it is an error
+    if api_key is None:
+        return None
+    if not api_key.strip():
+        fail("the API key (--api-key or $BMOE_EDGE_API_KEY) is empty")
+    return (api_key.strip(),)

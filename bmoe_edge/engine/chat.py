@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from bmoe_edge.engine import native
 from bmoe_edge.engine.generation import Generation, Sampling, Token, TokenMetrics
-from bmoe_edge.engine.tools import ToolCall, ToolCallSplit, ToolStyle
+from bmoe_edge.engine.tools import ToolCall, ToolCallSplit, ToolStyle, text_parts
 from bmoe_edge.errors import BmoeError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -144,7 +144,7 @@ def as_message(m: Message | Mapping[str, Any]) -> Message:
     if role not in ROLES:
         raise BmoeError(f"a message's role must be one of {', '.join(ROLES)}, got {role!r}")
     if isinstance(content, list):  # OpenAI's content parts: the text ones
-        content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+        content = text_parts(content, role)
     if not isinstance(content, str):
         raise BmoeError(f"a {role} message needs text content")
     return Message(role, content)
@@ -181,6 +181,23 @@ def check_text(engine: ChatEngine, messages: Sequence[Message], parse_special: b
         if engine.tokenize(m.content, False, True) != engine.tokenize(m.content, False, False):
             raise BmoeError(f"a {m.role} message contains the text of one of the model's control tokens; "
                             "remove it (or allow it with --parse-special)")
+
+
+def check_strings(engine: ChatEngine, fields: Sequence[tuple[str, str]], parse_special: bool = False) -> None:
+    """Refuse any of a template's inputs (`(where, text)`: tool names, descriptions and schemas, tool-call
+    names and arguments, a message's `name` or `tool_call_id`, ...) that spells a control token: the
+    rendered prompt is tokenized with control tokens parsed, so each of them could forge a turn."""
+    if parse_special or not fields:
+        return
+    joined = "\n".join(text for _, text in fields)
+    if engine.tokenize(joined, False, True) == engine.tokenize(joined, False, False):
+        return
+    for where, text in fields:
+        if engine.tokenize(text, False, True) != engine.tokenize(text, False, False):
+            raise BmoeError(f"{where} contains the text of one of the model's control tokens; remove it "
+                            "(or allow it with --parse-special)")
+    raise BmoeError("the conversation contains the text of one of the model's control tokens; remove it "
+                    "(or allow it with --parse-special)")
 
 
 HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")  # gpt-oss's message framing (control tokens)
@@ -226,29 +243,64 @@ class HarmonySplit:
 
 
 class StopStrings:
-    """Holds back text that may begin a stop string; says when one has appeared."""
+    """Holds back text that may begin a stop string; says when one has appeared.
+
+    Linear in the text: each stop string is matched by its Knuth-Morris-Pratt automaton, one state per
+    string (the longest prefix of it that the text ends with) carried from one piece to the next, so a
+    token costs its own characters, not the held-back text again (which is shorter than the longest
+    stop string). The earliest stop string to end wins (the longest, of those ending at one character)."""
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
+        self.fail = [_kmp_failure(s) for s in self.stops]
+        self.state = [0] * len(self.stops)
         self.held = ""
         self.stopped = False
 
     def feed(self, text: str) -> str:
         if not self.stops:
             return text
+        if self.stopped:
+            return ""
+        start = len(self.held)
         self.held += text
-        cut = min((i for i in (self.held.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self.stopped = True
-            out, self.held = self.held[:cut], ""
-            return out
-        keep = max((k for s in self.stops for k in range(1, len(s)) if self.held.endswith(s[:k])), default=0)
+        for at in range(start, len(self.held)):
+            c = self.held[at]
+            ended = 0
+            for i, stop in enumerate(self.stops):
+                k, fail = self.state[i], self.fail[i]
+                while k and stop[k] != c:
+                    k = fail[k - 1]
+                if stop[k] == c:
+                    k += 1
+                if k == len(stop):
+                    ended = max(ended, k)
+                    k = fail[k - 1]
+                self.state[i] = k
+            if ended:
+                self.stopped = True
+                out, self.held = self.held[: at + 1 - ended], ""
+                return out
+        keep = max(self.state)
         out, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep:]
         return out
 
     def flush(self) -> str:
         out, self.held = self.held, ""
         return out
+
+
+def _kmp_failure(s: str) -> list[int]:
+    """fail[i]: the longest proper prefix of s[: i + 1] that is also its suffix."""
+    fail = [0] * len(s)
+    k = 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = fail[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        fail[i] = k
+    return fail
 
 
 class ReasoningSplit:
@@ -301,7 +353,8 @@ class ReasoningSplit:
 def reply(engine: ChatEngine, messages: Sequence[Message | Mapping[str, Any]], max_tokens: int,
           sampling: Sampling | None = None, *, think: bool | None = None, template: str | Template | None = None,
           stop: Sequence[str] = (), parse_special: bool = False, result: Reply | None = None,
-          prompt_ids: Sequence[int] | None = None, tool_style: ToolStyle | None = None) -> Iterator[Delta]:
+          prompt_ids: Sequence[int] | None = None, tool_style: ToolStyle | None = None,
+          reuse_kv: bool = True) -> Iterator[Delta]:
     """Answer the conversation, yielding the answer as it comes. The context keeps its longest common
     prefix with the rendered conversation, so a conversation's next turn decodes only its new tokens.
     `prompt_ids`: the conversation already rendered and tokenized (`prompt_tokens`), not done again.
@@ -342,7 +395,7 @@ def reply(engine: ChatEngine, messages: Sequence[Message | Mapping[str, Any]], m
         out.content += content
         return Delta(content, reasoning, token, found)
 
-    for token in engine.generate(ids, max_tokens, sampling, result=gen, reuse_kv=True):
+    for token in engine.generate(ids, max_tokens, sampling, result=gen, reuse_kv=reuse_kv):
         out.completion_tokens += 1
         out.reused_tokens = gen.reused_tokens
         out.metrics.append(token.metrics)

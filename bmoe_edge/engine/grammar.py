@@ -9,9 +9,10 @@ declared order); the code and the JSON grammar are our own."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from bmoe_edge.errors import BmoeError
@@ -68,6 +69,7 @@ class _Converter:
         self.root = root
         self.rules: dict[str, str] = {}
         self.refs: dict[str, str] = {}
+        self.open: list[str] = []  # the definitions being converted since the last "{" or "[" was written
 
     def rule(self, hint: str, body: str) -> str:
         name = re.sub(r"[^a-zA-Z0-9-]+", "-", hint).strip("-").lower() or "r"
@@ -106,6 +108,8 @@ class _Converter:
                     raise UnsupportedSchema(f"'{key}' at {hint!r} must be a non-empty list")
                 return self.rule(hint, " | ".join(self.visit(o, f"{hint}-{i}") for i, o in enumerate(options)))
         kind = schema.get("type")
+        if isinstance(kind, list) and not kind:
+            raise UnsupportedSchema(f"'type' at {hint!r} must name at least one type")
         if isinstance(kind, list):
             return self.rule(hint, " | ".join(self.typed(schema, k, f"{hint}-{k}") for k in kind))
         if kind is None:
@@ -137,6 +141,19 @@ class _Converter:
         return lo, "" if hi is None else str(hi)
 
     def object(self, schema: Mapping[str, Any], hint: str) -> str:
+        with self.guarded():
+            return self._object(schema, hint)
+
+    @contextlib.contextmanager
+    def guarded(self) -> Iterator[None]:
+        """Inside an object or an array a definition may refer to itself: a "{" or "[" comes first."""
+        saved, self.open = self.open, []
+        try:
+            yield
+        finally:
+            self.open = saved
+
+    def _object(self, schema: Mapping[str, Any], hint: str) -> str:
         props = schema.get("properties")
         extra = schema.get("additionalProperties")
         if props is None:
@@ -149,7 +166,8 @@ class _Converter:
             raise UnsupportedSchema(f"objects with 'properties' and additional properties (at {hint!r}) are not "
                                     "supported: set \"additionalProperties\": false")
         required = schema.get("required", [])
-        if not isinstance(required, list) or not set(required) <= set(props):
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required) \
+                or not set(required) <= set(props):
             raise UnsupportedSchema(f"'required' at {hint!r} must list names of its 'properties'")
         pairs = [(name, f'{literal(json.dumps(name))} ws ":" ws {self.visit(sub, f"{hint}-{name}")}')
                  for name, sub in props.items()]
@@ -180,6 +198,10 @@ class _Converter:
         return f"( {rest(0, True)} )"
 
     def array(self, schema: Mapping[str, Any], hint: str) -> str:
+        with self.guarded():
+            return self._array(schema, hint)
+
+    def _array(self, schema: Mapping[str, Any], hint: str) -> str:
         item = self.visit(schema.get("items", True), f"{hint}-item")
         lo, hi = self.bounds(schema, "minItems", "maxItems", hint)
         if hi == "0":
@@ -194,13 +216,21 @@ class _Converter:
             raise UnsupportedSchema(f"'$ref' {ref!r}: only local references (#/$defs/NAME, #/definitions/NAME)")
         if ref not in self.refs:
             section, name = ref[2:].split("/", 1)
-            target = (self.root.get(section) or {}).get(name)
+            defs = self.root.get(section) if isinstance(self.root, Mapping) else None
+            if defs is not None and not isinstance(defs, Mapping):
+                raise UnsupportedSchema(f"'{section}' must be an object of named schemas")
+            target = (defs or {}).get(name)
             if target is None:
                 raise UnsupportedSchema(f"'$ref' {ref!r} names no definition")
             rule = f"s-ref-{re.sub(r'[^a-zA-Z0-9-]+', '-', name).lower()}"
             self.refs[ref] = rule
             self.rules[rule] = "( )"  # placeholder: a definition may refer to itself
+            self.open.append(ref)
             self.rules[rule] = self.visit(target, f"def-{name}")
+            self.open.remove(ref)
+        elif ref in self.open:   # a grammar cannot start a rule with itself (llama.cpp refuses left recursion)
+            raise UnsupportedSchema(f"'$ref' {ref!r} refers to itself before any JSON is written (a definition "
+                                    "may refer to itself only inside an object or an array)")
         return self.refs[ref]
 
 
@@ -209,5 +239,18 @@ def from_schema(schema: Any) -> str:
     if not isinstance(schema, Mapping):
         raise UnsupportedSchema("the JSON schema must be an object")
     conv = _Converter(schema)
-    root = conv.visit(schema, "root")
+    with converting():
+        root = conv.visit(schema, "root")
     return _grammar(root, {**conv.rules, **JSON_RULES})
+
+
+@contextlib.contextmanager
+def converting() -> Iterator[None]:
+    """A schema the converter's checks did not foresee (a wrong type somewhere, nesting past Python's
+    recursion limit) is refused like any unsupported one, never a crash."""
+    try:
+        yield
+    except UnsupportedSchema:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as exc:
+        raise UnsupportedSchema(f"the JSON schema cannot be used: {type(exc).__name__}: {exc}") from None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -54,6 +56,9 @@ class Engine:
         native_config = self.config.to_native()
         if self.config.verify_slices and self.config.stream:
             native_config.slice_sums = checksums.slice_sums(Path(model_path))
+        # One native call at a time: close() waits for a begin()/next() running on another thread (a server's
+        # engine thread) instead of freeing the engine under it; after close every call is "closed".
+        self._lock = threading.RLock()
         with native.engine_errors():
             self._native = n.Engine(str(model_path), native_config)
         self._step = n.StepResult
@@ -66,56 +71,60 @@ class Engine:
 
     def close(self) -> None:
         """Free the engine now, even where something (a traceback's frame) still refers to it."""
-        if self._native is not None:
-            self._native.close()
-        self._native = None
+        with self._lock:
+            if self._native is not None:
+                self._native.close()
+            self._native = None
 
     @property
     def run_info(self) -> dict[str, object]:
-        info = self._live().run_info
-        return {name: getattr(info, name) for name in run_info_fields(info)}
+        with self._using() as engine:
+            info = engine.run_info
+            return {name: getattr(info, name) for name in run_info_fields(info)}
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool | None = None) -> list[int]:
         """Token ids of `text` (BOS added when `add_special`); control-token names in it are parsed only
         with `parse_special` (default: the config's, off unless asked: a prompt is text)."""
-        engine = self._live()
         special = self.config.parse_special if parse_special is None else parse_special
-        with native.engine_errors():
+        with self._using() as engine, native.engine_errors():
             return list(engine.tokenize(text, add_special, special))
 
     def detokenize(self, tokens: list[int]) -> str:
-        return self._live().detokenize(tokens)
+        with self._using() as engine:
+            return engine.detokenize(tokens)
 
     def score(self, tokens: list[int]) -> list[float]:
         """Teacher-forced log-probabilities (natural log) of tokens[1:], each after the ones before it.
         Clears the context."""
-        engine = self._live()
-        with native.engine_errors():
+        with self._using() as engine, native.engine_errors():
             return list(engine.score(list(tokens)))
 
     @property
     def chat_template(self) -> str:
         """The model's own chat template (its Jinja source), "" when the file has none."""
-        return self._live().chat_template
+        with self._using() as engine:
+            return engine.chat_template
 
     @property
     def context_tokens(self) -> list[int]:
         """The tokens whose keys and values the context holds."""
-        return list(self._live().context_tokens)
+        with self._using() as engine:
+            return list(engine.context_tokens)
 
     def reset(self) -> None:
         """Forget the context: the next generation decodes its whole prompt."""
-        self._live().reset()
+        with self._using() as engine:
+            engine.reset()
 
     def save_state(self, path: str | Path) -> None:
         """Write the context (KV cache and its tokens) to a llama.cpp state file."""
-        with native.engine_errors():
-            self._live().save_state(str(path))
+        with self._using() as engine, native.engine_errors():
+            engine.save_state(str(path))
 
     def load_state(self, path: str | Path) -> None:
         """Restore a context written by `save_state` (same model, same context size)."""
-        with native.engine_errors():
-            self._live().load_state(str(path))
+        with self._using() as engine, native.engine_errors():
+            engine.load_state(str(path))
 
     def chat(self, messages: Sequence[Any], max_tokens: int, sampling: Sampling | None = None, *,
              think: bool | None = None, template: str | None = None) -> Iterator[Any]:
@@ -135,17 +144,17 @@ class Engine:
     ) -> Iterator[Token]:
         """Yield tokens as they are generated; `result` (if given) is filled in along the way.
         `reuse_kv` keeps the context's longest common prefix with the prompt (decoding only the rest)."""
-        engine = self._live()
+        self._live()
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         params = (sampling or Sampling()).to_native()
         out = result if result is not None else Generation(prompt_ids)
         out.prompt_tokens = prompt_ids
-        with native.engine_errors():
+        with self._using() as engine, native.engine_errors():
             out.reused_tokens = engine.begin(prompt_ids, params, logits, reuse_kv)
         pending = b""
         step = self._step()
         while len(out.tokens) < max_tokens:
-            with native.engine_errors():
+            with self._using() as engine, native.engine_errors():
                 advanced = engine.next(step)
             if not advanced:
                 out.stop_reason = "context_full"
@@ -176,6 +185,12 @@ class Engine:
         for _ in self.generate(prompt, max_tokens, sampling, logits=logits, result=result):
             pass
         return result
+
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[Any]:
+        """The native engine, held for one call (close waits for it)."""
+        with self._lock:
+            yield self._live()
 
     def _live(self):
         if self._native is None:

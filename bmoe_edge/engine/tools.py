@@ -88,6 +88,14 @@ def render(source: str, messages: Sequence[Mapping[str, Any]], *, tools: Sequenc
         raise BmoeError(f"the model's chat template failed on this conversation: {exc}") from None
 
 
+def text_parts(parts: list[Any], role: str) -> str:
+    """OpenAI's content parts: the text of the text ones (each must be a string)."""
+    texts = [p.get("text", "") for p in parts if isinstance(p, Mapping) and p.get("type") == "text"]
+    if not all(isinstance(t, str) for t in texts):
+        raise BmoeError(f"a {role} message's text part must have a string 'text'")
+    return "".join(texts)
+
+
 def message_dict(m: Mapping[str, Any]) -> dict[str, Any]:
     """An OpenAI message as a template sees it: text content (parts joined), tool calls with their
     arguments parsed (templates write them with `tojson`, or as given when they are text)."""
@@ -96,7 +104,7 @@ def message_dict(m: Mapping[str, Any]) -> dict[str, Any]:
         raise BmoeError(f"a message's role must be one of system, user, assistant, tool, got {role!r}")
     content = m.get("content")
     if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+        content = text_parts(content, str(role))
     if content is None and role == "assistant" and m.get("tool_calls"):
         content = ""
     if not isinstance(content, str):
@@ -136,7 +144,32 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
                 or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise BmoeError("each of 'tools' must be {'type': 'function', 'function': {'name': ..., "
                            "'parameters': ...}}")
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise BmoeError(f"the description of the tool {fn['name']!r} must be a string")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], Mapping):
+            raise BmoeError(f"the parameters of the tool {fn['name']!r} must be a JSON schema (an object)")
     return [dict(t) for t in tools]
+
+
+def template_inputs(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]
+                    ) -> list[tuple[str, str]]:
+    """Every string a template is given, keys included, each with where it came from: what the
+    control-token check looks at."""
+    out: list[tuple[str, str]] = []
+    todo: list[tuple[str, Any]] = [(f"message {i}", m) for i, m in enumerate(messages)]
+    todo += [(f"tool {i}", t) for i, t in enumerate(tools)]
+    while todo:
+        where, value = todo.pop()
+        if isinstance(value, str):
+            out.append((where, value))
+        elif isinstance(value, Mapping):
+            for k, v in value.items():
+                if isinstance(k, str):
+                    out.append((f"{where}: a key", k))
+                todo.append((f"{where}: {k}" if isinstance(k, str) else where, v))
+        elif isinstance(value, list | tuple):
+            todo.extend((where, v) for v in value)
+    return out
 
 
 def call_id() -> str:
@@ -147,12 +180,13 @@ def parse_call(text: str) -> ToolCall | None:
     """The JSON between a style's markers as a call; None when it is not one (then it stays text)."""
     try:
         data = json.loads(text)
-    except ValueError:
+        if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
+            return None
+        args = data.get("arguments", data.get("parameters", {}))
+        return ToolCall(call_id(), data["name"],
+                        args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+    except (ValueError, RecursionError):   # not JSON, or nested past the recursion limit: text
         return None
-    if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
-        return None
-    args = data.get("arguments", data.get("parameters", {}))
-    return ToolCall(call_id(), data["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
 
 
 class ToolCallSplit:
@@ -237,8 +271,9 @@ def call_grammar(style: ToolStyle, tools: Sequence[Mapping[str, Any]], only: str
         if only is not None and fn["name"] != only:
             continue
         params = fn.get("parameters") or {"type": "object"}
-        conv.root = params
-        args = conv.visit(params, f"args-{fn['name']}")
+        conv.root, conv.refs = params, {}   # each tool's $refs are its own
+        with grammar.converting():
+            args = conv.visit(params, f"args-{fn['name']}")
         options.append(f'"{{" ws "\\"name\\"" ws ":" ws {grammar.literal(json.dumps(fn["name"]))} ws "," ws '
                        f'"\\"arguments\\"" ws ":" ws {args} "}}"')
     call = " | ".join(f"( {o} )" for o in options)

@@ -5,23 +5,32 @@ but /health needs `Authorization: Bearer KEY`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import hmac
 import json
+import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from bmoe_edge.engine import chat
+from bmoe_edge.engine import chat, tools
 from bmoe_edge.serve import metrics, openai_api
+from bmoe_edge.serve.gate import Gate
 from bmoe_edge.serve.openai_api import ApiError
-from bmoe_edge.serve.worker import Job, QueueFull, Request, Worker, loop_delivery, request_id
+from bmoe_edge.serve.worker import Job, QueueFull, Request, Unavailable, Worker, loop_delivery, request_id
 
+TEST_HOOKS = "BMOE_EDGE_SERVE_TEST_HOOKS"   # "1": the test routes (/_test/...) exist
 MAX_BODY_BYTES = 4 << 20
+BODY_TIMEOUT_S = 30.0
+MAX_DEPTH = 64   # arrays and objects nested in a body; deeper is a 400, not a recursion in a parser
 RETRY_AFTER_S = 2
 
 
@@ -30,19 +39,86 @@ def _error(exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
-async def _body(request: HttpRequest) -> Any:
+async def _body(request: HttpRequest, timeout_s: float = BODY_TIMEOUT_S) -> Any:
+    """The request's JSON body: at most MAX_BODY_BYTES, read within `timeout_s` (a client that trickles
+    its body is a 408, not a connection held open), checked by check_json."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
-    raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY_BYTES:
-            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
+
+    async def read() -> bytes:
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_BODY_BYTES:
+                raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
+        return bytes(raw)
+
     try:
-        return json.loads(raw)
-    except ValueError as exc:
+        raw = await asyncio.wait_for(read(), timeout_s)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s", code="body_timeout") from None
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:   # also bytes that are not UTF-8
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels") from None
+    check_json(body)
+    return body
+
+
+def check_json(body: Any) -> None:
+    """Refuse what JSON allows and nothing after this may meet: a string that is not Unicode text (a lone
+    surrogate such as "\\ud800" parses, but cannot be encoded), or nesting deeper than MAX_DEPTH."""
+    todo: list[tuple[Any, int]] = [(body, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, str):
+            _text(value)
+        elif isinstance(value, dict | list):
+            if depth > MAX_DEPTH:
+                raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels")
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    _text(key)
+                    todo.append((item, depth + 1))
+            else:
+                todo.extend((item, depth + 1) for item in value)
+
+
+def _text(s: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "the request body has a string that is not valid Unicode text (a lone surrogate "
+                       "escape such as \\ud800)") from None
+
+
+@contextlib.contextmanager
+def _cancelled_unless_answered(job: Job) -> Iterator[None]:
+    """A handler that leaves by an error (its task cancelled, the client gone, a fault) cancels its job:
+    a queued job is skipped, a running one stops between two tokens."""
+    try:
+        yield
+    except BaseException:
+        job.cancelled.set()
+        raise
+
+
+class _JobStream(StreamingResponse):
+    """Server-sent events whose job is cancelled however the response ends (also when the stream never
+    started: the client went away first)."""
+
+    def __init__(self, job: Job, content: AsyncIterator[str]) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.job = job
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancelled.set()
 
 
 async def _until_disconnect(request: HttpRequest) -> None:
@@ -51,24 +127,41 @@ async def _until_disconnect(request: HttpRequest) -> None:
 
 
 class Server:
-    def __init__(self, worker: Worker, model_id: str, api_key: str | None = None) -> None:
+    def __init__(self, worker: Worker, model_id: str, api_keys: Sequence[str] = (),
+                 body_timeout_s: float = BODY_TIMEOUT_S) -> None:
         self.worker = worker
+        self.body_timeout_s = body_timeout_s
         self.model_id = model_id
-        self.api_key = api_key
+        self.api_keys = tuple(f"Bearer {k}".encode() for k in api_keys)
         self.created = int(time.time())
         self.rejected = 0
+        self.tool_style = tools.tool_style(worker.jinja)
+
+    def tenant(self, request: HttpRequest) -> int | None:
+        """Which key the request carries (its index: the tenant), 0 when the server has none; None when
+        it carries no valid key. Every key is compared, in constant time."""
+        if not self.api_keys:
+            return 0
+        given = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
+        found = None
+        for i, key in enumerate(self.api_keys):
+            if hmac.compare_digest(given, key) and found is None:
+                found = i
+        return found
 
     def _authorized(self, request: HttpRequest) -> bool:
-        if not self.api_key:
-            return True
-        given = request.headers.get("authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode())
+        return self.tenant(request) is not None
 
-    def _enqueue(self, req: Request) -> tuple[Job, asyncio.Queue]:
+    def _enqueue(self, req: Request, request: HttpRequest) -> tuple[Job, asyncio.Queue]:
+        # Each key is a tenant: the context (and the prompt prefix it holds) is reused only for the same one
+        req = dataclasses.replace(req, tenant=self.tenant(request) or 0)
         events: asyncio.Queue = asyncio.Queue()
         job = Job(req, loop_delivery(asyncio.get_running_loop(), events))
         try:
             self.worker.submit(job)
+        except Unavailable as exc:
+            raise ApiError(503, f"the server cannot answer: {exc}", type="server_error",
+                           code="unavailable") from None
         except QueueFull:
             self.rejected += 1
             raise ApiError(429, "the server is busy: its queue is full, retry later", type="rate_limit_error",
@@ -127,64 +220,80 @@ class Server:
             job.cancelled.set()  # a no-op when done; stops the engine when the client went away
 
     async def chat_completions(self, request: HttpRequest) -> Response:
-        body = await _body(request)
-        req = openai_api.parse_chat(body, self.model_id)
-        job, events = self._enqueue(req)
-        rid = request_id("chatcmpl")
-        if not body.get("stream"):
-            reply = await self._result(request, job, events)
-            return JSONResponse(openai_api.chat_completion(rid, self.model_id, reply))
-        with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        body = await _body(request, self.body_timeout_s)
+        req = openai_api.parse_chat(body, self.model_id, self.tool_style)
+        job, events = self._enqueue(req, request)
+        with _cancelled_unless_answered(job):
+            rid = request_id("chatcmpl")
+            if not body.get("stream"):
+                reply = await self._result(request, job, events)
+                return JSONResponse(openai_api.chat_completion(rid, self.model_id, reply))
+            with_usage = openai_api.include_usage(body)
 
-        calls = [0]   # tool calls streamed so far: each call's index
+            calls = [0]   # tool calls streamed so far: each call's index
 
-        def chunk(d: chat.Delta) -> dict[str, Any] | None:
-            fields = openai_api.delta_fields(d, calls[0])
-            calls[0] += len(d.tool_calls)
-            return openai_api.chat_chunk(rid, self.model_id, fields) if fields else None
+            def chunk(d: chat.Delta) -> dict[str, Any] | None:
+                fields = openai_api.delta_fields(d, calls[0])
+                calls[0] += len(d.tool_calls)
+                return openai_api.chat_chunk(rid, self.model_id, fields) if fields else None
 
-        def last(reply: chat.Reply) -> list[dict[str, Any]]:
-            out = [openai_api.chat_chunk(rid, self.model_id, {}, reply.finish_reason)]
-            if with_usage:
-                out.append(openai_api.envelope("chat.completion.chunk", rid, self.model_id)
-                           | {"choices": [], "usage": openai_api.usage(reply)})
-            return out
+            def last(reply: chat.Reply) -> list[dict[str, Any]]:
+                out = [openai_api.chat_chunk(rid, self.model_id, {}, reply.finish_reason)]
+                if with_usage:
+                    out.append(openai_api.envelope("chat.completion.chunk", rid, self.model_id)
+                               | {"choices": [], "usage": openai_api.usage(reply)})
+                return out
 
-        pending = await self._next_event(request, job, events)
-        head = [openai_api.chat_chunk(rid, self.model_id, {"role": "assistant", "content": ""})]
-        return StreamingResponse(self._stream(job, events, pending, head, chunk, last), media_type="text/event-stream")
+            pending = await self._next_event(request, job, events)
+            head = [openai_api.chat_chunk(rid, self.model_id, {"role": "assistant", "content": ""})]
+            return _JobStream(job, self._stream(job, events, pending, head, chunk, last))
 
     async def completions(self, request: HttpRequest) -> Response:
-        body = await _body(request)
+        body = await _body(request, self.body_timeout_s)
         req = openai_api.parse_completion(body, self.model_id)
-        job, events = self._enqueue(req)
-        rid = request_id("cmpl")
-        if not body.get("stream"):
-            reply = await self._result(request, job, events)
-            return JSONResponse(openai_api.text_completion(rid, self.model_id, reply))
+        job, events = self._enqueue(req, request)
+        with _cancelled_unless_answered(job):
+            rid = request_id("cmpl")
+            if not body.get("stream"):
+                reply = await self._result(request, job, events)
+                return JSONResponse(openai_api.text_completion(rid, self.model_id, reply))
 
-        def chunk(d: chat.Delta) -> dict[str, Any] | None:
-            return openai_api.text_chunk(rid, self.model_id, d.content) if d.content else None
+            def chunk(d: chat.Delta) -> dict[str, Any] | None:
+                return openai_api.text_chunk(rid, self.model_id, d.content) if d.content else None
 
-        def last(reply: chat.Reply) -> list[dict[str, Any]]:
-            return [openai_api.text_chunk(rid, self.model_id, "", reply.finish_reason)]
+            def last(reply: chat.Reply) -> list[dict[str, Any]]:
+                return [openai_api.text_chunk(rid, self.model_id, "", reply.finish_reason)]
 
-        pending = await self._next_event(request, job, events)
-        return StreamingResponse(self._stream(job, events, pending, [], chunk, last), media_type="text/event-stream")
+            pending = await self._next_event(request, job, events)
+            return _JobStream(job, self._stream(job, events, pending, [], chunk, last))
 
     async def models(self, request: HttpRequest) -> Response:
         return JSONResponse(openai_api.models(self.model_id, self.created))
 
     async def health(self, request: HttpRequest) -> Response:
+        """200 while a request can be answered; 503 with the reason when not (the engine thread is gone,
+        the engine failed, or the server is shutting down)."""
+        reason = self.worker.unavailable()
+        if reason is not None:
+            return JSONResponse({"status": "unavailable", "reason": reason, "model": self.model_id},
+                                status_code=503)
         return JSONResponse({"status": "ok", "model": self.model_id, "queue_depth": self.worker.queue_depth})
+
+    async def kill_worker(self, request: HttpRequest) -> Response:
+        """The test hook (BMOE_EDGE_SERVE_TEST_HOOKS=1): the engine thread ends as an unforeseen fault would."""
+        self.worker.kill_for_test()
+        return JSONResponse({"status": "killing"})
 
     async def metrics(self, request: HttpRequest) -> Response:
         text = metrics.prometheus(self.worker.stats, self.worker.queue_depth, self.rejected)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
-def create_app(worker: Worker, model_id: str, api_key: str | None = None) -> Starlette:
-    server = Server(worker, model_id, api_key)
+def create_app(worker: Worker, model_id: str, api_keys: Sequence[str] = (), *, bind: str = "127.0.0.1",
+               allowed_hosts: Sequence[str] = (), cors_origins: Sequence[str] = (),
+               body_timeout_s: float = BODY_TIMEOUT_S) -> Starlette:
+    """The routes behind the gate (gate.py: Host, Origin and Content-Type checked first)."""
+    server = Server(worker, model_id, api_keys, body_timeout_s)
 
     def guarded(handler: Callable, public: bool = False) -> Callable:
         async def endpoint(request: HttpRequest) -> Response:
@@ -195,6 +304,9 @@ def create_app(worker: Worker, model_id: str, api_key: str | None = None) -> Sta
                 return await handler(request)
             except ApiError as exc:
                 return _error(exc)
+            except Exception as exc:  # a fault of ours: still OpenAI's error object
+                return _error(ApiError(500, f"the server failed on this request ({type(exc).__name__})",
+                                       type="server_error"))
         return endpoint
 
     routes = [
@@ -204,6 +316,20 @@ def create_app(worker: Worker, model_id: str, api_key: str | None = None) -> Sta
         Route("/v1/chat/completions", guarded(server.chat_completions), methods=["POST"]),
         Route("/v1/completions", guarded(server.completions), methods=["POST"]),
     ]
-    app = Starlette(routes=routes)
+    if os.environ.get(TEST_HOOKS) == "1":
+        routes.append(Route("/_test/kill-worker", guarded(server.kill_worker), methods=["POST"]))
+    async def http_error(request: HttpRequest, exc: Exception) -> Response:
+        """Starlette's own answers (no such route: 404, a wrong method: 405) as OpenAI's error object too."""
+        assert isinstance(exc, HTTPException)
+        messages = {404: f"there is no route {request.url.path[:200]!r} (see /v1/models)",
+                    405: f"{request.method[:20]} is not a method of {request.url.path[:200]!r}"}
+        message = messages.get(exc.status_code, str(exc.detail))
+        response = _error(ApiError(exc.status_code, message))
+        response.headers.update(exc.headers or {})
+        return response
+
+    gate = Middleware(Gate, bind=bind, allowed_hosts=allowed_hosts, cors_origins=cors_origins)
+    app = Starlette(routes=routes, middleware=[gate], exception_handlers={HTTPException: http_error})
+    app.router.redirect_slashes = False   # "/v1/completions/" is a 404, not a redirect built from the Host
     app.state.server = server
     return app

@@ -17,6 +17,7 @@ from bmoe_edge.serve.worker import Request
 SAMPLING_FIELDS = {"temperature": "temp", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p"}
 DEFAULT_MAX_TOKENS = 512
 MAX_STOPS = 4
+MAX_STOP_CHARS = 256   # each stop string; matching is linear in the text, but held-back text is not free
 
 
 class ApiError(Exception):
@@ -54,9 +55,30 @@ def _stops(body: Mapping[str, Any]) -> tuple[str, ...]:
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) for s in stops):
-        raise ApiError(400, f"'stop' must be a string or a list of up to {MAX_STOPS} strings", param="stop")
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) for s in stops) \
+            or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise ApiError(400, f"'stop' must be a string or a list of up to {MAX_STOPS} strings of up to "
+                       f"{MAX_STOP_CHARS} characters", param="stop")
     return tuple(stops)
+
+
+def _stream(body: Mapping[str, Any]) -> bool:
+    """`stream` and `stream_options`, checked before the job is queued."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be true or false", param="stream")
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, Mapping) or not isinstance(options.get("include_usage", False), bool):
+            raise ApiError(400, "'stream_options' must be an object like {'include_usage': true}",
+                           param="stream_options")
+        if not stream:
+            raise ApiError(400, "'stream_options' is only allowed with 'stream': true", param="stream_options")
+    return bool(stream)
+
+
+def include_usage(body: Mapping[str, Any]) -> bool:
+    return bool((body.get("stream_options") or {}).get("include_usage"))
 
 
 def _think(body: Mapping[str, Any]) -> bool | None:
@@ -109,6 +131,7 @@ def _common(body: Any, model_id: str) -> dict[str, Any]:
     grammar_text = _response_format(body.get("response_format"))
     if grammar_text:
         sampling = dataclasses.replace(sampling, grammar=grammar_text)
+    _stream(body)
     return {"max_tokens": max_tokens, "sampling": sampling, "stop": _stops(body)}
 
 
@@ -135,7 +158,9 @@ def _response_format(fmt: Any) -> str:
                    "{'type': 'json_schema', 'json_schema': {...}}", param="response_format")
 
 
-def parse_chat(body: Any, model_id: str) -> Request:
+def parse_chat(body: Any, model_id: str, tool_style: tools.ToolStyle | None = None) -> Request:
+    """`tool_style`: how the server's template writes a tool call (a forced call's grammar is built here,
+    so a schema it cannot use is this request's 400, before anything is queued)."""
     common = _common(body, model_id)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -143,7 +168,7 @@ def parse_chat(body: Any, model_id: str) -> Request:
     if not all(isinstance(m, Mapping) for m in messages):
         raise ApiError(400, "each message must be an object with 'role' and 'content'", param="messages")
     if body.get("tools") is not None or any(m.get("tool_calls") for m in messages) or _effort(body):
-        return _tool_request(body, messages, common)
+        return _tool_request(body, messages, common, tool_style)
     try:
         parsed = tuple(chat.as_message(m) for m in messages)
     except BmoeError as exc:
@@ -151,7 +176,8 @@ def parse_chat(body: Any, model_id: str) -> Request:
     return Request(messages=parsed, think=_think(body), **common)
 
 
-def _tool_request(body: Mapping[str, Any], messages: list[Any], common: dict[str, Any]) -> Request:
+def _tool_request(body: Mapping[str, Any], messages: list[Any], common: dict[str, Any],
+                  style: tools.ToolStyle | None) -> Request:
     """A conversation with tools (or earlier tool calls, or a reasoning effort): rendered by the model's own
     Jinja template."""
     try:
@@ -169,9 +195,16 @@ def _tool_request(body: Mapping[str, Any], messages: list[Any], common: dict[str
     if choice not in ("auto", "none") and common["sampling"].grammar:
         raise ApiError(400, "a forced tool call (tool_choice) and a JSON response_format cannot be combined",
                        param="tool_choice")
+    call_grammar = ""
+    if choice not in ("auto", "none") and style is not None:
+        try:
+            call_grammar = tools.call_grammar(style, given, None if choice == "required" else choice)
+        except BmoeError as exc:
+            raise ApiError(400, f"a tool's parameters: {exc}", param="tools") from None
     plain = tuple(chat.Message(m["role"], m["content"]) for m in rendered)   # for the control-token check
     return Request(messages=plain, think=_think(body), tools=tuple(given), tool_choice=choice,
-                   template_messages=rendered, reasoning_effort=_effort(body), **common)
+                   template_messages=rendered, reasoning_effort=_effort(body), call_grammar=call_grammar,
+                   **common)
 
 
 def parse_completion(body: Any, model_id: str) -> Request:

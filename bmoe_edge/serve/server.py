@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from bmoe_edge.engine.session import Engine
 from bmoe_edge.engine.settings import StreamConfig
@@ -14,6 +17,7 @@ from bmoe_edge.errors import BmoeError
 from bmoe_edge.net import is_loopback
 
 DEFAULT_PORT = 8080
+MAX_CONNECTIONS = 64
 
 
 def listen(bind: str, port: int) -> socket.socket:
@@ -33,8 +37,64 @@ def listen(bind: str, port: int) -> socket.socket:
     return sock
 
 
+def check_auth(bind: str, api_keys: Sequence[str], no_auth: bool) -> None:
+    """Fail closed: beyond loopback a key is needed, unless --no-auth says otherwise out loud."""
+    if any(not k.strip() for k in api_keys):
+        raise BmoeError("an API key is empty")
+    try:
+        ipaddress.ip_address(bind)
+    except ValueError:
+        raise BmoeError(f"--bind takes an IP address (e.g. 127.0.0.1 or 0.0.0.0), got {bind!r}") from None
+    loopback = is_loopback(bind)
+    if not loopback and not api_keys and not no_auth:
+        raise BmoeError(f"--bind {bind} without an API key would let anyone who reaches the port use the model: "
+                        "give --api-key-file (or $BMOE_EDGE_API_KEY), or --no-auth to mean it")
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, whose shutdown first stops the worker taking jobs: /health says "shutting down",
+        queued jobs are answered 503, the running one stops between two tokens, so open connections end
+        within the grace period instead of waiting it out."""
+
+        def __init__(self, worker: Any, config: uvicorn.Config) -> None:
+            super().__init__(config)
+            self.worker = worker
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            self.worker.stop_taking_jobs()
+            await super().shutdown(sockets)
+
+    return Server
+
+
+def _uvicorn_server(worker: Any, config: Any) -> Any:
+    return _server_class()(worker, config)
+
+
+WATCH_S = 0.2
+EXIT_AFTER_S = 1.0   # /health answers 503 this long before the server goes (a load balancer sees why)
+
+
+def _watch(worker: Any, server: Any) -> None:
+    """Stop the server once it cannot answer (its engine thread gone, the engine failing every request):
+    /health says 503 at once; exiting non-zero lets the service manager start a new one."""
+    while not server.should_exit:
+        reason = worker.unavailable()
+        if reason is not None and not worker.closing:
+            time.sleep(EXIT_AFTER_S)
+            worker.failure = worker.failure or reason
+            server.should_exit = True
+            return
+        time.sleep(WATCH_S)
+
+
 def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: int = DEFAULT_PORT,
-          api_key: str | None = None, queue_size: int = 8, template: str | None = None,
+          api_keys: Sequence[str] = (), no_auth: bool = False, allowed_hosts: Sequence[str] = (),
+          cors_origins: Sequence[str] = (), max_connections: int = MAX_CONNECTIONS,
+          body_timeout_s: float = 30.0, queue_size: int = 8, template: str | None = None,
           parse_special: bool = False, model_id: str | None = None, say: Callable[[str], None] = print) -> None:
     # uvicorn and Starlette (app, worker) load when a server starts, not when this module is imported.
     import uvicorn
@@ -42,22 +102,32 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
     from bmoe_edge.serve.app import create_app
     from bmoe_edge.serve.worker import Worker
 
+    check_auth(bind, api_keys, no_auth)
     sock = listen(bind, port)
-    if not is_loopback(bind) and not api_key:
-        say(f"warning: listening on {bind} without --api-key: anyone who reaches this port can use the model")
+    if not is_loopback(bind) and not api_keys:
+        say(f"warning: listening on {bind} without an API key (--no-auth): anyone who reaches this port can "
+            "use the model")
     name = model_id or model.name
     try:
         with Engine(model, config) as engine:
             worker = Worker(engine, queue_size=queue_size, template=template, parse_special=parse_special)
             if worker.template.note:
                 say(f"note: {worker.template.note}")
-            app = create_app(worker, name, api_key)
+            app = create_app(worker, name, api_keys, bind=bind, allowed_hosts=allowed_hosts,
+                             cors_origins=cors_origins, body_timeout_s=body_timeout_s)
             host, bound_port = sock.getsockname()[:2]
             say(f"serving {name} on http://{host}:{bound_port}/v1 (queue {queue_size}; Ctrl-C stops)")
-            server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+            # limit_concurrency: connections (and tasks) beyond it are answered 503 at once; idle keep-alive
+            # connections close after 5 s (uvicorn's default)
+            server = _uvicorn_server(worker, uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
+                                                            limit_concurrency=max_connections, timeout_keep_alive=5))
+            watch = threading.Thread(target=_watch, args=(worker, server), name="bmoe-watch", daemon=True)
+            watch.start()
             try:
                 server.run(sockets=[sock])
             finally:
                 worker.close()
+            if worker.failure is not None:   # a server that cannot serve exits non-zero: systemd restarts it
+                raise BmoeError(f"the server stopped: {worker.failure}")
     finally:
         sock.close()

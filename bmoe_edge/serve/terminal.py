@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -40,11 +41,24 @@ def _readline() -> Callable[[], None]:
 
     def save() -> None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # what was typed is private: the file is the user's alone, before a line is written to it
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+            os.chmod(path, 0o600)
             readline.write_history_file(path)
         except OSError:
             pass
     return save
+
+
+# C0 controls but tab and newline, DEL, and C1 controls (ESC, CSI, OSC, ... start terminal sequences)
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Model text made safe for a terminal: a control character (the start of an escape sequence that
+    could retitle the window, move the cursor, rewrite the screen) is shown as its code, not obeyed."""
+    return _CONTROLS.sub(lambda m: f"^{chr(ord(m[0]) + 64)}" if ord(m[0]) < 32 else f"<{ord(m[0]):02x}>", text)
 
 
 def stats(reply: chat.Reply) -> str:
@@ -69,7 +83,14 @@ def stats(reply: chat.Reply) -> str:
 
 def _command(session: chat.Session, line: str, say: Callable[[str], None]) -> bool:
     """Run a slash command; False to leave."""
-    words = shlex.split(line)
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:   # an unclosed quote: say so, keep the conversation
+        say(f"error: {exc} (quote a FILE with spaces, e.g. /save 'my conv')")
+        return True
+    if not words:
+        say(HELP)
+        return True
     name, args = words[0], words[1:]
     if name in ("/quit", "/exit"):
         return False
@@ -100,12 +121,12 @@ def _answer(session: chat.Session, text: str, out=sys.stdout) -> None:
                 if not in_reasoning:
                     out.write("\x1b[2m" if dim else "[thinking] ")
                     in_reasoning = True
-                out.write(delta.reasoning)
+                out.write(printable(delta.reasoning))
             if delta.content:
                 if in_reasoning:
                     out.write("\x1b[0m\n" if dim else "\n[answer] ")
                     in_reasoning = False
-                out.write(delta.content)
+                out.write(printable(delta.content))
             out.flush()
     except KeyboardInterrupt:
         answer.close()  # now, so what arrived joins the conversation before the next message
@@ -141,6 +162,6 @@ def run(session: chat.Session, *, say: Callable[[str], None] = print) -> None:
                 else:
                     _answer(session, line)
             except BmoeError as exc:
-                say(f"error: {exc}")
+                say(f"error: {printable(str(exc))}")
     finally:
         save_history()

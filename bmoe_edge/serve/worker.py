@@ -4,6 +4,7 @@ answer handed back to the event loop piece by piece; a cancelled job stops betwe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import queue
@@ -34,6 +35,8 @@ class Request:
     tool_choice: str = "none"  # "auto", "none", "required" or a function's name
     template_messages: tuple[dict[str, Any], ...] = ()  # the messages as that template sees them
     reasoning_effort: str | None = None  # gpt-oss's template switch (low, medium, high)
+    call_grammar: str = ""  # a forced tool call's grammar, built when the request was parsed
+    tenant: int = 0  # which API key sent it: the context's prefix is reused only for the same tenant
 
 
 @dataclass
@@ -83,8 +86,20 @@ class Stats:
         self.rss_bytes = m.rss_bytes
 
 
+ENGINE_FAILURES = 3   # the engine failing this many requests in a row: unhealthy, and the server restarts
+GRAMMAR_REFUSED = "the grammar does not parse"   # the engine's word for a request's grammar it cannot use
+
+
 class QueueFull(Exception):
     pass
+
+
+class Unavailable(Exception):
+    """The worker takes no more jobs: it is shutting down, or its thread is gone (the reason)."""
+
+
+class _Killed(BaseException):
+    """The test hook's way to end the engine thread as an unforeseen fault would."""
 
 
 class Worker:
@@ -101,6 +116,12 @@ class Worker:
         self.ctx = int(engine.run_info["ctx"])
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self.stats = Stats()
+        self.failure: str | None = None   # why the engine thread ended, if it did
+        self.engine_failures = 0   # requests the engine failed in a row (a model file that changed fails each)
+        self.last_engine_failure = ""
+        self.closing = False
+        self._current: Job | None = None
+        self._context_tenant = 0   # whose prompt the context holds
         self._thread = threading.Thread(target=self._run, name="bmoe-engine", daemon=True)
         self._thread.start()
 
@@ -108,52 +129,145 @@ class Worker:
     def queue_depth(self) -> int:
         return self.jobs.qsize()
 
+    def unavailable(self) -> str | None:
+        """Why no job can be answered any more (None while it can): what /health reports."""
+        if self.closing:
+            return "shutting down"
+        if self.failure is not None:
+            return self.failure
+        if not self._thread.is_alive():
+            return "the engine thread is gone"
+        if getattr(self.engine, "_native", True) is None:
+            return "the engine is closed"
+        if self.engine_failures >= ENGINE_FAILURES:
+            return f"the engine failed on {self.engine_failures} requests in a row: {self.last_engine_failure}"
+        return None
+
     def submit(self, job: Job) -> None:
+        reason = self.unavailable()
+        if reason is not None:
+            raise Unavailable(reason)
         try:
             self.jobs.put_nowait(job)
         except queue.Full:
             raise QueueFull from None
 
-    def close(self) -> None:
-        self.jobs.put(None)
-        self._thread.join(timeout=30)
+    def kill_for_test(self) -> None:
+        """End the engine thread as an unforeseen fault would (the serve test hook)."""
+        self.jobs.put(Job(Request(max_tokens=1, sampling=Sampling()), _kill))
+
+    def close(self, timeout: float = 30) -> bool:
+        """Stop taking jobs: the queued ones are answered 503 (cancelled), the running one stops between two
+        tokens, and the engine thread is waited for. True when it ended within `timeout` (never blocks on a
+        full queue)."""
+        self.stop_taking_jobs()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop_taking_jobs(self) -> None:
+        """The first half of close, without waiting: no new job, the queued ones answered 503, the running
+        one cancelled."""
+        self.closing = True
+        current = self._current
+        if current is not None:
+            current.cancelled.set()
+        self._fail_queued("shutting down")
 
     def _run(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            if job.cancelled.is_set():
-                self.stats.cancelled += 1
-                continue
-            self.stats.busy = True
+        try:
+            while not self.closing:
+                try:
+                    job = self.jobs.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if job is None:
+                    break
+                if job.cancelled.is_set():
+                    self.stats.cancelled += 1
+                    continue
+                if job.deliver is _kill:
+                    raise _Killed
+                self.stats.busy, self._current = True, job
+                try:
+                    if self.closing:
+                        job.cancelled.set()
+                    self._serve(job)
+                except Exception:  # delivering failed (the event loop is gone): the next job
+                    self.stats.failures += 1
+                finally:
+                    self.stats.busy, self._current = False, None
+        except BaseException as exc:
+            self.failure = f"the engine thread failed ({type(exc).__name__})"
+            raise
+        finally:
+            if self.failure is None and not self.closing:
+                self.failure = "the engine thread ended"
+            reason = self.unavailable() or "the engine thread ended"
+            if self._current is not None:
+                with contextlib.suppress(Exception):
+                    self._current.deliver(("error", (503, f"the server cannot answer: {reason}")))
+            self._fail_queued(reason)
+
+    def _fail_queued(self, reason: str) -> None:
+        """Answer every job still queued: it will not run."""
+        while True:
             try:
-                self._serve(job)
-            finally:
-                self.stats.busy = False
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None and job.deliver is not _kill:
+                job.cancelled.set()
+                with contextlib.suppress(Exception):
+                    job.deliver(("error", (503, f"the server cannot answer: {reason}")))
 
     def _serve(self, job: Job) -> None:
+        """One job. Whatever it raises becomes its own error (a 4xx when the request is wrong, a 500 when
+        the server failed), and the next job runs: nothing a request does ends the thread."""
         reply = chat.Reply()
+        reuse = job.request.tenant == self._context_tenant
+        self._context_tenant = job.request.tenant
         try:
-            answer = self._answer(job.request, reply)
+            answer = self._answer(job.request, reply, reuse)
         except BmoeError as exc:  # the request itself is wrong: the client's error
             job.deliver(("error", (400, str(exc))))
+            return
+        except Exception as exc:  # a fault of ours while preparing: this job's 500
+            self.stats.failures += 1
+            job.deliver(("error", (500, _fault(exc))))
             return
         try:
             for delta in answer:
                 if job.cancelled.is_set():
                     self.stats.cancelled += 1
+                    job.deliver(("error", (503, "the server is shutting down") if self.closing
+                                 else (499, "the request was cancelled")))
                     break
                 job.deliver(("delta", delta))
             else:
                 job.deliver(("done", reply))
             self.stats.requests += 1
-        except BmoeError as exc:  # the engine failed (a read, the model file): the server's error
+            self.engine_failures, self.last_engine_failure = 0, ""
+        except BmoeError as exc:
+            if job.request.sampling.grammar and reply.completion_tokens == 0 and GRAMMAR_REFUSED in str(exc):
+                job.deliver(("error", (400, f"the request's grammar: {exc}")))   # its schema's, not the engine's
+                return
+            # the engine failed (a read, the model file): the server's error; in a row, the engine's state
             self.stats.failures += 1
+            self.engine_failures += 1
+            self.last_engine_failure = str(exc)
             job.deliver(("error", (500, str(exc))))
+        except Exception as exc:  # any other fault during the answer: this job's 500
+            self.stats.failures += 1
+            job.deliver(("error", (500, _fault(exc))))
         finally:
             self.stats.add(reply)
 
-    def _answer(self, r: Request, reply: chat.Reply):
+    def _answer(self, r: Request, reply: chat.Reply, reuse_kv: bool = True):
+        """The job's answer; `reuse_kv`: the context was left by the same tenant, so its prefix may be kept
+        (another tenant's prompt decodes afresh: neither cached_tokens nor timing tells one tenant what
+        another asked)."""
         if r.template_messages:
-            return self._answer_jinja(r, reply)
+            return self._answer_jinja(r, reply, reuse_kv)
         if r.prompt is None:
             think = r.think
             style = self.template.thinking
@@ -166,12 +280,12 @@ class Worker:
                                      parse_special=self.parse_special)
             self._fits(len(ids), r.max_tokens)
             return chat.reply(self.engine, r.messages, r.max_tokens, r.sampling, template=self.template, stop=r.stop,
-                              result=reply, prompt_ids=ids)
+                              result=reply, prompt_ids=ids, reuse_kv=reuse_kv)
         ids = self.engine.tokenize(r.prompt, True, self.parse_special)
         self._fits(len(ids), r.max_tokens)
-        return _complete(self.engine, ids, r, reply)
+        return _complete(self.engine, ids, r, reply, reuse_kv)
 
-    def _answer_jinja(self, r: Request, reply: chat.Reply):
+    def _answer_jinja(self, r: Request, reply: chat.Reply, reuse_kv: bool = True):
         """Rendered by the model's own Jinja template: tools, earlier tool calls, a reasoning effort."""
         style = tools.tool_style(self.jinja)
         if style is None and (r.tools or any(m.get("tool_calls") for m in r.template_messages)):
@@ -180,7 +294,7 @@ class Worker:
                             "that use `tools`)")
         if r.reasoning_effort and "reasoning_effort" not in self.jinja:
             raise BmoeError("this model's chat template takes no reasoning_effort (gpt-oss's does)")
-        chat.check_text(self.engine, r.messages, self.parse_special)
+        chat.check_strings(self.engine, tools.template_inputs(r.template_messages, r.tools), self.parse_special)
         sampling, think = r.sampling, r.think
         forced = r.tool_choice not in ("auto", "none")
         if forced or sampling.grammar:   # a grammar from the first token: no reasoning first
@@ -189,7 +303,7 @@ class Worker:
             think = False if self.template.thinking and self.template.thinking.off_suffix else None
         if forced:
             only = None if r.tool_choice == "required" else r.tool_choice
-            sampling = dataclasses.replace(sampling, grammar=tools.call_grammar(style, r.tools, only))
+            sampling = dataclasses.replace(sampling, grammar=r.call_grammar or tools.call_grammar(style, r.tools, only))
         effort = {"reasoning_effort": r.reasoning_effort} if r.reasoning_effort else None
         text = tools.render(self.jinja, r.template_messages, tools=r.tools if r.tool_choice != "none" else None,
                             think=think, variables=effort)
@@ -197,19 +311,27 @@ class Worker:
         self._fits(len(ids), r.max_tokens)
         parse_calls = style if r.tools and r.tool_choice != "none" else None
         return chat.reply(self.engine, r.messages, r.max_tokens, sampling, template=self.template, stop=r.stop,
-                          result=reply, prompt_ids=ids, tool_style=parse_calls)
+                          result=reply, prompt_ids=ids, tool_style=parse_calls, reuse_kv=reuse_kv)
 
     def _fits(self, n_prompt: int, max_tokens: int) -> None:
         if n_prompt >= self.ctx:
             raise BmoeError(f"the prompt is {n_prompt} tokens; this server's context holds {self.ctx}")
 
 
-def _complete(engine: Engine, ids: Sequence[int], r: Request, out: chat.Reply):
+def _kill(event: tuple[str, Any]) -> None:
+    raise AssertionError("the test hook's job is never delivered to")
+
+
+def _fault(exc: BaseException) -> str:
+    return f"the server failed on this request ({type(exc).__name__}: {exc})"
+
+
+def _complete(engine: Engine, ids: Sequence[int], r: Request, out: chat.Reply, reuse_kv: bool = True):
     """Raw text completion: no template, no reasoning split; stop strings as in chat."""
     out.prompt_tokens = len(ids)
     gen = Generation(list(ids))
     stops = chat.StopStrings(r.stop)
-    for token in engine.generate(list(ids), r.max_tokens, r.sampling, result=gen, reuse_kv=True):
+    for token in engine.generate(list(ids), r.max_tokens, r.sampling, result=gen, reuse_kv=reuse_kv):
         out.completion_tokens += 1
         out.metrics.append(token.metrics)
         text = stops.feed(token.text)

@@ -1,0 +1,450 @@
+"""The HTTP fuzz campaign: generated requests against a real `bmoe-edge serve`, and after each one the
+server must still be a server.
+
+The server runs the tiny qwen3moe fixture (with Qwen3's own Jinja template from the pinned llama.cpp
+source when it is there, so tools and forced calls are rendered and grammar-constrained). Requests
+come from a seeded mutator (the same seed, the same requests): valid seed requests of every route
+and feature (chat, completions, streaming, usage, stop strings, response_format, tools, forced calls,
+earlier tool calls, reasoning switches), then one to three mutations each: at the JSON level (a value
+replaced by a hostile one — lone surrogates, control-token text, deep nesting, huge or negative
+numbers, wrong types —, a key dropped or added, the body wrapped), at the byte level (cut, flipped,
+invalid UTF-8, garbage), or at the HTTP level (another route, method or Content-Type, no or a wrong
+key, a web Origin, a rebound Host, a declared length the body never reaches).
+
+After each request the campaign checks:
+- it was answered within the timeout (`hang` otherwise);
+- the status is 2xx or 4xx, and every 4xx (and 5xx) body is OpenAI's error object; a 2xx body is a
+  completion (whole or server-sent events ending in [DONE] or an error event);
+- a valid greedy request right after gets the same answer as before the campaign (`probe`);
+- /health says ok (`health`), and the process is alive (`dead`; it is restarted to go on).
+
+Outcomes: `ok` (2xx), `refused` (a well-formed 4xx), `protocol` (bytes that are not HTTP, answered 400 by
+uvicorn's parser before any route, or the connection closed on them) pass; `server-error` (5xx), `bad-body`, `hang`,
+`probe`, `health`, `dead` are findings."""
+
+from __future__ import annotations
+
+import copy
+import http.client
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+OUTCOMES = ("ok", "refused", "protocol", "server-error", "bad-body", "hang", "probe", "health", "dead")
+PASSING = ("ok", "refused", "protocol")
+KEY = "fuzz-key-3b9c"
+PROBE = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                    "unit": {"enum": ["c", "f"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"},
+                                           "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2}},
+          "required": ["ok"], "additionalProperties": False}
+CALL = {"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"unit\": \"c\"}"}}
+
+# (path, body): valid requests of every route and feature; max_tokens small, so a case is quick.
+SEEDS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("/v1/completions", {"prompt": "Hello", "max_tokens": 3}),
+    ("/v1/completions", {"prompt": ["The sea"], "max_tokens": 3, "temperature": 0.7, "seed": 3, "stop": ["\n", "e"]}),
+    ("/v1/completions", {"prompt": "Go", "max_tokens": 4, "stream": True}),
+    ("/v1/completions", {"prompt": "JSON:", "max_tokens": 6, "response_format": {"type": "json_object"}}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}),
+    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "Be brief."},
+                                           {"role": "user", "content": [{"type": "text", "text": "Name a colour"}]}],
+                              "max_tokens": 3, "top_k": 5, "top_p": 0.9, "min_p": 0.1, "temperature": 1.0}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": True,
+                              "stream_options": {"include_usage": True}}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "A fox"}], "max_tokens": 8,
+                              "response_format": {"type": "json_schema",
+                                                  "json_schema": {"name": "x", "schema": SCHEMA}}}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 6,
+                              "tools": [WEATHER], "tool_choice": "required"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 4,
+                              "tools": [WEATHER], "stream": True}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Weather in Oslo?"},
+                                           {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                                           {"role": "tool", "tool_call_id": "call_1", "content": "4 C"}],
+                              "tools": [WEATHER], "max_tokens": 3}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "think": False,
+                              "chat_template_kwargs": {"enable_thinking": False}}),
+)
+HOSTILE_STRINGS = ("\ud800", "a\udfffb", "</s>", "<|im_end|>", "<|im_start|>system", "<tool_call>", "\x00", "\x1b[2J",
+                   "", " ", "x" * 300, "é" * 2000, "🙂", "\\u0000", "{{ 7*7 }}", "{% for x in range(9**9) %}",
+                   "#/$defs/x", "../../etc/passwd", "null")
+HOSTILE_NUMBERS = (0, -1, 1, -(1 << 63), 1 << 64, (1 << 200), 1e308, -1e308, 0.5, 2**31, 513, 1 << 20)
+
+
+def _deep(n: int, kind: str) -> Any:
+    value: Any = "leaf"
+    for _ in range(n):
+        value = [value] if kind == "list" else {"a": value}
+    return value
+
+
+def _hostile(rng: random.Random) -> Any:
+    pick = rng.randrange(9)
+    if pick < 3:
+        return rng.choice(HOSTILE_STRINGS)
+    if pick < 5:
+        return rng.choice(HOSTILE_NUMBERS)
+    if pick == 5:
+        return rng.choice((None, True, False, [], {}, [[1]], [None], {"": None}))
+    if pick == 6:
+        return _deep(rng.choice((10, 63, 65, 200, 300)), rng.choice(("list", "dict")))
+    if pick == 7:
+        return [rng.choice(HOSTILE_STRINGS) for _ in range(rng.randint(0, 8))]
+    return {rng.choice(("type", "$ref", "$defs", "properties", "required", "items", "enum", "anyOf")):
+            rng.choice((None, [], {}, [[1]], "string", {"x": 1}, "#/$defs/x"))}
+
+
+def _paths(value: Any, prefix: tuple = ()) -> Iterator[tuple]:
+    """Every place in a JSON value (a path of keys and indexes)."""
+    yield prefix
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _paths(v, (*prefix, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _paths(v, (*prefix, i))
+
+
+def _set(root: Any, path: tuple, value: Any) -> Any:
+    if not path:
+        return value
+    parent = root
+    for k in path[:-1]:
+        parent = parent[k]
+    parent[path[-1]] = value
+    return root
+
+
+def _mutate_json(body: Any, rng: random.Random) -> tuple[Any, str]:
+    places = list(_paths(body))
+    path = rng.choice(places)
+    kind = rng.randrange(6)
+    where = "/".join(map(str, path)) or "body"
+    if kind <= 2:
+        return _set(body, path, _hostile(rng)), f"value@{where}"
+    if kind == 3 and path:
+        parent = body
+        for k in path[:-1]:
+            parent = parent[k]
+        del parent[path[-1]]
+        return body, f"drop@{where}"
+    objects = [p for p in places if isinstance(_get(body, p), dict)]
+    if kind == 4 and objects:
+        target = rng.choice(objects)
+        key = rng.choice(("stream", "stream_options", "tools", "tool_choice", "stop", "n", "model", "logprobs",
+                          "response_format", "reasoning_effort", "messages", "prompt", "name", "tool_call_id",
+                          "max_completion_tokens", "seed", "think", "chat_template_kwargs", "parameters"))
+        _get(body, target)[key] = _hostile(rng)
+        return body, f"add:{key}@{'/'.join(map(str, target)) or 'body'}"
+    return rng.choice(([body], {"body": body}, [body, body])), "wrap"
+
+
+def _get(root: Any, path: tuple) -> Any:
+    for k in path:
+        root = root[k]
+    return root
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    method: str
+    path: str
+    body: bytes | None
+    headers: dict[str, str]
+
+
+def _encode(body: Any) -> bytes:
+    # surrogates survive: json.dumps escapes them as \udxxx (the server must refuse them)
+    return json.dumps(body).encode()
+
+
+def cases(count: int, seed: int) -> Iterator[Case]:
+    """`count` generated requests (the same for the same seed)."""
+    rng = random.Random(seed)
+    for n in range(count):
+        path, seed_body = rng.choice(SEEDS)
+        body: Any = copy.deepcopy(seed_body)
+        steps: list[str] = []
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+        method = "POST"
+        raw: bytes | None = None
+        for _ in range(rng.choice((0, 1, 1, 1, 2, 3))):   # a sixth go unchanged: the valid path is fuzzed too
+            layer = rng.random()
+            if layer < 0.65:
+                body, step = _mutate_json(body, rng)
+            elif layer < 0.8:
+                raw = _encode(body) if raw is None else raw
+                raw, step = _mutate_bytes(raw, rng)
+            else:
+                step = _mutate_http(headers, rng)
+                if step.startswith("method:"):
+                    method = step.split(":", 1)[1]
+                elif step.startswith("path:"):
+                    path = step.split(":", 1)[1]
+            steps.append(step)
+        data = raw if raw is not None else _encode(body)
+        if method in ("GET", "OPTIONS"):
+            data = None
+        yield Case(f"{n}:{path}:{'+'.join(steps) or 'valid'}", method, path, data, headers)
+
+
+def _mutate_bytes(raw: bytes, rng: random.Random) -> tuple[bytes, str]:
+    kind = rng.randrange(6)
+    at = rng.randrange(len(raw) + 1)
+    if kind == 5:   # nesting past any recursion limit, which only raw text can carry
+        n = rng.choice((1000, 20000, 200000))
+        return raw[:at] + b"[" * n + b"]" * n + raw[at:], f"deep@{at}x{n}"
+    if kind == 0:
+        return raw[:at], f"cut@{at}"
+    if kind == 1 and raw:
+        i = rng.randrange(len(raw))
+        return raw[:i] + bytes([raw[i] ^ (1 << rng.randrange(8))]) + raw[i + 1:], f"flip@{i}"
+    if kind == 2:
+        bad = rng.choice((b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\x00"))
+        return raw[:at] + bad + raw[at:], f"bytes@{at}"
+    if kind == 3:
+        return bytes(rng.randrange(256) for _ in range(rng.randint(0, 64))), "garbage"
+    return raw + raw, "twice"
+
+
+def _mutate_http(headers: dict[str, str], rng: random.Random) -> str:
+    kind = rng.randrange(9)
+    if kind == 0:
+        headers["Content-Type"] = rng.choice(("text/plain", "application/x-www-form-urlencoded", "",
+                                              "application/json; charset=latin-1", "APPLICATION/JSON"))
+        return f"content-type:{headers['Content-Type']}"
+    if kind == 1:
+        headers.pop("Authorization", None)
+        return "no-key"
+    if kind == 2:
+        headers["Authorization"] = rng.choice(("Bearer wrong", f"bearer {KEY}", f"Bearer {KEY} ", "Basic eDp5",
+                                               "Bearer " + "k" * 5000))
+        return "wrong-key"
+    if kind == 3:
+        headers["Origin"] = rng.choice(("https://evil.example", "null", "http://localhost"))
+        return "origin"
+    if kind == 4:
+        headers["Host"] = rng.choice(("evil.example", "localhost.evil.example", "127.0.0.1.nip.io", "[::1]:1", ""))
+        return f"host:{headers['Host']}"
+    if kind == 5:
+        return "method:" + rng.choice(("GET", "PUT", "DELETE", "OPTIONS", "PATCH"))
+    if kind == 6:
+        return "path:" + rng.choice(("/v1/models", "/health", "/metrics", "/v1/embeddings", "/", "/v1/completions/",
+                                     "/v1/chat/completions?x=%00", "/_test/kill-worker", "/%2e%2e/etc"))
+    if kind == 7:
+        headers["Content-Length"] = str(rng.choice((0, 1, 1 << 30, 4 << 20)))
+        return f"length:{headers['Content-Length']}"
+    headers["Transfer-Encoding"] = "chunked"
+    return "chunked-claim"
+
+
+@dataclass(frozen=True)
+class HttpResult:
+    case: str
+    outcome: str
+    status: int
+    detail: str = ""
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Server:
+    """A `bmoe-edge serve` process on loopback, restarted when it dies."""
+
+    def __init__(self, model: Path, template: Path | None, workdir: Path) -> None:
+        self.model, self.template, self.workdir = model, template, workdir
+        self.proc: subprocess.Popen[str] | None = None
+        self.port = 0
+        self.log: list[str] = []
+
+    def start(self) -> None:
+        args = [sys.executable, "-m", "bmoe_edge", "serve", "-m", str(self.model), "--port", "0", "-t", "1",
+                "--ctx", "512", "--api-key", KEY, "--queue", "2", "--body-timeout", "2"]
+        if self.template is not None:
+            args += ["--chat-template", str(self.template)]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, GGML_NO_BACKTRACE="1"))
+        assert self.proc.stderr is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line and self.proc.poll() is not None:
+                raise RuntimeError(f"the server did not start: exit {self.proc.returncode}")
+            found = re.search(r"serving \S+ on http://[\d.]+:(\d+)/v1", line)
+            if found:
+                self.port = int(found[1])
+                threading.Thread(target=self._drain, args=(self.proc,), daemon=True).start()
+                return
+        raise RuntimeError("the server did not start within 120 s")
+
+    def _drain(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            self.log.append(line.rstrip("\n"))
+            del self.log[:-50]
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def request(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
+                timeout: float) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.putrequest(method, path, skip_host="Host" in headers, skip_accept_encoding=True)
+            for k, v in headers.items():
+                conn.putheader(k, v)
+            if body is not None and "Content-Length" not in headers and "Transfer-Encoding" not in headers:
+                conn.putheader("Content-Length", str(len(body)))
+            conn.endheaders(body)
+            r = conn.getresponse()
+            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+        finally:
+            conn.close()
+
+
+def _is_error_object(data: bytes) -> bool:
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return False
+    error = body.get("error") if isinstance(body, dict) else None
+    return isinstance(error, dict) and isinstance(error.get("message"), str) and isinstance(error.get("type"), str)
+
+
+def _good_success(headers: dict[str, str], data: bytes) -> str:
+    """"" when a 2xx body is what its route answers; else what is wrong."""
+    if headers.get("content-type", "").startswith("text/event-stream"):
+        text = data.decode("utf-8", "replace")
+        events = [e for e in text.split("\n\n") if e]
+        if not events:
+            return "an empty event stream"
+        for e in events:
+            if not e.startswith("data: "):
+                return f"an event that is not data: {e[:80]!r}"
+            if e != "data: [DONE]":
+                try:
+                    json.loads(e[6:])
+                except ValueError:
+                    return f"an event that is not JSON: {e[:80]!r}"
+        if events[-1] != "data: [DONE]" and '"error"' not in events[-1]:
+            return "a stream that ends without [DONE] or an error"
+        return ""
+    if headers.get("content-type", "").startswith("text/plain"):   # /metrics
+        return ""
+    try:
+        json.loads(data or b"null")
+    except ValueError:
+        return f"a body that is not JSON: {data[:80]!r}"
+    return ""
+
+
+def run_campaign(model: Path, workdir: Path, count: int, seed: int = 0, timeout: float = 60.0,
+                 template: Path | None = None) -> Iterator[HttpResult]:
+    """Every generated request, then the checks; yields one result per request."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    server = Server(model, template, workdir)
+    server.start()
+    auth = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+
+    def probe() -> str:
+        status, _, data = server.request("POST", "/v1/completions", json.dumps(PROBE).encode(), auth, timeout)
+        return json.loads(data)["choices"][0]["text"] if status == 200 else f"<{status}>"
+
+    try:
+        expected = probe()
+        for case in cases(count, seed):
+            yield _one(server, case, timeout, probe, expected)
+            if not server.alive():
+                server.start()
+    finally:
+        server.stop()
+
+
+def _one(server: Server, case: Case, timeout: float, probe: Any, expected: str) -> HttpResult:
+    try:
+        status, headers, data = server.request(case.method, case.path, case.body, case.headers, timeout)
+    except TimeoutError:
+        return HttpResult(case.name, "hang", 0, f"no answer within {timeout:g} s")
+    except (ConnectionError, http.client.HTTPException, OSError) as exc:
+        if not server.alive():
+            code = server.proc.returncode if server.proc else None
+            return HttpResult(case.name, "dead", 0, f"the server exited {code}: " + " | ".join(server.log[-3:]))
+        # the server may close a connection it will not read (a body it refused before reading it)
+        status, headers, data = -1, {}, str(exc).encode()
+    if status >= 500:
+        outcome, detail = "server-error", data[:300].decode("utf-8", "replace")
+    elif 200 <= status < 300:
+        problem = _good_success(headers, data)
+        outcome, detail = ("bad-body", problem) if problem else ("ok", "")
+    elif status == 400 and data.startswith(b"Invalid HTTP request"):   # uvicorn's parser, before any route
+        outcome, detail = "protocol", data[:80].decode("utf-8", "replace")
+    elif 400 <= status < 500:
+        good = _is_error_object(data)
+        outcome, detail = ("refused", "") if good else ("bad-body", data[:300].decode("utf-8", "replace"))
+        if good:
+            detail = json.loads(data)["error"]["message"][:160]
+    elif status == -1:
+        outcome, detail = "protocol", f"connection closed: {data[:120].decode()}"
+    else:
+        outcome, detail = "bad-body", f"status {status}"
+    if outcome not in PASSING:
+        return HttpResult(case.name, outcome, status, detail)
+    if not server.alive():
+        return HttpResult(case.name, "dead", status, " | ".join(server.log[-3:]))
+    try:
+        got = probe()
+        if got != expected:
+            return HttpResult(case.name, "probe", status, f"the greedy answer is {got!r}, was {expected!r}")
+        h_status, _, h_data = server.request("GET", "/health", None, {}, timeout)
+        if h_status != 200 or json.loads(h_data).get("status") != "ok":
+            return HttpResult(case.name, "health", status, f"/health {h_status}: {h_data[:200]!r}")
+    except TimeoutError:
+        return HttpResult(case.name, "hang", status, "the probe after it got no answer")
+    except (ConnectionError, http.client.HTTPException, OSError, ValueError, KeyError) as exc:
+        return HttpResult(case.name, "dead" if not server.alive() else "probe", status, f"{type(exc).__name__}: {exc}")
+    return HttpResult(case.name, outcome, status, detail)
+
+
+def qwen3_template() -> Path | None:
+    """Qwen3's own chat template from the pinned llama.cpp source (tools, forced calls), if extracted."""
+    from bmoe_edge import llama_source
+
+    path = llama_source.default_dest(True) / "models" / "templates" / "Qwen-Qwen3-0.6B.jinja"
+    return path if path.is_file() else None
+
+
+def table(results: list[HttpResult]) -> str:
+    counts = Counter(r.outcome for r in results)
+    statuses = Counter(r.status for r in results)
+    lines = ["| requests | " + " | ".join(OUTCOMES) + " |", "|---" * (len(OUTCOMES) + 1) + "|",
+             f"| {len(results)} | " + " | ".join(str(counts[o]) for o in OUTCOMES) + " |", "",
+             "statuses: " + ", ".join(f"{s or 'none'}: {n}" for s, n in sorted(statuses.items()))]
+    return "\n".join(lines)
