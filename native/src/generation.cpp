@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "bmoe/error.h"
 #include "engine_impl.h"
@@ -38,34 +39,45 @@ std::string logits_of(llama_context * ctx, const llama_vocab * vocab, int32_t in
 
 }  // namespace
 
+void Engine::Impl::run_decode(int first_pos, int n, const std::function<int()> & run) {
+    if (route_trace) {
+        route_trace->begin_batch(first_pos, n);
+    }
+    if (overlap && streaming.streamer) {
+        streaming.streamer->clear_failure();
+    }
+    int rc = 0;
+    {
+        const detail::RpcWorkers::Watch deadline(rpc.get());  // a worker that stops answering: one line
+        rc = run();
+    }
+    const std::string error = seam ? seam->take_error() : std::string();  // taken always: never stale
+    if (overlap && streaming.streamer) {
+        streaming.streamer->drain();  // the last layer's reads; rethrows a failed read
+    }
+    if (!error.empty()) {
+        throw Error(error);
+    }
+    if (rc != 0) {
+        throw Error("llama_decode failed (" + std::to_string(rc) + ")");
+    }
+}
+
 void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
     try {
         for (size_t done = 0; done < tokens.size();) {
             const auto n =
                 static_cast<int32_t>(std::min<size_t>(tokens.size() - done, static_cast<size_t>(config.batch)));
-            if (route_trace) {
-                route_trace->begin_batch(static_cast<int>(in_context.size()), n);
-            }
-            if (overlap && streaming.streamer) {
-                streaming.streamer->clear_failure();
-            }
-            int rc = 0;
-            const detail::RpcWorkers::Watch deadline(rpc.get());  // a worker that stops answering: one line
-            if (all_logits) {
-                AllLogitsBatch b(tokens.data() + done, n, static_cast<llama_pos>(in_context.size()));
-                rc = llama_decode(ctx.get(), b.batch);
-            } else {
-                rc = llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
-            }
-            const std::string error = seam ? seam->take_error() : std::string();  // taken always: never stale
-            if (overlap && streaming.streamer) {
-                streaming.streamer->drain();  // the last layer's reads; rethrows a failed read
-            }
-            if (!error.empty()) {
-                throw Error(error);
-            }
-            if (rc != 0) {
-                throw Error("llama_decode failed (" + std::to_string(rc) + ")");
+            const auto first = static_cast<llama_pos>(in_context.size());
+            run_decode(first, n, [&] {
+                if (all_logits) {
+                    AllLogitsBatch b(tokens.data() + done, n, first);
+                    return llama_decode(ctx.get(), b.batch);
+                }
+                return llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
+            });
+            if (mtp) {
+                mtp->observe(tokens.data() + done, n, first);  // the hidden states the head drafts from
             }
             in_context.insert(in_context.end(), tokens.begin() + static_cast<long>(done),
                               tokens.begin() + static_cast<long>(done) + n);
@@ -75,6 +87,9 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
         // A half-decoded batch leaves keys and values nobody can vouch for: the next generation
         // starts from an empty context.
         llama_memory_clear(llama_get_memory(ctx.get()), true);
+        if (mtp) {
+            mtp->clear();
+        }
         in_context.clear();
         pending.clear();
         accepted.clear();
@@ -144,6 +159,9 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
         keep = 0;
     }
     d.in_context.resize(keep);
+    if (d.mtp) {
+        d.mtp->truncate(static_cast<llama_pos>(keep));
+    }
     llama_sampler_chain_params chain_params = llama_sampler_chain_default_params();
     chain_params.no_perf = true;
     d.sampler.reset(llama_sampler_chain_init(chain_params));
@@ -187,6 +205,9 @@ const std::vector<int32_t> & Engine::context_tokens() const { return live().in_c
 
 void Engine::reset() {
     llama_memory_clear(llama_get_memory(live().ctx.get()), true);
+    if (impl_->mtp) {
+        impl_->mtp->clear();
+    }
     impl_->in_context.clear();
     impl_->pending.clear();
     impl_->accepted.clear();
@@ -210,6 +231,9 @@ void Engine::load_state(const std::string & path) {
         throw Error(path + " is not a session state of this model and context size (or cannot be read)");
     }
     tokens.resize(n);
+    if (d.mtp) {
+        d.mtp->clear();  // the head restarts where the target's next decode starts
+    }
     d.in_context = std::move(tokens);
     d.pending.clear();
     d.accepted.clear();
@@ -228,22 +252,6 @@ void Engine::Impl::emit(StepResult & out, llama_token token) {
         accepted.clear();
     }
     ++step;
-}
-
-std::vector<llama_token> Engine::Impl::draft_for(llama_pos used) {
-    // Greedy only (a draft cannot change what the model picks), and not on a prompt (its logits for
-    // every position would cost n_vocab floats each).
-    if (config.speculative != Speculative::Ngram || !greedy || pending.size() != 1) {
-        return {};
-    }
-    const auto room = static_cast<int64_t>(config.ctx) - used - static_cast<int64_t>(pending.size());
-    const int max = static_cast<int>(std::min<int64_t>({draft_policy.length(), room, config.batch - 1}));
-    if (max <= 0) {
-        return {};
-    }
-    std::vector<llama_token> history(in_context);
-    history.insert(history.end(), pending.begin(), pending.end());
-    return detail::ngram_draft(history, kNgramMin, kNgramMax, max);
 }
 
 llama_token Engine::Impl::verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out) {
@@ -268,6 +276,9 @@ llama_token Engine::Impl::verify(std::vector<llama_token> & batch, size_t n_draf
                     "run it without --speculative");
     }
     in_context.resize(static_cast<size_t>(cut));
+    if (mtp) {
+        mtp->truncate(cut);  // the head's states of the rejected drafts go too
+    }
     out.metrics.drafted = static_cast<int>(n_draft);
     out.metrics.accepted = static_cast<int>(kept);
     draft_policy.update(out.metrics.drafted, out.metrics.accepted);

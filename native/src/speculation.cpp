@@ -1,0 +1,60 @@
+// Speculative decoding's engine half: which drafts (--speculative: off, ngram, the model's MTP head,
+// or auto), the draft context beside the target one, and the drafts of a step. The verify half (one
+// batched decode, the greedy choices kept while they agree, the context cut back) is generation.cpp's;
+// the llama.cpp MTP calls are mtp_draft.cpp's.
+#include <algorithm>
+
+#include "bmoe/error.h"
+#include "engine_impl.h"
+#include "ngram_draft.h"
+
+namespace bmoe {
+
+// After the target context exists, before the warm-up capture (the head's graph is captured too).
+// auto: the model's head where it has one, else prompt lookup (whose policy stops drafting where
+// the model rejects the drafts).
+void Engine::Impl::set_up_speculation() {
+    speculation = config.speculative;
+    const int heads = detail::MtpDraft::heads(model.get());
+    if (speculation == Speculative::Auto) {
+        speculation = heads > 0 && !rpc ? Speculative::Mtp : Speculative::Ngram;
+    }
+    if (speculation == Speculative::Mtp) {
+        if (heads == 0) {
+            throw Error(info.model + ": the model has no MTP head (" + info.architecture +
+                        ".nextn_predict_layers is 0): use --speculative ngram or auto");
+        }
+        if (rpc) {
+            throw Error("--speculative mtp with RPC workers: the head's layer would be placed by llama.cpp, "
+                        "not streamed here; use --speculative ngram");
+        }
+        mtp = std::make_unique<detail::MtpDraft>(model.get(), ctx.get(), context_params());
+    }
+    info.speculative = to_string(speculation);
+}
+
+// The head's decodes, checked like the target's (the seam's error, overlap's drain, the trace).
+detail::MtpDraft::Decode Engine::Impl::draft_decoder() {
+    return [this](llama_pos first, int n, const std::function<int()> & run) { run_decode(first, n, run); };
+}
+
+std::vector<llama_token> Engine::Impl::draft_for(llama_pos used) {
+    // Greedy only (a draft cannot change what the model picks), and not on a prompt (its logits for
+    // every position would cost n_vocab floats each).
+    if (speculation == Speculative::Off || !greedy || pending.size() != 1) {
+        return {};
+    }
+    const auto room = static_cast<int64_t>(config.ctx) - used - static_cast<int64_t>(pending.size());
+    const int max = static_cast<int>(std::min<int64_t>({draft_policy.length(), room, config.batch - 1}));
+    if (max <= 0) {
+        return {};
+    }
+    if (speculation == Speculative::Mtp) {
+        return mtp->draft(pending.front(), used, max, config.batch, draft_decoder());
+    }
+    std::vector<llama_token> history(in_context);
+    history.insert(history.end(), pending.begin(), pending.end());
+    return detail::ngram_draft(history, kNgramMin, kNgramMax, max);
+}
+
+}  // namespace bmoe
