@@ -1,0 +1,95 @@
+"""Speculative decoding from the model's own MTP head (`--speculative mtp`, docs/architecture.md).
+
+The gate cells (gates.MTP_CASES on the MTP fixtures): greedy tokens equal plain decoding, logits
+bit for bit equal a resident run that speculates too, and the head's drafts both accepted and
+rejected; a head that disagrees makes the draft policy back off; a model without a head is refused
+(mtp) or falls back to prompt lookup (auto).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from bmoe_edge.engine import Engine
+from bmoe_edge.errors import BmoeError
+from bmoe_edge.proof import gates
+from bmoe_edge.synthetic import mtp_rows, tinymoe
+from bmoe_edge.synthetic.specs import fixture_resolver
+
+
+@pytest.fixture(scope="module")
+def mtp_results() -> list[gates.CellResult]:
+    return list(gates.run_gates(gates.mtp_matrix(), fixture_resolver(None), steps=gates.QUICK_STEPS * 2))
+
+
+def test_mtp_gate_cells_pass(mtp_results: list[gates.CellResult]) -> None:
+    assert len(mtp_results) == len(gates.MTP_FIXTURES) * len(gates.MTP_CASES)
+    failed = [gates.format_result(r) for r in mtp_results if not r.passed]
+    assert not failed, failed
+
+
+def test_mtp_drafts_accepted_and_rejected(mtp_results: list[gates.CellResult]) -> None:
+    by_head: dict[str, tuple[int, int]] = {}
+    for r in mtp_results:
+        drafted, accepted = by_head.get(r.arch, (0, 0))
+        by_head[r.arch] = (drafted + r.drafted, accepted + r.accepted)
+    agree, noisy, rand = (by_head[f"glm4moe+mtp-{h}"] for h in ("agree", "noisy", "random"))
+    assert agree[1] >= 0.9 * agree[0] > 0  # the head that agrees with the model: nearly all accepted
+    assert 0 < noisy[1] < noisy[0]  # accepted and rejected
+    assert rand[1] < 0.2 * max(rand[0], 1)
+
+
+def _run(model, steps: int = 48, **settings):
+    with Engine(model, replace(gates.BASE, **settings)) as engine:
+        return engine.run(gates.PROMPTS[0], steps), dict(engine.run_info)
+
+
+def test_mtp_backs_off_when_the_head_disagrees() -> None:
+    model = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="random")
+    plain, _ = _run(model, stream=False, speculative="off")
+    gen, info = _run(model, stream=True, speculative="mtp")
+    assert gen.tokens == plain.tokens
+    assert info["speculative"] == "mtp"
+    drafted = sum(m.drafted for m in gen.metrics)
+    steps_with_drafts = sum(1 for m in gen.metrics if m.drafted)
+    # Rejected outright twice in a row: drafting pauses 4, 8, 16 ... decodes; over 48 tokens only a
+    # handful of steps draft at all, one token each.
+    assert 0 < steps_with_drafts <= 8 and drafted <= 8
+
+
+def test_mtp_saves_decodes_when_the_head_agrees() -> None:
+    model = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="agree")
+    gen, info = _run(model, stream=True, speculative="auto", cache_mb=0)
+    assert info["speculative"] == "mtp"
+    decodes = sum(1 for m in gen.metrics if m.n_tokens)
+    assert decodes * 3 <= len(gen.tokens)  # at least 3 tokens per decode
+    assert not info["warning"]
+
+
+def test_without_a_head_mtp_is_refused_and_auto_is_ngram() -> None:
+    model = tinymoe.fixture("qwen3moe", "Q8_0")
+    with pytest.raises(BmoeError, match="no MTP head"):
+        _run(model, stream=False, speculative="mtp")
+    _, info = _run(model, steps=2, stream=True, speculative="auto")
+    assert info["speculative"] == "ngram"
+
+
+def test_an_unused_head_is_not_reported_as_unstreamed() -> None:
+    model = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="agree")
+    _, info = _run(model, steps=2, stream=True, speculative="off")
+    assert info["speculative"] == "off"
+    assert "not streamed" not in info["warning"]
+
+
+def test_a_corrupted_read_of_the_heads_experts_fails_the_cell_on_its_drafts() -> None:
+    # Serial, one lane: the 68th slice read is one of the head's (layer 4). The model's tokens and
+    # logits do not depend on the head, its drafts do: the cell compares them with the resident run's.
+    spec = gates.FixtureSpec("glm4moe", "Q8_0", mtp="noisy")
+    good = gates.MTP_CASES["speculative-mtp-serial"]
+    bad = replace(good, name="speculative-mtp-corrupt", overrides={**good.overrides, "io_threads": 1,
+                                                                   "fault": "corrupt:68"})
+    (result,) = gates.run_gates([gates.GateCell(spec, bad)], fixture_resolver(None), steps=24)
+    assert result.equal_tokens and result.equal_logits, result
+    assert not result.passed and "drafts differ" in result.error, result
