@@ -93,3 +93,11 @@ def test_a_corrupted_read_of_the_heads_experts_fails_the_cell_on_its_drafts() ->
     (result,) = gates.run_gates([gates.GateCell(spec, bad)], fixture_resolver(None), steps=24)
     assert result.equal_tokens and result.equal_logits, result
     assert not result.passed and "drafts differ" in result.error, result
+
+
+def test_a_recurrent_model_refuses_speculation_and_auto_is_off() -> None:
+    model = tinymoe.fixture("qwen35moe", "Q8_0")
+    with pytest.raises(BmoeError, match="cannot roll back"):
+        _run(model, steps=2, stream=False, speculative="ngram")
+    _, info = _run(model, steps=2, stream=False, speculative="auto")
+    assert info["speculative"] == "off"

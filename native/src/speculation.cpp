@@ -16,8 +16,14 @@ namespace bmoe {
 void Engine::Impl::set_up_speculation() {
     speculation = config.speculative;
     const int heads = detail::MtpDraft::heads(model.get());
+    // A recurrent state cannot be cut back to the accepted drafts (the verify step's seq_rm fails).
+    const bool rolls_back = !llama_model_is_recurrent(model.get()) && !llama_model_is_hybrid(model.get());
     if (speculation == Speculative::Auto) {
-        speculation = heads > 0 && !rpc ? Speculative::Mtp : Speculative::Ngram;
+        speculation = !rolls_back ? Speculative::Off : heads > 0 && !rpc ? Speculative::Mtp : Speculative::Ngram;
+    }
+    if (speculation != Speculative::Off && !rolls_back) {
+        throw Error("speculative decoding cannot roll back this model's context ('" + info.architecture +
+                    "' keeps a recurrent state): run it without --speculative (or with auto)");
     }
     if (speculation == Speculative::Mtp) {
         if (heads == 0) {
