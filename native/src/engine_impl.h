@@ -95,6 +95,9 @@ struct Engine::Impl {
     detail::DraftPolicy draft_policy;
     static constexpr int kNgramMin = 2;      // prompt lookup: the shortest and longest n-gram matched
     static constexpr int kNgramMax = 4;
+    // The MTP head's drafts cost head decodes (and a catch-up feed after each pause): after this many
+    // outright rejections in a row (4 + 8 + 16 + 32 + 64 decodes of pauses between them) it stops.
+    static constexpr int kMtpGiveUp = 7;
 
     void open(const std::string & path);
     // open's steps, in the order it takes them (engine.cpp)

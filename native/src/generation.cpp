@@ -188,7 +188,7 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     d.pending.assign(prompt.begin() + static_cast<long>(keep), prompt.end());
     d.greedy = sampling.temp <= 0;
     d.failure.clear();
-    d.draft_policy = detail::DraftPolicy(d.config.draft_max);
+    d.draft_policy = detail::DraftPolicy(d.config.draft_max, d.speculation == Speculative::Mtp ? Impl::kMtpGiveUp : 0);
     d.accepted.clear();
     d.accepted_logits.clear();
     d.want_logits = want_logits;
