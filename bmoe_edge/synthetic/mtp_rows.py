@@ -80,18 +80,22 @@ def _head_tensors(row: Any, d: Any, seed: int, head: str, trunk: dict[str, Any])
 
 
 def write_mtp_moe(path: Path, arch: str, quant: str, *, head: str = "agree", seed: int = 0,
+                  n_layer: int = TRUNK_LAYERS, n_embd: int | None = None, n_ff_exp: int | None = None,
                   vocab_size: int | None = None) -> Path:
-    """Write a tiny `arch` model in `quant` with one MTP block after its 4 trunk layers."""
+    """Write a tiny `arch` model in `quant` with one MTP block after its `n_layer` trunk layers
+    (bigger dimensions than the gate fixtures' for measurements)."""
     import gguf
 
     _check(arch, quant, head)
     row = tinymoe.ROWS[arch]
-    d = tinymoe.dims_for(arch, quant, n_layer=TRUNK_LAYERS)
+    d = tinymoe.dims_for(arch, quant, n_layer=n_layer, n_embd=n_embd, n_ff_exp=n_ff_exp)
     d = replace(d, n_vocab=full_vocab_size() if vocab_size is None else vocab_size)
+    if n_ff_exp is not None:  # glm4moe's shared expert is n_ff_exp wide (expert_shared_count 1)
+        d = replace(d, n_ff_shexp=n_ff_exp)
     tensors = tinymoe._model_tensors(row, d, seed)
     trunk = dict(tensors)
     tensors[-2:-2] = _head_tensors(row, d, seed, head, trunk)  # before output_norm/output
-    kvs = arch_kvs(row.arch, row.keys, replace(d, n_layer=TRUNK_LAYERS + 1))  # block_count: trunk + head
+    kvs = arch_kvs(row.arch, row.keys, replace(d, n_layer=n_layer + 1))  # block_count: trunk + head
     kvs.append(KV(f"{row.arch}.nextn_predict_layers", 1, gguf.GGUFValueType.UINT32))
     kvs = [*general_kvs(f"bmoe-tiny-mtp-{head}-{row.name}-{quant}", tinymoe._FILE_TYPE[quant],
                         quant not in ("F32", "F16")), *kvs, *vocab_kvs(d.n_vocab)]
