@@ -332,10 +332,6 @@ bool Engine::Impl::step_once(StepResult & out) {
     }
     out = StepResult{};
     out.metrics.step = d.step;
-    const std::vector<llama_token> draft = d.draft_for(used);
-    std::vector<llama_token> batch(d.pending);
-    batch.insert(batch.end(), draft.begin(), draft.end());
-    out.metrics.n_tokens = static_cast<int>(batch.size());
     const uint64_t faults0 = detail::major_faults();
     const uint64_t net0 = d.rpc ? d.rpc->network_bytes() : 0;
     const auto t0 = Clock::now();
@@ -349,6 +345,11 @@ bool Engine::Impl::step_once(StepResult & out) {
         out.metrics.read_ahead = d.prefetch->reads_ahead();
         d.seam->set_reading_ahead(out.metrics.read_ahead);
     }
+    // Inside the step's time and counters: an MTP head's drafts are decodes, with reads of their own.
+    const std::vector<llama_token> draft = d.draft_for(used);
+    std::vector<llama_token> batch(d.pending);
+    batch.insert(batch.end(), draft.begin(), draft.end());
+    out.metrics.n_tokens = static_cast<int>(batch.size());
     d.decode(batch, !draft.empty());
     if (d.route_trace) {
         d.route_trace->end_step();
