@@ -4,8 +4,9 @@ Fixtures: glm4moe with 8 trunk layers (n_embd 256, experts 512 wide, 8 experts, 
 and one MTP block, written by bmoe_edge.synthetic.mtp_rows with three heads: agree (the trunk's last
 layer, the token's embedding passed through), noisy (agree plus random eh_proj weights), random.
 Cells: head x (off, mtp) x (streamed with the cache off, streamed with a 25% cache, resident),
-REPEATS interleaved repeats; 1 compute thread, 4 read lanes, overlap auto, prefetch auto (the
-defaults). Writes cells.csv (one row per run) and prints a summary table.
+REPEATS interleaved repeats; 1 compute thread, 4 read lanes, overlap auto, prefetch off (read-ahead
+decides by timing: its reads would make the bytes per token vary). Writes cells.csv (one row per
+run) and prints a summary table.
 
     .venv/bin/python docs/bench-data/2026-12-01/mtp/run.py [OUT_DIR]
 """
@@ -23,7 +24,7 @@ from bmoe_edge.synthetic import mtp_rows
 HEADS = ("agree", "noisy", "random")
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 TOKENS = 192
-REPEATS = 3
+REPEATS = 5
 CACHE = {"cache-off": 0.0, "cache-25pct": 0.25, "resident": None}
 
 
@@ -44,10 +45,10 @@ def main() -> None:
             for cell, frac in CACHE.items():
                 for spec in ("off", "mtp"):
                     if frac is None:
-                        config = StreamConfig(stream=False, threads=1, speculative=spec)
+                        config = StreamConfig(stream=False, threads=1, prefetch="off", speculative=spec)
                     else:
                         expert_mb = 8 * 8 * 3 * 256 * 512 * 34 / 32 / 2**20  # MoE layers 1-7 and the head
-                        config = StreamConfig(threads=1, cache_mb=frac * expert_mb, speculative=spec)
+                        config = StreamConfig(threads=1, cache_mb=frac * expert_mb, prefetch="off", speculative=spec)
                     with Engine(model, config) as engine:
                         t0 = time.perf_counter()
                         gen = engine.run(PROMPT, TOKENS)
