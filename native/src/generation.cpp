@@ -76,8 +76,10 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
                 }
                 return llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
             });
-            if (mtp) {
-                mtp->observe(tokens.data() + done, n, first);  // the hidden states the head drafts from
+            // The hidden states the head drafts from: kept only while it may draft (greedy, not given
+            // up), else they would pile up to the context's length; it restarts after such a gap.
+            if (mtp && greedy && !draft_policy.gave_up()) {
+                mtp->observe(tokens.data() + done, n, first);
             }
             in_context.insert(in_context.end(), tokens.begin() + static_cast<long>(done),
                               tokens.begin() + static_cast<long>(done) + n);
