@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from bmoe_edge.engine import Engine
+from bmoe_edge.engine import Engine, Generation
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.proof import gates
 from bmoe_edge.synthetic import mtp_rows, tinymoe
@@ -101,3 +101,30 @@ def test_a_recurrent_model_refuses_speculation_and_auto_is_off() -> None:
         _run(model, steps=2, stream=False, speculative="ngram")
     _, info = _run(model, steps=2, stream=False, speculative="auto")
     assert info["speculative"] == "off"
+
+
+def _generate(engine: Engine, prompt: list[int], steps: int, reuse_kv: bool = False):
+    gen = Generation(prompt)
+    for _ in engine.generate(prompt, steps, result=gen, reuse_kv=reuse_kv):
+        pass
+    return gen
+
+
+def test_the_head_follows_a_reused_context_and_a_loaded_state(tmp_path) -> None:
+    model = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="noisy")
+    with Engine(model, replace(gates.BASE, stream=False, speculative="off")) as plain_engine:
+        first = plain_engine.run(gates.PROMPTS[0], 12)
+        longer = first.prompt_tokens + first.tokens + plain_engine.tokenize(" and then", add_special=False)
+        want = plain_engine.run(longer, 16).tokens
+    with Engine(model, replace(gates.BASE, stream=True, speculative="mtp", cache_mb=0.5)) as engine:
+        assert engine.run(gates.PROMPTS[0], 12).tokens == first.tokens
+        again = _generate(engine, longer, 16, reuse_kv=True)  # the context's prefix kept, the head's too
+        assert again.reused_tokens > 0 and again.tokens == want
+        assert sum(m.drafted for m in again.metrics) > 0
+        state = tmp_path / "state.bin"
+        _generate(engine, longer, 1)
+        engine.save_state(state)
+        engine.reset()
+        engine.load_state(state)  # the head's context starts again after the loaded positions
+        loaded = _generate(engine, longer, 16, reuse_kv=True)
+        assert loaded.reused_tokens > 0 and loaded.tokens == want
