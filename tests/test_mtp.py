@@ -128,3 +128,19 @@ def test_the_head_follows_a_reused_context_and_a_loaded_state(tmp_path) -> None:
         engine.load_state(state)  # the head's context starts again after the loaded positions
         loaded = _generate(engine, longer, 16, reuse_kv=True)
         assert loaded.reused_tokens > 0 and loaded.tokens == want
+
+
+def test_a_head_given_up_on_gives_its_cache_share_back() -> None:
+    # The random head: 7 outright rejections in a row (pauses 4 ... 64 between them), then no more
+    # drafts, and its layer's share of the cache goes to the trunk: from there on every token reads
+    # exactly what it reads without speculation.
+    model = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="random")
+    expert_mb = 0.2  # MiB, of 0.4 MiB of experts: evictions in every layer
+    runs = {}
+    for spec in ("off", "mtp"):
+        gen, _ = _run(model, steps=220, stream=True, cache_mb=expert_mb, speculative=spec)
+        runs[spec] = gen
+    tail = {spec: [(m.bytes_read, m.cache_hits) for m in gen.metrics[-60:]] for spec, gen in runs.items()}
+    assert sum(m.drafted for m in runs["mtp"].metrics) <= 10
+    assert runs["mtp"].tokens == runs["off"].tokens
+    assert tail["mtp"] == tail["off"]

@@ -191,6 +191,9 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     d.greedy = sampling.temp <= 0;
     d.failure.clear();
     d.draft_policy = detail::DraftPolicy(d.config.draft_max, d.speculation == Speculative::Mtp ? Impl::kMtpGiveUp : 0);
+    if (d.mtp && d.streaming.streamer) {  // a new generation: the head drafts again, its layer cached again
+        d.streaming.streamer->set_layer_active(d.info.n_layer, true);
+    }
     d.accepted.clear();
     d.accepted_logits.clear();
     d.want_logits = want_logits;
@@ -284,6 +287,9 @@ llama_token Engine::Impl::verify(std::vector<llama_token> & batch, size_t n_draf
     out.metrics.drafted = static_cast<int>(n_draft);
     out.metrics.accepted = static_cast<int>(kept);
     draft_policy.update(out.metrics.drafted, out.metrics.accepted);
+    if (mtp && draft_policy.gave_up() && streaming.streamer) {  // the head's share of the cache to the trunk
+        streaming.streamer->set_layer_active(info.n_layer, false);
+    }
     accepted.assign(chosen.begin() + 1, chosen.end());
     pending.assign(1, chosen.back());
     return chosen.front();
