@@ -382,6 +382,11 @@ llama_context_params Engine::Impl::context_params() const {
     params.n_threads_batch = threads;
     params.flash_attn_type = config.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     params.no_perf = true;
+    // A recurrent state cannot be cut back to the accepted drafts; where llama.cpp can keep a snapshot
+    // per position (qwen35moe, lfm2moe, nemotron_h_moe, ...; it clamps to 0 elsewhere), one per draft.
+    const bool recurrent = llama_model_is_recurrent(model.get()) || llama_model_is_hybrid(model.get());
+    const bool speculating = config.speculative != Speculative::Off;
+    params.n_rs_seq = recurrent && speculating ? static_cast<uint32_t>(config.draft_max) : 0;
     if (seam) {
         params.cb_eval = &detail::Seam::callback;
         params.cb_eval_user_data = seam.get();

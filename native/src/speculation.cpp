@@ -16,14 +16,17 @@ namespace bmoe {
 void Engine::Impl::set_up_speculation() {
     speculation = config.speculative;
     const int heads = detail::MtpDraft::heads(model.get());
-    // A recurrent state cannot be cut back to the accepted drafts (the verify step's seq_rm fails).
-    const bool rolls_back = !llama_model_is_recurrent(model.get()) && !llama_model_is_hybrid(model.get());
+    // A recurrent state is cut back to the accepted drafts only from llama.cpp's per-position
+    // snapshots (context_params asks for one per draft; the architectures without them get none).
+    const bool rolls_back = (!llama_model_is_recurrent(model.get()) && !llama_model_is_hybrid(model.get())) ||
+                            llama_n_rs_seq(ctx.get()) >= static_cast<uint32_t>(config.draft_max);
     if (speculation == Speculative::Auto) {
         speculation = !rolls_back ? Speculative::Off : heads > 0 && !rpc ? Speculative::Mtp : Speculative::Ngram;
     }
     if (speculation != Speculative::Off && !rolls_back) {
         throw Error("speculative decoding cannot roll back this model's context ('" + info.architecture +
-                    "' keeps a recurrent state): run it without --speculative (or with auto)");
+                    "' keeps a recurrent state, and llama.cpp keeps no snapshots of it): run it without "
+                    "--speculative (or with auto)");
     }
     if (speculation == Speculative::Mtp) {
         if (heads == 0) {
