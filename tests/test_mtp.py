@@ -25,9 +25,11 @@ def mtp_results() -> list[gates.CellResult]:
 
 
 def test_mtp_gate_cells_pass(mtp_results: list[gates.CellResult]) -> None:
-    assert len(mtp_results) == len(gates.MTP_FIXTURES) * len(gates.MTP_CASES)
+    assert len(mtp_results) == len(gates.MTP_FIXTURES) * len(gates.MTP_CASES) + 1
     failed = [gates.format_result(r) for r in mtp_results if not r.passed]
     assert not failed, failed
+    hybrid_ngram = mtp_results[-1]  # qwen35moe's recurrent state cut back to the accepted drafts
+    assert hybrid_ngram.arch == "qwen35moe" and 0 < hybrid_ngram.accepted < hybrid_ngram.drafted, hybrid_ngram
 
 
 def test_mtp_drafts_accepted_and_rejected(mtp_results: list[gates.CellResult]) -> None:
@@ -35,10 +37,11 @@ def test_mtp_drafts_accepted_and_rejected(mtp_results: list[gates.CellResult]) -
     for r in mtp_results:
         drafted, accepted = by_head.get(r.arch, (0, 0))
         by_head[r.arch] = (drafted + r.drafted, accepted + r.accepted)
-    agree, noisy, rand = (by_head[f"glm4moe+mtp-{h}"] for h in ("agree", "noisy", "random"))
-    assert agree[1] >= 0.9 * agree[0] > 0  # the head that agrees with the model: nearly all accepted
-    assert 0 < noisy[1] < noisy[0]  # accepted and rejected
-    assert rand[1] < 0.2 * max(rand[0], 1)
+    for arch in ("glm4moe", "qwen35moe"):
+        agree, noisy, rand = (by_head[f"{arch}+mtp-{h}"] for h in ("agree", "noisy", "random"))
+        assert agree[1] >= 0.9 * agree[0] > 0  # the head that agrees with the model: nearly all accepted
+        assert 0 < noisy[1] < noisy[0]  # accepted and rejected
+        assert rand[1] < 0.2 * max(rand[0], 1)
 
 
 def _run(model, steps: int = 48, **settings):
@@ -95,12 +98,14 @@ def test_a_corrupted_read_of_the_heads_experts_fails_the_cell_on_its_drafts() ->
     assert not result.passed and "drafts differ" in result.error, result
 
 
-def test_a_recurrent_model_refuses_speculation_and_auto_is_off() -> None:
-    model = tinymoe.fixture("qwen35moe", "Q8_0")
+def test_a_recurrent_model_without_snapshots_refuses_speculation_and_auto_is_off() -> None:
+    model = tinymoe.fixture("qwen3next", "Q8_0")  # llama.cpp keeps no rollback snapshots for it
     with pytest.raises(BmoeError, match="cannot roll back"):
         _run(model, steps=2, stream=False, speculative="ngram")
     _, info = _run(model, steps=2, stream=False, speculative="auto")
     assert info["speculative"] == "off"
+    _, info = _run(tinymoe.fixture("qwen35moe", "Q8_0"), steps=2, stream=False, speculative="auto")
+    assert info["speculative"] == "ngram"  # qwen35moe: snapshots, one per draft
 
 
 def _generate(engine: Engine, prompt: list[int], steps: int, reuse_kv: bool = False):

@@ -76,7 +76,8 @@ CASES: dict[str, StreamCase] = {c.name: c for c in (
 
 
 # The model's own MTP head drafts (`--speculative mtp`; auto picks it where the model has one), on the
-# MTP fixtures: a head that agrees with the model (drafts accepted), a noisy one (accepted and
+# MTP fixtures (glm4moe: attention; qwen35moe: a hybrid trunk, its recurrent state rolled back from
+# snapshots): a head that agrees with the model (drafts accepted), a noisy one (accepted and
 # rejected, often in one step) and a random one (rejected: the draft policy backs off).
 MTP_CASES: dict[str, StreamCase] = {c.name: c for c in (
     StreamCase("speculative-mtp", cache=0.3, overrides={"overlap": True, "speculative": "mtp"}),
@@ -84,7 +85,8 @@ MTP_CASES: dict[str, StreamCase] = {c.name: c for c in (
     StreamCase("speculative-auto-prefetch", cache=0.3,
                overrides={"overlap": True, "speculative": "auto", "prefetch": "predict"}),
 )}
-MTP_FIXTURES = tuple(FixtureSpec("glm4moe", "Q8_0", mtp=head) for head in ("agree", "noisy", "random"))
+MTP_FIXTURES = tuple(FixtureSpec(arch, "Q8_0", mtp=head) for arch in ("glm4moe", "qwen35moe")
+                     for head in ("agree", "noisy", "random"))
 
 
 @dataclass(frozen=True)
@@ -157,8 +159,10 @@ def full_matrix() -> list[GateCell]:
 
 
 def mtp_matrix() -> list[GateCell]:
-    """Every MTP case on every MTP fixture."""
-    return [GateCell(spec, case) for spec in MTP_FIXTURES for case in MTP_CASES.values()]
+    """Every MTP case on every MTP fixture, and prompt lookup on a hybrid (recurrent) trunk: its
+    state cut back to the accepted drafts from llama.cpp's per-position snapshots."""
+    return [GateCell(spec, case) for spec in MTP_FIXTURES for case in MTP_CASES.values()] + \
+        [GateCell(FixtureSpec("qwen35moe", "Q8_0"), CASES["speculative-ngram"])]
 
 
 def quick_matrix() -> list[GateCell]:

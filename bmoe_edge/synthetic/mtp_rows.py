@@ -19,10 +19,11 @@ Two heads (`head=`):
   side: the draft policy must back off).
 
 Architectures (`MTP_ARCHS`): the fixture rows whose pinned llama.cpp graph runs a single MTP head
-over the target model itself (`graph_mtp` in `src/models/<arch>.cpp`) and whose verify step can
-roll the context back (attention-only KV): glm4moe (GLM-4.5 style). qwen35moe's head exists at the
-pin too, but its trunk is recurrent (no partial rollback without state snapshots); step35's chained
-heads have no fixture row; gemma4's drafts come from a separate assistant model (gemma4-assistant).
+over the target model itself (`graph_mtp` in `src/models/<arch>.cpp`): glm4moe (GLM-4.5 style,
+attention only) and qwen35moe (Qwen3.5/3.6-MoE: a hybrid trunk whose recurrent state the verify step
+cuts back from llama.cpp's per-position snapshots; the head is an attention layer). step35's
+chained heads have no fixture row; gemma4's drafts come from a separate assistant model
+(gemma4-assistant).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from bmoe_edge.synthetic import tinymoe
 from bmoe_edge.synthetic.arch_parts import EMBD_RMS
 from bmoe_edge.synthetic.gguf_kv import KV, arch_kvs, full_vocab_size, general_kvs, vocab_kvs
 
-MTP_ARCHS: tuple[str, ...] = ("glm4moe",)
+MTP_ARCHS: tuple[str, ...] = ("glm4moe", "qwen35moe")
 HEADS: tuple[str, ...] = ("agree", "noisy", "random")
 NOISE = 6.0  # "noisy": the random part of eh_proj (against the embedding's EMBD_RMS): about half accepted
 TRUNK_LAYERS = 4
@@ -58,9 +59,10 @@ def _head_tensors(row: Any, d: Any, seed: int, head: str, trunk: dict[str, Any])
     import numpy as np
 
     il = d.n_layer  # the block after the trunk
+    head_dims = replace(d, kinds="A")  # in a hybrid trunk the head is an attention layer (qwen35moe)
     out: list[tuple[str, Any]] = []
     for t in row.layer:
-        if not t.in_layer(il, d):
+        if not t.in_layer(il, head_dims):
             continue
         name = f"blk.{il}.{t.name}"
         if head != "random" and f"blk.{il - 1}.{t.name}" in trunk:
