@@ -191,8 +191,11 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     d.greedy = sampling.temp <= 0;
     d.failure.clear();
     d.draft_policy = detail::DraftPolicy(d.config.draft_max, d.speculation == Speculative::Mtp ? Impl::kMtpGiveUp : 0);
-    if (d.mtp && d.streaming.streamer) {  // a new generation: the head drafts again, its layer cached again
-        d.streaming.streamer->set_layer_active(d.info.n_layer, true);
+    if (d.mtp) {  // a new generation: the head drafts again (greedy only), its layer cached again
+        d.mtp->set_enabled(d.greedy);
+        if (d.streaming.streamer) {
+            d.streaming.streamer->set_layer_active(d.info.n_layer, d.greedy);
+        }
     }
     d.accepted.clear();
     d.accepted_logits.clear();

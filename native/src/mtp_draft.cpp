@@ -46,6 +46,8 @@ MtpDraft::MtpDraft(llama_model * model, llama_context * target, llama_context_pa
 
 MtpDraft::~MtpDraft() = default;
 
+void MtpDraft::set_enabled(bool on) { llama_set_embeddings_nextn(target_, on, false); }
+
 void MtpDraft::decode_rows(const llama_token * tokens, const float * rows, int n, llama_pos first, bool output,
                            const Decode & decode) {
     std::unique_ptr<llama_batch_ext, BatchFree> batch(llama_batch_ext_init(ctx_.get()));

@@ -42,6 +42,10 @@ public:
 
     llama_context * context() const { return ctx_.get(); }
 
+    // Whether the target outputs the hidden states the head needs (off: sampled decoding, no drafts;
+    // the target's last layer then computes only the tokens whose logits are asked for).
+    void set_enabled(bool on);
+
     // One decode with a zero hidden state (the engine's warm-up capture); leaves the context empty.
     void warm_up(llama_token token, const Decode & decode);
 
