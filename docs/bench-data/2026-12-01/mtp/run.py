@@ -8,7 +8,9 @@ REPEATS interleaved repeats; 1 compute thread, 4 read lanes, overlap auto, prefe
 decides by timing: its reads would make the bytes per token vary). Writes cells.csv (one row per
 run) and prints a summary table.
 
-    .venv/bin/python docs/bench-data/2026-12-01/mtp/run.py [OUT_DIR]
+    .venv/bin/python docs/bench-data/2026-12-01/mtp/run.py [OUT_DIR [ARCH [REPEATS]]]
+
+ARCH: glm4moe (the default; cells.csv) or qwen35moe (its trunk hybrid: cells-qwen35moe.csv).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from bmoe_edge.engine import Engine, StreamConfig
+from bmoe_edge.engine import Engine, StreamConfig, info
 from bmoe_edge.synthetic import mtp_rows
 
 HEADS = ("agree", "noisy", "random")
@@ -30,24 +32,27 @@ CACHE = {"cache-off": 0.0, "cache-25pct": 0.25, "resident": None}
 
 def main() -> None:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
+    arch = sys.argv[2] if len(sys.argv) > 2 else "glm4moe"
+    repeats = int(sys.argv[3]) if len(sys.argv) > 3 else REPEATS
     cache = Path.home() / ".cache/bmoe-edge/bench-mtp"
     cache.mkdir(parents=True, exist_ok=True)
     models = {}
     for head in HEADS:
-        path = cache / f"mtp-{head}-l8-e256-f512.gguf"
+        stem = f"mtp-{head}" if arch == "glm4moe" else f"mtp-{arch}-{head}"
+        path = cache / f"{stem}-l8-e256-f512.gguf"
         if not path.is_file():
-            mtp_rows.write_mtp_moe(path, "glm4moe", "Q8_0", head=head, n_layer=8, n_embd=256, n_ff_exp=512)
+            mtp_rows.write_mtp_moe(path, arch, "Q8_0", head=head, n_layer=8, n_embd=256, n_ff_exp=512)
         models[head] = path
+    expert_mb = info.model_summary(models["agree"]).expert_bytes / 2**20  # the trunk's and the head's
     rows = []
     plain_tokens: dict[str, list[int]] = {}
-    for rep in range(REPEATS):
+    for rep in range(repeats):
         for head, model in models.items():
             for cell, frac in CACHE.items():
                 for spec in ("off", "mtp"):
                     if frac is None:
                         config = StreamConfig(stream=False, threads=1, prefetch="off", speculative=spec)
                     else:
-                        expert_mb = 8 * 8 * 3 * 256 * 512 * 34 / 32 / 2**20  # MoE layers 1-7 and the head
                         config = StreamConfig(threads=1, cache_mb=frac * expert_mb, prefetch="off", speculative=spec)
                     with Engine(model, config) as engine:
                         t0 = time.perf_counter()
@@ -67,7 +72,7 @@ def main() -> None:
                         "wall_s": round(wall, 3),
                     })
                     print(rows[-1], flush=True)
-    with open(out / "cells.csv", "w", newline="") as f:
+    with open(out / ("cells.csv" if arch == "glm4moe" else f"cells-{arch}.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
@@ -80,8 +85,8 @@ def main() -> None:
                     for s in ("off", "mtp")}
             ratios = [m["decode_tok_s"] / o["decode_tok_s"] for o, m in zip(pick["off"], pick["mtp"], strict=True)]
             med = sorted(ratios)[len(ratios) // 2]
-            off = sorted(r["decode_tok_s"] for r in pick["off"])[REPEATS // 2]
-            mtp = sorted(r["decode_tok_s"] for r in pick["mtp"])[REPEATS // 2]
+            off = sorted(r["decode_tok_s"] for r in pick["off"])[repeats // 2]
+            mtp = sorted(r["decode_tok_s"] for r in pick["mtp"])[repeats // 2]
             m0 = pick["mtp"][0]
             o0 = pick["off"][0]
             print(f"| {head} | {cell} | {off:.0f} | {mtp:.0f} | {med:.2f} ({min(ratios):.2f}-{max(ratios):.2f}) | "
