@@ -385,7 +385,9 @@ llama_context_params Engine::Impl::context_params() const {
     // A recurrent state cannot be cut back to the accepted drafts; where llama.cpp can keep a snapshot
     // per position (qwen35moe, lfm2moe, nemotron_h_moe, ...; it clamps to 0 elsewhere), one per draft.
     const bool recurrent = llama_model_is_recurrent(model.get()) || llama_model_is_hybrid(model.get());
-    const bool speculating = config.speculative != Speculative::Off;
+    // auto on such a trunk: only for an MTP head (speculation.cpp), the snapshots cost memory.
+    const bool speculating = config.speculative == Speculative::Ngram || config.speculative == Speculative::Mtp ||
+                             (config.speculative == Speculative::Auto && detail::MtpDraft::heads(model.get()) > 0);
     params.n_rs_seq = recurrent && speculating ? static_cast<uint32_t>(config.draft_max) : 0;
     if (seam) {
         params.cb_eval = &detail::Seam::callback;

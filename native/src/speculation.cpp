@@ -12,16 +12,20 @@ namespace bmoe {
 
 // After the target context exists, before the warm-up capture (the head's graph is captured too).
 // auto: the model's head where it has one, else prompt lookup (whose policy stops drafting where
-// the model rejects the drafts).
+// the model rejects the drafts), except on a recurrent trunk: there prompt lookup would need state
+// snapshots at every decode, for drafts that free text seldom has.
 void Engine::Impl::set_up_speculation() {
     speculation = config.speculative;
     const int heads = detail::MtpDraft::heads(model.get());
     // A recurrent state is cut back to the accepted drafts only from llama.cpp's per-position
     // snapshots (context_params asks for one per draft; the architectures without them get none).
-    const bool rolls_back = (!llama_model_is_recurrent(model.get()) && !llama_model_is_hybrid(model.get())) ||
-                            llama_n_rs_seq(ctx.get()) >= static_cast<uint32_t>(config.draft_max);
-    if (speculation == Speculative::Auto) {
-        speculation = !rolls_back ? Speculative::Off : heads > 0 && !rpc ? Speculative::Mtp : Speculative::Ngram;
+    const bool recurrent = llama_model_is_recurrent(model.get()) || llama_model_is_hybrid(model.get());
+    const bool rolls_back = !recurrent || llama_n_rs_seq(ctx.get()) >= static_cast<uint32_t>(config.draft_max);
+    if (speculation == Speculative::Auto) {  // on a recurrent trunk prompt lookup is not worth its snapshots
+        speculation = !rolls_back                ? Speculative::Off
+                      : heads > 0 && !rpc        ? Speculative::Mtp
+                      : recurrent                ? Speculative::Off
+                                                 : Speculative::Ngram;
     }
     if (speculation != Speculative::Off && !rolls_back) {
         throw Error("speculative decoding cannot roll back this model's context ('" + info.architecture +
