@@ -152,3 +152,15 @@ def test_a_head_given_up_on_gives_its_cache_share_back() -> None:
     assert sum(m.drafted for m in runs["mtp"].metrics) <= 10
     assert runs["mtp"].tokens == runs["off"].tokens
     assert tail["mtp"] == tail["off"]
+
+
+def test_a_failed_read_of_the_heads_experts_stops_the_generation_and_the_next_one_is_whole() -> None:
+    model = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="noisy")
+    plain, _ = _run(model, steps=24, stream=False, speculative="off")
+    config = replace(gates.BASE, stream=True, speculative="mtp", io_threads=1, fault="fail:68")  # a head read
+    with Engine(model, config) as engine:
+        with pytest.raises(BmoeError, match="injected fault"):
+            engine.run(gates.PROMPTS[0], 24)
+        again = engine.run(gates.PROMPTS[0], 24)  # the head's context started afresh
+    assert again.tokens == plain.tokens
+    assert sum(m.drafted for m in again.metrics) > 0

@@ -127,12 +127,12 @@ std::vector<llama_token> MtpDraft::draft(llama_token last, llama_pos pos, int ma
     if (base_ + static_cast<llama_pos>(unfed_.size()) != pos) {
         return {};  // the head has not seen what lies before pos (observe restarts it)
     }
-    feed(batch, decode);
     std::vector<llama_token> out;
-    std::vector<float> h(hidden_.end() - static_cast<long>(n_embd_), hidden_.end());
     const int32_t n_vocab = llama_vocab_n_tokens(vocab_);
     llama_token token = last;
     try {
+        feed(batch, decode);
+        std::vector<float> h(hidden_.end() - static_cast<long>(n_embd_), hidden_.end());
         for (int i = 0; i < max; ++i) {
             decode_rows(&token, h.data(), 1, pos + i, true, decode);
             token = argmax(llama_get_logits_ith(ctx_.get(), 0), n_vocab);
@@ -143,8 +143,8 @@ std::vector<llama_token> MtpDraft::draft(llama_token last, llama_pos pos, int ma
             }
             std::memcpy(h.data(), next, n_embd_ * sizeof(float));
         }
-    } catch (...) {
-        llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, pos, -1);
+    } catch (...) {  // a failed decode (a read error) leaves the head's context unknown: it starts afresh
+        clear();
         throw;
     }
     // The draft positions go: the head is fed what the target verifies, with the target's states.
