@@ -274,3 +274,25 @@ def test_fewer_experts_per_token_is_lossy_and_says_so(model: Path) -> None:
 def test_an_impossible_expert_count_is_one_line_before_loading(model: Path, k: str) -> None:
     assert_clean_error(run_cli("generate", "-m", str(model), "-p", "Hi", "-n", "2", "--n-expert-used", k),
                        "n_expert_used")
+
+
+def test_speculative_mtp_drafts_from_the_models_head_through_the_cli() -> None:
+    from bmoe_edge.synthetic import mtp_rows
+
+    head = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="noisy")
+    runs = {}
+    for name, flags in {"plain": ["--no-stream"], "mtp": ["--speculative", "mtp", "--cache-mb", "0"],
+                        "auto": ["--speculative", "auto", "--overlap", "--cache-mb", "1"]}.items():
+        result = run_cli("generate", "-m", str(head), "-p", "Once upon a time", "-n", "24", "-t", "1", "--json",
+                         *flags)
+        assert result.returncode == 0, result.stderr
+        runs[name] = json_lines(result.stdout)
+    ids = {name: [r["id"] for r in lines if r["type"] == "token"] for name, lines in runs.items()}
+    assert ids["mtp"] == ids["plain"] == ids["auto"]
+    for name in ("mtp", "auto"):
+        summary = runs[name][-1]
+        assert summary["run"]["speculative"] == "mtp"
+        assert 0 < summary["accepted"] < summary["drafted"] and summary["decodes"] < 24, summary
+    no_head = run_cli("generate", "-m", str(tinymoe.fixture("qwen3moe", "Q8_0")), "-p", "Hi", "-n", "2",
+                      "--speculative", "mtp")
+    assert_clean_error(no_head, "no MTP head", "--speculative ngram")

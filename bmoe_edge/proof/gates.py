@@ -75,6 +75,20 @@ CASES: dict[str, StreamCase] = {c.name: c for c in (
 )}
 
 
+# The model's own MTP head drafts (`--speculative mtp`; auto picks it where the model has one), on the
+# MTP fixtures (glm4moe: attention; qwen35moe: a hybrid trunk, its recurrent state rolled back from
+# snapshots): a head that agrees with the model (drafts accepted), a noisy one (accepted and
+# rejected, often in one step) and a random one (rejected: the draft policy backs off).
+MTP_CASES: dict[str, StreamCase] = {c.name: c for c in (
+    StreamCase("speculative-mtp", cache=0.3, overrides={"overlap": True, "speculative": "mtp"}),
+    StreamCase("speculative-mtp-serial", overrides={"speculative": "mtp"}),
+    StreamCase("speculative-auto-prefetch", cache=0.3,
+               overrides={"overlap": True, "speculative": "auto", "prefetch": "predict"}),
+)}
+MTP_FIXTURES = tuple(FixtureSpec(arch, "Q8_0", mtp=head) for arch in ("glm4moe", "qwen35moe")
+                     for head in ("agree", "noisy", "random"))
+
+
 @dataclass(frozen=True)
 class GateCell:
     """One fixture under one streaming configuration."""
@@ -141,7 +155,14 @@ def full_matrix() -> list[GateCell]:
             cells += [GateCell(spec, case) for case in CASES.values()]
         cells.append(GateCell(FixtureSpec(arch, "Q8_0", split=3), CASES["cache-small"]))
     have = {(c.fixture, c.case.name) for c in cells}
-    return cells + [c for c in breadth_matrix() if (c.fixture, c.case.name) not in have]
+    return cells + [c for c in breadth_matrix() if (c.fixture, c.case.name) not in have] + mtp_matrix()
+
+
+def mtp_matrix() -> list[GateCell]:
+    """Every MTP case on every MTP fixture, and prompt lookup on a hybrid (recurrent) trunk: its
+    state cut back to the accepted drafts from llama.cpp's per-position snapshots."""
+    return [GateCell(spec, case) for spec in MTP_FIXTURES for case in MTP_CASES.values()] + \
+        [GateCell(FixtureSpec("qwen35moe", "Q8_0"), CASES["speculative-ngram"])]
 
 
 def quick_matrix() -> list[GateCell]:
@@ -211,7 +232,7 @@ def _first_difference(a: list[Generation], b: list[Generation]) -> tuple[bool, b
 def check_cell(cell: GateCell, model: Path, resident: list[Generation], all_expert_bytes: int,
              steps: int, plain: list[Generation] | None = None) -> CellResult:
     spec = cell.fixture
-    result = CellResult(spec.arch, spec.quant, spec.split, cell.case.name, passed=False)
+    result = CellResult(spec.label, spec.quant, spec.split, cell.case.name, passed=False)
     prompts = [g.prompt_tokens for g in resident] if cell.case.echo else PROMPTS
     try:
         with Engine(model, stream_config(cell.case, all_expert_bytes)) as engine:
@@ -232,9 +253,15 @@ def check_cell(cell: GateCell, model: Path, resident: list[Generation], all_expe
     result.hit_pct = 100.0 * sum(m.cache_hits for m in metrics) / lookups if lookups else 0.0
     result.drafted = sum(m.drafted for m in metrics)
     result.accepted = sum(m.accepted for m in metrics)
-    result.passed = eq_tokens and eq_logits and result.bytes_read > 0
+    # The drafts depend on the draft's weights (an MTP head's experts are streamed too): step by step
+    # the same as the resident run's.
+    same_drafts = [(m.drafted, m.accepted) for g in resident[: len(streamed)] for m in g.metrics] == \
+        [(m.drafted, m.accepted) for m in metrics]
+    result.passed = eq_tokens and eq_logits and same_drafts and result.bytes_read > 0
     if result.bytes_read == 0:
         result.error = "streamed run read nothing: the seam did not engage"
+    elif not same_drafts:
+        result.error = "the drafts differ from the resident run's"
     return result
 
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 
 #include "bmoe/build_info.h"
@@ -118,6 +119,7 @@ void Engine::Impl::open(const std::string & path) {
         seam = std::make_unique<detail::Seam>(*recipe);
     }
     create_context();
+    set_up_speculation();
     if (!config.stream) {
         gguf->check_same_as_paths();  // llama.cpp opened the files by path: the same ones?
         info.cache_mode = "off";
@@ -259,8 +261,12 @@ void Engine::Impl::route_to_streamer() {
     detail::Streamer & streamer = *streaming.streamer;
     if (overlap) {
         hook = std::make_unique<detail::ExpertReadyHook>(streamer);
-        llama_set_abort_callback(
-            ctx.get(), [](void * s) { return static_cast<detail::Streamer *>(s)->failed(); }, &streamer);
+        for (llama_context * c : {ctx.get(), mtp ? mtp->context() : nullptr}) {  // the MTP head's graph too
+            if (c != nullptr) {
+                llama_set_abort_callback(
+                    c, [](void * s) { return static_cast<detail::Streamer *>(s)->failed(); }, &streamer);
+            }
+        }
     }
     detail::RouteTrace * trace = route_trace.get();
     const bool overlapped = overlap;
@@ -286,6 +292,7 @@ void Engine::Impl::set_up_read_ahead() {
     detail::Streamer & streamer = *streaming.streamer;
     detail::RouteTrace * trace = route_trace.get();
     if (config.prefetch != Prefetch::Off) {
+        seam->set_predicted_layers(info.n_layer);  // never the trunk's last layer to an MTP head's
         seam->set_read_ahead([&streamer, trace](int layer, const std::vector<int> & e) {
             if (trace != nullptr) {
                 trace->predicted(layer, e);
@@ -306,6 +313,9 @@ void Engine::Impl::load_model(const std::string & path, const Recipe * recipe) {
     params.load_mode = LLAMA_LOAD_MODE_MMAP;
     params.use_extra_bufts = false;  // repacked experts would not be the file's bytes
     params.n_gpu_layers = 0;
+    // The model's MTP head, where speculation may use it (never on RPC workers: speculation.cpp).
+    params.load_mtp = (config.speculative == Speculative::Mtp || config.speculative == Speculative::Auto) &&
+                      rpc_endpoints.empty();
     std::vector<ggml_backend_dev_t> devices;
     std::vector<float> split;
     if (rpc) {  // llama.cpp's own placement: the first layers here, then each worker's run, in order
@@ -356,7 +366,7 @@ void Engine::Impl::load_model(const std::string & path, const Recipe * recipe) {
     vocab = llama_model_get_vocab(model.get());
 }
 
-void Engine::Impl::create_context() {
+llama_context_params Engine::Impl::context_params() const {
     llama_context_params params = llama_context_default_params();
     params.n_ctx = static_cast<uint32_t>(config.ctx);
     params.n_batch = static_cast<uint32_t>(config.batch);
@@ -368,15 +378,28 @@ void Engine::Impl::create_context() {
     // decoded 0.4 tok/s against 1.0-1.7 with 1 (docs/bench-data/2026-11-30).
     const int cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
     const int threads = config.threads > 0 ? config.threads : config.stream ? std::max(1, cores - 1) : cores;
-    info.threads = threads;
     params.n_threads = threads;
     params.n_threads_batch = threads;
     params.flash_attn_type = config.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     params.no_perf = true;
+    // A recurrent state cannot be cut back to the accepted drafts; where llama.cpp can keep a snapshot
+    // per position (qwen35moe, lfm2moe, nemotron_h_moe, ...; it clamps to 0 elsewhere), one per draft.
+    const bool recurrent = llama_model_is_recurrent(model.get()) || llama_model_is_hybrid(model.get());
+    // auto on such a trunk: only for an MTP head (speculation.cpp), the snapshots cost memory.
+    const bool speculating = config.speculative == Speculative::Ngram || config.speculative == Speculative::Mtp ||
+                             (config.speculative == Speculative::Auto && detail::MtpDraft::heads(model.get()) > 0);
+    params.n_rs_seq = recurrent && speculating ? static_cast<uint32_t>(config.draft_max) : 0;
     if (seam) {
         params.cb_eval = &detail::Seam::callback;
         params.cb_eval_user_data = seam.get();
     }
+    return params;
+}
+
+// The target context; an MTP head's draft context is made with the same parameters (speculation.cpp).
+void Engine::Impl::create_context() {
+    const llama_context_params params = context_params();
+    info.threads = params.n_threads;
     detail::clear_llama_error();
     ctx.reset(llama_init_from_model(model.get(), params));
     if (!ctx) {
@@ -393,7 +416,10 @@ void Engine::Impl::warm_up_and_capture() {
     if (token == LLAMA_TOKEN_NULL) {
         token = 0;
     }
-    const int rc = llama_decode(ctx.get(), llama_batch_get_one(&token, 1));
+    int rc = llama_decode(ctx.get(), llama_batch_get_one(&token, 1));
+    if (rc == 0 && mtp) {  // the head's own layer (its experts) runs only in the draft context
+        mtp->warm_up(token, [&rc](llama_pos, int, const std::function<int()> & run) { rc = run(); });
+    }
     seam->set_mode(detail::Seam::Mode::Off);
     llama_memory_clear(llama_get_memory(ctx.get()), true);
     if (rc != 0) {

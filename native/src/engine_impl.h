@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "gguf_map.h"
 #include "llama.h"
 #include "memory_budget.h"
+#include "mtp_draft.h"
 #include "ngram_draft.h"
 #include "prefetch_policy.h"
 #include "route_trace.h"
@@ -71,6 +73,7 @@ struct Engine::Impl {
     detail::StreamingParts streaming;  // after the seam, before the model: outlives both uses
     std::unique_ptr<llama_model, detail::ModelDeleter> model;
     std::unique_ptr<llama_context, detail::ContextDeleter> ctx;
+    std::unique_ptr<detail::MtpDraft> mtp;  // the model's own draft head (--speculative mtp), over `ctx`
     std::unique_ptr<llama_sampler, detail::SamplerDeleter> sampler;
     const llama_vocab * vocab = nullptr;
     std::unique_ptr<detail::MemoryBudget> memory;
@@ -88,9 +91,13 @@ struct Engine::Impl {
     std::string failure;
     int step = 0;
 
+    Speculative speculation = Speculative::Off;  // what --speculative resolved to at open (never Auto)
     detail::DraftPolicy draft_policy;
     static constexpr int kNgramMin = 2;      // prompt lookup: the shortest and longest n-gram matched
     static constexpr int kNgramMax = 4;
+    // The MTP head's drafts cost head decodes (and a catch-up feed after each pause): after this many
+    // outright rejections in a row (4 + 8 + 16 + 32 + 64 decodes of pauses between them) it stops.
+    static constexpr int kMtpGiveUp = 7;
 
     void open(const std::string & path);
     // open's steps, in the order it takes them (engine.cpp)
@@ -102,7 +109,9 @@ struct Engine::Impl {
     void place_layers_on_workers();
     void load_model(const std::string & path, const Recipe * recipe);
     void read_model_shape(const std::string & path);
+    llama_context_params context_params() const;
     void create_context();
+    void set_up_speculation();  // speculation.cpp
     void capture_weights(const Recipe & recipe);
     void warm_up_and_capture();
     void stream_only_local_layers();
@@ -110,6 +119,10 @@ struct Engine::Impl {
     void route_to_streamer();
     void set_up_read_ahead();
     void decode(std::vector<llama_token> & tokens, bool all_logits = false);
+    // One llama_decode-like call of `n` tokens from `first_pos` on either context, the engine's way:
+    // the route trace told, overlap's reads drained, the seam's error thrown first.
+    void run_decode(int first_pos, int n, const std::function<int()> & run);
+    detail::MtpDraft::Decode draft_decoder();
     std::vector<llama_token> draft_for(llama_pos used);
     llama_token verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out);
     void emit(StepResult & out, llama_token token);

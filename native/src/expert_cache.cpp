@@ -6,7 +6,7 @@
 namespace bmoe::detail {
 
 ExpertCache::ExpertCache(uint64_t budget_bytes, std::vector<uint64_t> expert_bytes, std::vector<int> n_expert)
-    : expert_bytes_(std::move(expert_bytes)), layers_(expert_bytes_.size()) {
+    : expert_bytes_(std::move(expert_bytes)), layers_(expert_bytes_.size()), inactive_(expert_bytes_.size(), false) {
     for (size_t l = 0; l < layers_.size(); ++l) {
         const auto n = static_cast<size_t>(l < n_expert.size() ? std::max(0, n_expert[l]) : 0);
         layers_[l].where.resize(n);
@@ -75,6 +75,26 @@ std::vector<ExpertKey> ExpertCache::evict_over_budget(int pinned_layer) {
         }
     }
     return victims;
+}
+
+std::vector<ExpertKey> ExpertCache::set_active(int layer, bool active) {
+    const auto l = static_cast<size_t>(layer);
+    std::vector<ExpertKey> out;
+    if (l >= layers_.size() || inactive_[l] == !active) {
+        return out;
+    }
+    inactive_[l] = !active;
+    if (!active) {
+        while (!layers_[l].lru.empty()) {
+            out.push_back({layer, layers_[l].lru.front()});
+            drop(layer, layers_[l].lru.begin());
+        }
+        slot_bytes_ -= expert_bytes_[l];
+    } else {
+        slot_bytes_ += expert_bytes_[l];
+    }
+    set_budget(budget_);
+    return out;
 }
 
 void ExpertCache::evict_layer(int layer, const std::vector<int> & experts) {

@@ -42,6 +42,10 @@ public:
     void evict_layer(int layer, const std::vector<int> & experts);
     // A new budget (memory pressure came or went); evict_over_budget applies a smaller one.
     void set_budget(uint64_t budget_bytes);
+    // A layer that is not going to run for a while (an MTP head whose drafts stopped) gives its share
+    // back: its entries leave (returned, to be released) and every other layer's share grows by its
+    // part of the slot. Reversible; a layer is active from the start.
+    std::vector<ExpertKey> set_active(int layer, bool active);
 
     uint64_t budget() const { return budget_; }
     // Experts each layer may keep beyond the one being computed (0: the cache is off).
@@ -64,6 +68,7 @@ private:
     uint64_t slot_bytes_ = 0;
     int per_layer_ = 0;
     std::vector<Layer> layers_;
+    std::vector<bool> inactive_;
     uint64_t bytes_ = 0;
     size_t entries_ = 0;
 };

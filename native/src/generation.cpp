@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "bmoe/error.h"
 #include "engine_impl.h"
@@ -38,34 +39,47 @@ std::string logits_of(llama_context * ctx, const llama_vocab * vocab, int32_t in
 
 }  // namespace
 
+void Engine::Impl::run_decode(int first_pos, int n, const std::function<int()> & run) {
+    if (route_trace) {
+        route_trace->begin_batch(first_pos, n);
+    }
+    if (overlap && streaming.streamer) {
+        streaming.streamer->clear_failure();
+    }
+    int rc = 0;
+    {
+        const detail::RpcWorkers::Watch deadline(rpc.get());  // a worker that stops answering: one line
+        rc = run();
+    }
+    const std::string error = seam ? seam->take_error() : std::string();  // taken always: never stale
+    if (overlap && streaming.streamer) {
+        streaming.streamer->drain();  // the last layer's reads; rethrows a failed read
+    }
+    if (!error.empty()) {
+        throw Error(error);
+    }
+    if (rc != 0) {
+        throw Error("llama_decode failed (" + std::to_string(rc) + ")");
+    }
+}
+
 void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
     try {
         for (size_t done = 0; done < tokens.size();) {
             const auto n =
                 static_cast<int32_t>(std::min<size_t>(tokens.size() - done, static_cast<size_t>(config.batch)));
-            if (route_trace) {
-                route_trace->begin_batch(static_cast<int>(in_context.size()), n);
-            }
-            if (overlap && streaming.streamer) {
-                streaming.streamer->clear_failure();
-            }
-            int rc = 0;
-            const detail::RpcWorkers::Watch deadline(rpc.get());  // a worker that stops answering: one line
-            if (all_logits) {
-                AllLogitsBatch b(tokens.data() + done, n, static_cast<llama_pos>(in_context.size()));
-                rc = llama_decode(ctx.get(), b.batch);
-            } else {
-                rc = llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
-            }
-            const std::string error = seam ? seam->take_error() : std::string();  // taken always: never stale
-            if (overlap && streaming.streamer) {
-                streaming.streamer->drain();  // the last layer's reads; rethrows a failed read
-            }
-            if (!error.empty()) {
-                throw Error(error);
-            }
-            if (rc != 0) {
-                throw Error("llama_decode failed (" + std::to_string(rc) + ")");
+            const auto first = static_cast<llama_pos>(in_context.size());
+            run_decode(first, n, [&] {
+                if (all_logits) {
+                    AllLogitsBatch b(tokens.data() + done, n, first);
+                    return llama_decode(ctx.get(), b.batch);
+                }
+                return llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
+            });
+            // The hidden states the head drafts from: kept only while it may draft (greedy, not given
+            // up), else they would pile up to the context's length; it restarts after such a gap.
+            if (mtp && greedy && !draft_policy.gave_up()) {
+                mtp->observe(tokens.data() + done, n, first);
             }
             in_context.insert(in_context.end(), tokens.begin() + static_cast<long>(done),
                               tokens.begin() + static_cast<long>(done) + n);
@@ -75,6 +89,9 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
         // A half-decoded batch leaves keys and values nobody can vouch for: the next generation
         // starts from an empty context.
         llama_memory_clear(llama_get_memory(ctx.get()), true);
+        if (mtp) {
+            mtp->clear();
+        }
         in_context.clear();
         pending.clear();
         accepted.clear();
@@ -144,6 +161,9 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
         keep = 0;
     }
     d.in_context.resize(keep);
+    if (d.mtp) {
+        d.mtp->truncate(static_cast<llama_pos>(keep));
+    }
     llama_sampler_chain_params chain_params = llama_sampler_chain_default_params();
     chain_params.no_perf = true;
     d.sampler.reset(llama_sampler_chain_init(chain_params));
@@ -170,7 +190,13 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     d.pending.assign(prompt.begin() + static_cast<long>(keep), prompt.end());
     d.greedy = sampling.temp <= 0;
     d.failure.clear();
-    d.draft_policy = detail::DraftPolicy(d.config.draft_max);
+    d.draft_policy = detail::DraftPolicy(d.config.draft_max, d.speculation == Speculative::Mtp ? Impl::kMtpGiveUp : 0);
+    if (d.mtp) {  // a new generation: the head drafts again (greedy only), its layer cached again
+        d.mtp->set_enabled(d.greedy);
+        if (d.streaming.streamer) {
+            d.streaming.streamer->set_layer_active(d.info.n_layer, d.greedy);
+        }
+    }
     d.accepted.clear();
     d.accepted_logits.clear();
     d.want_logits = want_logits;
@@ -187,6 +213,9 @@ const std::vector<int32_t> & Engine::context_tokens() const { return live().in_c
 
 void Engine::reset() {
     llama_memory_clear(llama_get_memory(live().ctx.get()), true);
+    if (impl_->mtp) {
+        impl_->mtp->clear();
+    }
     impl_->in_context.clear();
     impl_->pending.clear();
     impl_->accepted.clear();
@@ -210,6 +239,9 @@ void Engine::load_state(const std::string & path) {
         throw Error(path + " is not a session state of this model and context size (or cannot be read)");
     }
     tokens.resize(n);
+    if (d.mtp) {
+        d.mtp->clear();  // the head restarts where the target's next decode starts
+    }
     d.in_context = std::move(tokens);
     d.pending.clear();
     d.accepted.clear();
@@ -228,22 +260,6 @@ void Engine::Impl::emit(StepResult & out, llama_token token) {
         accepted.clear();
     }
     ++step;
-}
-
-std::vector<llama_token> Engine::Impl::draft_for(llama_pos used) {
-    // Greedy only (a draft cannot change what the model picks), and not on a prompt (its logits for
-    // every position would cost n_vocab floats each).
-    if (config.speculative != Speculative::Ngram || !greedy || pending.size() != 1) {
-        return {};
-    }
-    const auto room = static_cast<int64_t>(config.ctx) - used - static_cast<int64_t>(pending.size());
-    const int max = static_cast<int>(std::min<int64_t>({draft_policy.length(), room, config.batch - 1}));
-    if (max <= 0) {
-        return {};
-    }
-    std::vector<llama_token> history(in_context);
-    history.insert(history.end(), pending.begin(), pending.end());
-    return detail::ngram_draft(history, kNgramMin, kNgramMax, max);
 }
 
 llama_token Engine::Impl::verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out) {
@@ -268,9 +284,15 @@ llama_token Engine::Impl::verify(std::vector<llama_token> & batch, size_t n_draf
                     "run it without --speculative");
     }
     in_context.resize(static_cast<size_t>(cut));
+    if (mtp) {
+        mtp->truncate(cut);  // the head's states of the rejected drafts go too
+    }
     out.metrics.drafted = static_cast<int>(n_draft);
     out.metrics.accepted = static_cast<int>(kept);
     draft_policy.update(out.metrics.drafted, out.metrics.accepted);
+    if (mtp && draft_policy.gave_up() && streaming.streamer) {  // the head's share of the cache to the trunk
+        streaming.streamer->set_layer_active(info.n_layer, false);
+    }
     accepted.assign(chosen.begin() + 1, chosen.end());
     pending.assign(1, chosen.back());
     return chosen.front();
@@ -321,10 +343,6 @@ bool Engine::Impl::step_once(StepResult & out) {
     }
     out = StepResult{};
     out.metrics.step = d.step;
-    const std::vector<llama_token> draft = d.draft_for(used);
-    std::vector<llama_token> batch(d.pending);
-    batch.insert(batch.end(), draft.begin(), draft.end());
-    out.metrics.n_tokens = static_cast<int>(batch.size());
     const uint64_t faults0 = detail::major_faults();
     const uint64_t net0 = d.rpc ? d.rpc->network_bytes() : 0;
     const auto t0 = Clock::now();
@@ -338,6 +356,11 @@ bool Engine::Impl::step_once(StepResult & out) {
         out.metrics.read_ahead = d.prefetch->reads_ahead();
         d.seam->set_reading_ahead(out.metrics.read_ahead);
     }
+    // Inside the step's time and counters: an MTP head's drafts are decodes, with reads of their own.
+    const std::vector<llama_token> draft = d.draft_for(used);
+    std::vector<llama_token> batch(d.pending);
+    batch.insert(batch.end(), draft.begin(), draft.end());
+    out.metrics.n_tokens = static_cast<int>(batch.size());
     d.decode(batch, !draft.empty());
     if (d.route_trace) {
         d.route_trace->end_step();

@@ -23,9 +23,13 @@ std::vector<int32_t> ngram_draft(const std::vector<int32_t> & history, int min_n
     return {};
 }
 
-DraftPolicy::DraftPolicy(int draft_max) : max_(draft_max), length_(std::min(2, draft_max)) {}
+DraftPolicy::DraftPolicy(int draft_max, int give_up_after)
+    : max_(draft_max), length_(std::min(2, draft_max)), give_up_(give_up_after) {}
 
 int DraftPolicy::length() {
+    if (gave_up()) {
+        return 0;
+    }
     if (pause_ > 0) {
         --pause_;
         return 0;

@@ -15,16 +15,20 @@ std::vector<int32_t> ngram_draft(const std::vector<int32_t> & history, int min_n
 // How many tokens to draft next. With expert streaming every drafted token's experts are read too,
 // so a rejected draft costs reads, not only compute: the length starts small, doubles while drafts
 // are accepted whole, falls to what was accepted, and drafting pauses (4, 8, ... 64 decodes) after
-// drafts the model rejects outright twice in a row.
+// drafts the model rejects outright twice in a row. With `give_up_after` > 0, that many outright
+// rejections in a row stop drafting for good (a draft that costs model decodes, the MTP head's: its
+// probes are not free, and a head that disagrees that long will not start agreeing).
 class DraftPolicy {
 public:
-    explicit DraftPolicy(int draft_max = 0);
+    explicit DraftPolicy(int draft_max = 0, int give_up_after = 0);
     int length();  // 0: do not draft this step
     void update(int drafted, int accepted);
+    bool gave_up() const { return give_up_ > 0 && misses_ >= give_up_; }
 
 private:
     int max_;
     int length_;
+    int give_up_;
     int misses_ = 0;
     int pause_ = 0;
 };

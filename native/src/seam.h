@@ -64,6 +64,8 @@ public:
     // and hand the guess over, in the decodes where set_reading_ahead(true) is in force.
     void set_read_ahead(ReadAhead read_ahead);
     void set_reading_ahead(bool on) { reading_ahead_ = on; }
+    // Guesses only for layers below `n` (the trunk: an MTP head's layer runs in another graph).
+    void set_predicted_layers(int n) { predicted_layers_ = n; }
     bool can_read_ahead() const;
     // LOSSY (--drop-cold): rewrite light, cold routed slots before the experts are computed.
     void set_cold_dropper(std::unique_ptr<ColdDropper> dropper);
@@ -109,6 +111,7 @@ private:
     ReadAhead read_ahead_;
     std::unique_ptr<NextLayerPredictor> predictor_;
     bool reading_ahead_ = false;
+    int predicted_layers_ = 1 << 30;
     std::vector<int> guess_;
     std::unique_ptr<ColdDropper> dropper_;
     int dropped_ = 0;

@@ -136,7 +136,7 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
     int unstreamed = 0;
     std::string first_unstreamed;
     for (const auto & t : named_expert_tensors(gguf, seam.recipe())) {
-        if (expected.count(*t.name) == 0) {
+        if (expected.count(*t.name) == 0 && t.layer < info.n_layer) {  // past the trunk: an unused MTP head
             first_unstreamed = unstreamed++ == 0 ? *t.name : first_unstreamed;
         }
     }

@@ -99,6 +99,9 @@ public:
     // A new cache budget; a smaller one evicts at once and returns the freed pages to the kernel.
     // Only between decodes (no batch in flight).
     void set_budget(uint64_t bytes);
+    // A layer that stops running (an MTP head given up on) releases its cached experts and gives its
+    // share of the budget to the others; again active when it may run again. Between decodes only.
+    void set_layer_active(int layer, bool active);
     const ExpertCache & cache() const { return cache_; }
     std::vector<int> cached_experts(int layer) const {
         return layer >= 0 && layer < n_layers() && !by_layer_[static_cast<size_t>(layer)].empty() ? cache_.resident(layer)

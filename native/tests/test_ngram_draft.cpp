@@ -132,3 +132,23 @@ POLICY_TEST(draft_nothing_drafted_counts_neither_way) {
     p.update(1, 0);  // the second rejection in a row (the undrafted steps between do not count)
     CHECK_EQ(lengths(p, 5), std::vector<int>({0, 0, 0, 0, 1}));
 }
+
+POLICY_TEST(draft_gives_up_after_that_many_outright_rejections_in_a_row) {
+    DraftPolicy p(8, 4);
+    p.update(2, 0);
+    p.update(1, 0);
+    CHECK_EQ(lengths(p, 5), std::vector<int>({0, 0, 0, 0, 1}));
+    p.update(1, 0);
+    CHECK_EQ(lengths(p, 9).back(), 1);
+    CHECK(!p.gave_up());
+    p.update(1, 0);  // the fourth in a row: no more drafts
+    CHECK(p.gave_up());
+    CHECK_EQ(lengths(p, 200), std::vector<int>(200, 0));
+    DraftPolicy q(8, 2);  // an accepted token in between starts the count again
+    q.update(2, 0);
+    q.update(1, 1);
+    q.update(2, 0);
+    CHECK(!q.gave_up());
+    CHECK_EQ(q.length(), 1);
+    CHECK(!DraftPolicy(8).gave_up());
+}

@@ -47,7 +47,8 @@ struct Choices;
 #define BMOE_DENSE_MODES(X) X(Mmap, "mmap") X(Anon, "anon")
 // Read-ahead of the next layer's predicted experts: never, every decode, or where it measurably pays.
 #define BMOE_PREFETCH_MODES(X) X(Off, "off") X(Predict, "predict") X(Auto, "auto")
-#define BMOE_SPECULATIVE_MODES(X) X(Off, "off") X(Ngram, "ngram")
+// Speculative decoding: none, prompt-lookup drafts, the model's own MTP heads, or the best that applies.
+#define BMOE_SPECULATIVE_MODES(X) X(Off, "off") X(Ngram, "ngram") X(Mtp, "mtp") X(Auto, "auto")
 // A switch the engine may decide itself: Auto is on where it can be (and shown as a bool or "auto").
 #define BMOE_TOGGLES(X) X(Off, "off") X(On, "on") X(Auto, "auto")
 BMOE_CHOICE(ReadPath, BMOE_READ_PATHS)
@@ -93,8 +94,9 @@ BMOE_CHOICE(Toggle, BMOE_TOGGLES)
       "its token's routing weight; the kept experts share the weight (0 = off). Needs a cache: a skipped slot "      \
       "points at a cached expert with weight zero.")                                                                  \
     X(Speculative, speculative, Speculative::Off, 0, 0, Rule::Plain, Profile::Optional, kFlag,                        \
-      "Speculative decoding: ngram verifies prompt-lookup drafts in one batch (greedy decoding only; identical "     \
-      "tokens). A model's own MTP heads are not used: the pinned llama.cpp has no API to run them.")                  \
+      "Speculative decoding (greedy decoding only; identical tokens): drafts verified in one batch. ngram = "       \
+      "prompt-lookup drafts; mtp = the model's own MTP (next-n) head; auto = mtp where the model has a head, else "  \
+      "ngram. Drafting backs off while the model rejects the drafts.")                                               \
     X(int, draft_max, 8, 1, 64, Rule::Plain, Profile::Optional, kFlag,                                                \
       "Speculative decoding: draft at most this many tokens.")                                                        \
     X(std::string, route_trace, "", 0, 0, Rule::Plain, Profile::None, kFlag,                                          \

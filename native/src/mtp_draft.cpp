@@ -1,0 +1,155 @@
+#include "mtp_draft.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "bmoe/error.h"
+#include "llama_runtime.h"
+// The staging API (the pin's src/llama-ext.h): the target's hidden states for the head, as the pin's
+// common/speculative.cpp reads them. Only this file includes it.
+#include "llama-ext.h"
+
+namespace bmoe::detail {
+namespace {
+
+struct BatchFree {
+    void operator()(llama_batch_ext * b) const { llama_batch_ext_free(b); }
+};
+
+llama_token argmax(const float * logits, int32_t n_vocab) {
+    return static_cast<llama_token>(std::max_element(logits, logits + n_vocab) - logits);
+}
+
+}  // namespace
+
+int MtpDraft::heads(const llama_model * model) { return std::max(0, llama_model_n_layer_nextn(model)); }
+
+MtpDraft::MtpDraft(llama_model * model, llama_context * target, llama_context_params params)
+    : target_(target), vocab_(llama_model_get_vocab(model)),
+      n_embd_(static_cast<size_t>(llama_model_n_embd_out(model))), hidden_(n_embd_, 0.0f) {
+    params.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
+    params.n_ctx = llama_n_ctx(target);
+    params.n_rs_seq = 0;
+    params.ctx_other = target;  // what the models whose head shares the target's memory need
+    clear_llama_error();
+    ctx_.reset(llama_init_from_model(model, params));
+    if (!ctx_) {
+        const std::string why = last_llama_error();
+        throw Error("llama.cpp could not create the MTP draft context" + (why.empty() ? "" : " (" + why + ")"));
+    }
+    // Unmasked on the target: a hidden state for every position it decodes (the head needs them
+    // all), while logits stay where they were asked for. Masked on the head: only its output row.
+    llama_set_embeddings_nextn(target_, true, false);
+    llama_set_embeddings_nextn(ctx_.get(), true, true);
+}
+
+MtpDraft::~MtpDraft() = default;
+
+void MtpDraft::set_enabled(bool on) { llama_set_embeddings_nextn(target_, on, false); }
+
+void MtpDraft::decode_rows(const llama_token * tokens, const float * rows, int n, llama_pos first, bool output,
+                           const Decode & decode) {
+    std::unique_ptr<llama_batch_ext, BatchFree> batch(llama_batch_ext_init(ctx_.get()));
+    for (int i = 0; i < n; ++i) {
+        const int32_t idx = llama_batch_ext_add_token(batch.get(), 0, tokens[i]);
+        const llama_pos pos = first + i;
+        if (idx < 0 || !llama_batch_ext_set_pos(batch.get(), idx, &pos) ||
+            !llama_batch_ext_set_embd_token(batch.get(), idx, {rows + static_cast<size_t>(i) * n_embd_, 1, n_embd_}) ||
+            !llama_batch_ext_set_output_logits(batch.get(), idx, output && i == n - 1)) {
+            throw Error("could not build the MTP head's batch (" + std::to_string(idx) + ")");
+        }
+    }
+    decode(first, n, [&] { return llama_process(ctx_.get(), LLAMA_PROCESS_TYPE_DECODE, batch.get()); });
+}
+
+void MtpDraft::warm_up(llama_token token, const Decode & decode) {
+    const std::vector<float> zeros(n_embd_, 0.0f);
+    decode_rows(&token, zeros.data(), 1, 0, true, decode);
+    clear();
+}
+
+void MtpDraft::observe(const llama_token * tokens, int n, llama_pos first) {
+    const auto next = base_ + static_cast<llama_pos>(unfed_.size());
+    if (first < next) {
+        truncate(first);
+    } else if (first > next) {  // positions the head never saw: start its context afresh there
+        clear();
+        base_ = first;
+    }
+    for (int i = 0; i < n; ++i) {
+        const float * h = llama_get_embeddings_nextn_ith(target_, i);
+        if (h == nullptr) {
+            throw Error("the target context gave no hidden state for the MTP head (llama.cpp's next-n output)");
+        }
+        unfed_.push_back(tokens[i]);
+        hidden_.insert(hidden_.end(), h, h + n_embd_);
+    }
+}
+
+void MtpDraft::truncate(llama_pos n) {
+    if (n < base_) {  // the head's own context goes back too; the state before n is not kept: zeros
+        llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, n, -1);
+        base_ = n;
+        unfed_.clear();
+        hidden_.assign(n_embd_, 0.0f);
+        return;
+    }
+    const auto keep = static_cast<size_t>(n - base_);
+    if (keep < unfed_.size()) {
+        unfed_.resize(keep);
+        hidden_.resize((keep + 1) * n_embd_);
+    }
+}
+
+void MtpDraft::clear() {
+    llama_memory_clear(llama_get_memory(ctx_.get()), true);
+    base_ = 0;
+    unfed_.clear();
+    hidden_.assign(n_embd_, 0.0f);
+}
+
+// The positions the target decoded since the last draft, each token with the hidden state before it.
+void MtpDraft::feed(int batch, const Decode & decode) {
+    for (size_t done = 0; done < unfed_.size();) {
+        const size_t n = std::min(unfed_.size() - done, static_cast<size_t>(std::max(1, batch)));
+        decode_rows(unfed_.data() + done, hidden_.data() + done * n_embd_, static_cast<int>(n),
+                    base_ + static_cast<llama_pos>(done), false, decode);
+        done += n;
+    }
+    base_ += static_cast<llama_pos>(unfed_.size());
+    hidden_.erase(hidden_.begin(), hidden_.end() - static_cast<long>(n_embd_));
+    unfed_.clear();
+}
+
+std::vector<llama_token> MtpDraft::draft(llama_token last, llama_pos pos, int max, int batch, const Decode & decode) {
+    truncate(pos);
+    if (base_ + static_cast<llama_pos>(unfed_.size()) != pos) {
+        return {};  // the head has not seen what lies before pos (observe restarts it)
+    }
+    std::vector<llama_token> out;
+    const int32_t n_vocab = llama_vocab_n_tokens(vocab_);
+    llama_token token = last;
+    try {
+        feed(batch, decode);
+        std::vector<float> h(hidden_.end() - static_cast<long>(n_embd_), hidden_.end());
+        for (int i = 0; i < max; ++i) {
+            decode_rows(&token, h.data(), 1, pos + i, true, decode);
+            token = argmax(llama_get_logits_ith(ctx_.get(), 0), n_vocab);
+            out.push_back(token);
+            const float * next = llama_get_embeddings_nextn_ith(ctx_.get(), 0);
+            if (next == nullptr || llama_vocab_is_eog(vocab_, token)) {
+                break;
+            }
+            std::memcpy(h.data(), next, n_embd_ * sizeof(float));
+        }
+    } catch (...) {  // a failed decode (a read error) leaves the head's context unknown: it starts afresh
+        clear();
+        throw;
+    }
+    // The draft positions go: the head is fed what the target verifies, with the target's states.
+    llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, pos, -1);
+    return out;
+}
+
+}  // namespace bmoe::detail

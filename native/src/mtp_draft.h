@@ -1,0 +1,79 @@
+// The model's own draft head (MTP, "next-n" layers): the one place that speaks llama.cpp's MTP API.
+//
+// A model with `<arch>.nextn_predict_layers` > 0 carries, after its trunk, a block that predicts the
+// token after next from the trunk's hidden state and the next token's embedding. llama.cpp runs it
+// in a second context over the same model, of type LLAMA_CONTEXT_TYPE_MTP: its graph is the head
+// alone (its own KV cache holds only the head's layer), its input a token plus, as that token's
+// embedding row, the target's hidden state one position earlier (`h_nextn`, read from the target
+// with the staging API of src/llama-ext.h, which the pin's common/speculative.cpp uses the same
+// way). The draft context is made with the target's own parameters, eval callback included, so the
+// seam sees the head's MoE layer and its experts stream like any other layer's.
+//
+// Greedy, one head (qwen35moe/glm4moe/deepseek-style `graph_mtp`): the head is fed every position
+// the target decoded (lazily, in one batch before the next draft), then drafts token after token,
+// its own hidden state carried to the next; the draft positions are removed again before the target
+// verifies. What the engine decodes on the draft context goes through `Decode` (the engine's seam
+// errors, overlap drain, route trace): this class never reads an expert itself.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "llama.h"
+
+namespace bmoe::detail {
+
+class MtpDraft {
+public:
+    // Runs `run` (one llama_decode/llama_process of `n` tokens from position `first` on the draft
+    // context) the engine's way; throws bmoe::Error on failure.
+    using Decode = std::function<void(llama_pos first, int n, const std::function<int()> & run)>;
+
+    // The model's MTP heads (0: none, or loaded without them).
+    static int heads(const llama_model * model);
+
+    // `params`: the target context's parameters (cb_eval and all); throws bmoe::Error when llama.cpp
+    // cannot make an MTP context for this model. Switches the target to output its hidden states.
+    MtpDraft(llama_model * model, llama_context * target, llama_context_params params);
+    ~MtpDraft();
+    MtpDraft(const MtpDraft &) = delete;
+    MtpDraft & operator=(const MtpDraft &) = delete;
+
+    llama_context * context() const { return ctx_.get(); }
+
+    // Whether the target outputs the hidden states the head needs (off: sampled decoding, no drafts;
+    // the target's last layer then computes only the tokens whose logits are asked for).
+    void set_enabled(bool on);
+
+    // One decode with a zero hidden state (the engine's warm-up capture); leaves the context empty.
+    void warm_up(llama_token token, const Decode & decode);
+
+    // The target just decoded `n` tokens from position `first`: their hidden states are kept until
+    // the head is fed. A gap (a loaded state, a failed decode) restarts the head's context there.
+    void observe(const llama_token * tokens, int n, llama_pos first);
+    // The target context now holds positions [0, n) only.
+    void truncate(llama_pos n);
+    void clear();
+
+    // Up to `max` greedy drafts after `last`, the token at position `pos` (the target's next one).
+    std::vector<llama_token> draft(llama_token last, llama_pos pos, int max, int batch, const Decode & decode);
+
+private:
+    void feed(int batch, const Decode & decode);
+    void decode_rows(const llama_token * tokens, const float * rows, int n, llama_pos first, bool output,
+                     const Decode & decode);
+
+    struct ContextFree {
+        void operator()(llama_context * c) const { llama_free(c); }
+    };
+    llama_context * target_;
+    std::unique_ptr<llama_context, ContextFree> ctx_;
+    const llama_vocab * vocab_;
+    size_t n_embd_;
+    llama_pos base_ = 0;               // the head's context holds positions [0, base_)
+    std::vector<llama_token> unfed_;   // tokens at base_, base_ + 1, ... the target decoded since
+    std::vector<float> hidden_;        // the target's hidden states at base_ - 1, base_, ... (zeros before 0)
+};
+
+}  // namespace bmoe::detail

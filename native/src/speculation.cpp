@@ -1,0 +1,73 @@
+// Speculative decoding's engine half: which drafts (--speculative: off, ngram, the model's MTP head,
+// or auto), the draft context beside the target one, and the drafts of a step. The verify half (one
+// batched decode, the greedy choices kept while they agree, the context cut back) is generation.cpp's;
+// the llama.cpp MTP calls are mtp_draft.cpp's.
+#include <algorithm>
+
+#include "bmoe/error.h"
+#include "engine_impl.h"
+#include "ngram_draft.h"
+
+namespace bmoe {
+
+// After the target context exists, before the warm-up capture (the head's graph is captured too).
+// auto: the model's head where it has one, else prompt lookup (whose policy stops drafting where
+// the model rejects the drafts), except on a recurrent trunk: there prompt lookup would need state
+// snapshots at every decode, for drafts that free text seldom has.
+void Engine::Impl::set_up_speculation() {
+    speculation = config.speculative;
+    const int heads = detail::MtpDraft::heads(model.get());
+    // A recurrent state is cut back to the accepted drafts only from llama.cpp's per-position
+    // snapshots (context_params asks for one per draft; the architectures without them get none).
+    const bool recurrent = llama_model_is_recurrent(model.get()) || llama_model_is_hybrid(model.get());
+    const bool rolls_back = !recurrent || llama_n_rs_seq(ctx.get()) >= static_cast<uint32_t>(config.draft_max);
+    if (speculation == Speculative::Auto) {  // on a recurrent trunk prompt lookup is not worth its snapshots
+        speculation = !rolls_back                ? Speculative::Off
+                      : heads > 0 && !rpc        ? Speculative::Mtp
+                      : recurrent                ? Speculative::Off
+                                                 : Speculative::Ngram;
+    }
+    if (speculation != Speculative::Off && !rolls_back) {
+        throw Error("speculative decoding cannot roll back this model's context ('" + info.architecture +
+                    "' keeps a recurrent state, and llama.cpp keeps no snapshots of it): run it without "
+                    "--speculative (or with auto)");
+    }
+    if (speculation == Speculative::Mtp) {
+        if (heads == 0) {
+            throw Error(info.model + ": the model has no MTP head (" + info.architecture +
+                        ".nextn_predict_layers is 0): use --speculative ngram or auto");
+        }
+        if (rpc) {
+            throw Error("--speculative mtp with RPC workers: the head's layer would be placed by llama.cpp, "
+                        "not streamed here; use --speculative ngram");
+        }
+        mtp = std::make_unique<detail::MtpDraft>(model.get(), ctx.get(), context_params());
+    }
+    info.speculative = to_string(speculation);
+}
+
+// The head's decodes, checked like the target's (the seam's error, overlap's drain, the trace).
+detail::MtpDraft::Decode Engine::Impl::draft_decoder() {
+    return [this](llama_pos first, int n, const std::function<int()> & run) { run_decode(first, n, run); };
+}
+
+std::vector<llama_token> Engine::Impl::draft_for(llama_pos used) {
+    // Greedy only (a draft cannot change what the model picks), and not on a prompt (its logits for
+    // every position would cost n_vocab floats each).
+    if (speculation == Speculative::Off || !greedy || pending.size() != 1) {
+        return {};
+    }
+    const auto room = static_cast<int64_t>(config.ctx) - used - static_cast<int64_t>(pending.size());
+    const int max = static_cast<int>(std::min<int64_t>({draft_policy.length(), room, config.batch - 1}));
+    if (max <= 0) {
+        return {};
+    }
+    if (speculation == Speculative::Mtp) {
+        return mtp->draft(pending.front(), used, max, config.batch, draft_decoder());
+    }
+    std::vector<llama_token> history(in_context);
+    history.insert(history.end(), pending.begin(), pending.end());
+    return detail::ngram_draft(history, kNgramMin, kNgramMax, max);
+}
+
+}  // namespace bmoe

@@ -1,0 +1,166 @@
+"""Speculative decoding from the model's own MTP head (`--speculative mtp`, docs/architecture.md).
+
+The gate cells (gates.MTP_CASES on the MTP fixtures): greedy tokens equal plain decoding, logits
+bit for bit equal a resident run that speculates too, and the head's drafts both accepted and
+rejected; a head that disagrees makes the draft policy back off; a model without a head is refused
+(mtp) or falls back to prompt lookup (auto).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from bmoe_edge.engine import Engine, Generation
+from bmoe_edge.errors import BmoeError
+from bmoe_edge.proof import gates
+from bmoe_edge.synthetic import mtp_rows, tinymoe
+from bmoe_edge.synthetic.specs import fixture_resolver
+
+
+@pytest.fixture(scope="module")
+def mtp_results() -> list[gates.CellResult]:
+    return list(gates.run_gates(gates.mtp_matrix(), fixture_resolver(None), steps=gates.QUICK_STEPS * 2))
+
+
+def test_mtp_gate_cells_pass(mtp_results: list[gates.CellResult]) -> None:
+    assert len(mtp_results) == len(gates.MTP_FIXTURES) * len(gates.MTP_CASES) + 1
+    failed = [gates.format_result(r) for r in mtp_results if not r.passed]
+    assert not failed, failed
+    hybrid_ngram = mtp_results[-1]  # qwen35moe's recurrent state cut back to the accepted drafts
+    assert hybrid_ngram.arch == "qwen35moe" and 0 < hybrid_ngram.accepted < hybrid_ngram.drafted, hybrid_ngram
+
+
+def test_mtp_drafts_accepted_and_rejected(mtp_results: list[gates.CellResult]) -> None:
+    by_head: dict[str, tuple[int, int]] = {}
+    for r in mtp_results:
+        drafted, accepted = by_head.get(r.arch, (0, 0))
+        by_head[r.arch] = (drafted + r.drafted, accepted + r.accepted)
+    for arch in ("glm4moe", "qwen35moe"):
+        agree, noisy, rand = (by_head[f"{arch}+mtp-{h}"] for h in ("agree", "noisy", "random"))
+        assert agree[1] >= 0.9 * agree[0] > 0  # the head that agrees with the model: nearly all accepted
+        assert 0 < noisy[1] < noisy[0]  # accepted and rejected
+        assert rand[1] < 0.2 * max(rand[0], 1)
+
+
+def _run(model, steps: int = 48, **settings):
+    with Engine(model, replace(gates.BASE, **settings)) as engine:
+        return engine.run(gates.PROMPTS[0], steps), dict(engine.run_info)
+
+
+def test_mtp_backs_off_when_the_head_disagrees() -> None:
+    model = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="random")
+    plain, _ = _run(model, stream=False, speculative="off")
+    gen, info = _run(model, stream=True, speculative="mtp")
+    assert gen.tokens == plain.tokens
+    assert info["speculative"] == "mtp"
+    drafted = sum(m.drafted for m in gen.metrics)
+    steps_with_drafts = sum(1 for m in gen.metrics if m.drafted)
+    # Rejected outright twice in a row: drafting pauses 4, 8, 16 ... decodes; over 48 tokens only a
+    # handful of steps draft at all, one token each.
+    assert 0 < steps_with_drafts <= 8 and drafted <= 8
+
+
+def test_mtp_saves_decodes_when_the_head_agrees() -> None:
+    model = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="agree")
+    gen, info = _run(model, stream=True, speculative="auto", cache_mb=0)
+    assert info["speculative"] == "mtp"
+    decodes = sum(1 for m in gen.metrics if m.n_tokens)
+    assert decodes * 3 <= len(gen.tokens)  # at least 3 tokens per decode
+    assert not info["warning"]
+
+
+def test_without_a_head_mtp_is_refused_and_auto_is_ngram() -> None:
+    model = tinymoe.fixture("qwen3moe", "Q8_0")
+    with pytest.raises(BmoeError, match="no MTP head"):
+        _run(model, stream=False, speculative="mtp")
+    _, info = _run(model, steps=2, stream=True, speculative="auto")
+    assert info["speculative"] == "ngram"
+
+
+def test_an_unused_head_is_not_reported_as_unstreamed() -> None:
+    model = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="agree")
+    _, info = _run(model, steps=2, stream=True, speculative="off")
+    assert info["speculative"] == "off"
+    assert "not streamed" not in info["warning"]
+
+
+def test_a_corrupted_read_of_the_heads_experts_fails_the_cell_on_its_drafts() -> None:
+    # Serial, one lane: the 68th slice read is one of the head's (layer 4). The model's tokens and
+    # logits do not depend on the head, its drafts do: the cell compares them with the resident run's.
+    spec = gates.FixtureSpec("glm4moe", "Q8_0", mtp="noisy")
+    good = gates.MTP_CASES["speculative-mtp-serial"]
+    bad = replace(good, name="speculative-mtp-corrupt", overrides={**good.overrides, "io_threads": 1,
+                                                                   "fault": "corrupt:68"})
+    (result,) = gates.run_gates([gates.GateCell(spec, bad)], fixture_resolver(None), steps=24)
+    assert result.equal_tokens and result.equal_logits, result
+    assert not result.passed and "drafts differ" in result.error, result
+
+
+def test_a_recurrent_model_without_snapshots_refuses_speculation_and_auto_is_off() -> None:
+    model = tinymoe.fixture("qwen3next", "Q8_0")  # llama.cpp keeps no rollback snapshots for it
+    with pytest.raises(BmoeError, match="cannot roll back"):
+        _run(model, steps=2, stream=False, speculative="ngram")
+    _, info = _run(model, steps=2, stream=False, speculative="auto")
+    assert info["speculative"] == "off"
+    qwen35moe = tinymoe.fixture("qwen35moe", "Q8_0")  # snapshots, one per draft: ngram works there
+    _, info = _run(qwen35moe, steps=2, stream=False, speculative="ngram")
+    assert info["speculative"] == "ngram"
+    _, info = _run(qwen35moe, steps=2, stream=False, speculative="auto")
+    assert info["speculative"] == "off"  # but auto: no head, and the snapshots are not worth it
+
+
+def _generate(engine: Engine, prompt: list[int], steps: int, reuse_kv: bool = False):
+    gen = Generation(prompt)
+    for _ in engine.generate(prompt, steps, result=gen, reuse_kv=reuse_kv):
+        pass
+    return gen
+
+
+def test_the_head_follows_a_reused_context_and_a_loaded_state(tmp_path) -> None:
+    model = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="noisy")
+    with Engine(model, replace(gates.BASE, stream=False, speculative="off")) as plain_engine:
+        first = plain_engine.run(gates.PROMPTS[0], 12)
+        longer = first.prompt_tokens + first.tokens + plain_engine.tokenize(" and then", add_special=False)
+        want = plain_engine.run(longer, 16).tokens
+    with Engine(model, replace(gates.BASE, stream=True, speculative="mtp", cache_mb=0.5)) as engine:
+        assert engine.run(gates.PROMPTS[0], 12).tokens == first.tokens
+        again = _generate(engine, longer, 16, reuse_kv=True)  # the context's prefix kept, the head's too
+        assert again.reused_tokens > 0 and again.tokens == want
+        assert sum(m.drafted for m in again.metrics) > 0
+        state = tmp_path / "state.bin"
+        _generate(engine, longer, 1)
+        engine.save_state(state)
+        engine.reset()
+        engine.load_state(state)  # the head's context starts again after the loaded positions
+        loaded = _generate(engine, longer, 16, reuse_kv=True)
+        assert loaded.reused_tokens > 0 and loaded.tokens == want
+
+
+def test_a_head_given_up_on_gives_its_cache_share_back() -> None:
+    # The random head: 7 outright rejections in a row (pauses 4 ... 64 between them), then no more
+    # drafts, and its layer's share of the cache goes to the trunk: from there on every token reads
+    # exactly what it reads without speculation.
+    model = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="random")
+    expert_mb = 0.2  # MiB, of 0.4 MiB of experts: evictions in every layer
+    runs = {}
+    for spec in ("off", "mtp"):
+        gen, _ = _run(model, steps=220, stream=True, cache_mb=expert_mb, speculative=spec)
+        runs[spec] = gen
+    tail = {spec: [(m.bytes_read, m.cache_hits) for m in gen.metrics[-60:]] for spec, gen in runs.items()}
+    assert sum(m.drafted for m in runs["mtp"].metrics) <= 10
+    assert runs["mtp"].tokens == runs["off"].tokens
+    assert tail["mtp"] == tail["off"]
+
+
+def test_a_failed_read_of_the_heads_experts_stops_the_generation_and_the_next_one_is_whole() -> None:
+    model = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="noisy")
+    plain, _ = _run(model, steps=24, stream=False, speculative="off")
+    config = replace(gates.BASE, stream=True, speculative="mtp", io_threads=1, fault="fail:68")  # a head read
+    with Engine(model, config) as engine:
+        with pytest.raises(BmoeError, match="injected fault"):
+            engine.run(gates.PROMPTS[0], 24)
+        again = engine.run(gates.PROMPTS[0], 24)  # the head's context started afresh
+    assert again.tokens == plain.tokens
+    assert sum(m.drafted for m in again.metrics) > 0
