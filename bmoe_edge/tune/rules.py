@@ -117,6 +117,8 @@ def choose_threads(compute: Sequence[ComputeCell], profile_threads: int, cores: 
     own = streaming_threads(profile_threads, cores)
     tied = sorted(c.threads for c in cells if c.high >= best.low)
     shown = f"{profile_threads} (auto: {own} streaming)" if profile_threads == 0 else str(profile_threads)
+    if own == best.threads:
+        return None, f"the profile's {shown} measured best ({best.tok_s:.2f} tok/s streaming)"
     if own in tied:
         return None, (f"the profile's {shown} is within the rounds' spread of the best "
                       f"({best.threads}: {best.low:.2f}-{best.high:.2f} tok/s streaming)")
