@@ -217,6 +217,12 @@ def test_choice_rules() -> None:
     assert MACHINE.effective_mb == 4096
 
 
+def test_a_thread_count_far_behind_is_not_measured_again() -> None:
+    got = {("stream", 1): [30.0], ("stream", 2): [2.0], ("resident", 1): [40.0], ("resident", 2): [25.0]}
+    assert measure._far_behind(got, "stream", 2) and not measure._far_behind(got, "stream", 1)
+    assert not measure._far_behind(got, "resident", 2)        # 25 is not below half of 40
+
+
 def test_a_toy_models_figures_are_left_alone(tmp_path: Path) -> None:
     """Issue #35: the tiny fixture decodes fastest on one thread and its 10 KiB reads are IOPS-bound;
     none of that is written as the machine's. A real-shaped model bigger than memory / 16 is measured."""

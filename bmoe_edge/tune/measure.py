@@ -43,6 +43,7 @@ TINY_SLICE = 128 * KiB      # a model whose largest slice is below this is a toy
 MANY_TIMES = 16             # a model whose file fits this many times in the memory limit is a toy for compute
 MAX_SIZES = 3               # of a model's distinct slice sizes: the smallest, the median, the largest
 MAX_LANES = 8
+FAR_BEHIND = 0.5           # compute: a count at less than half another's is not measured again
 FIT_FRACTION = 0.4         # -m is the compute probe too when its file takes at most 40% of free memory
 
 Progress = Callable[[str], None]
@@ -274,6 +275,8 @@ def measure_compute(model: Path, configs: Sequence[tuple[str, Any]], plan: Plan,
     for _round in range(plan.rounds):
         for mode, base in configs:
             for threads in plan.threads:
+                if _round and _far_behind(got, mode, threads):
+                    continue
                 with Engine(model, replace(base, threads=threads)) as engine:
                     gen = engine.run(PROMPT, plan.tokens + 1)
                 decode = gen.metrics[1:]    # the first step evaluates the prompt
@@ -284,3 +287,10 @@ def measure_compute(model: Path, configs: Sequence[tuple[str, Any]], plan: Plan,
                 got.setdefault((mode, threads), []).append(round(tok_s, 2))
                 progress(f"  {mode:<8} {threads} thread(s): {tok_s:8.2f} tok/s")
     return [ComputeCell(t, round(statistics.median(v), 2), mode, tuple(v)) for (mode, t), v in got.items()]
+
+
+def _far_behind(got: dict[tuple[str, int], list[float]], mode: str, threads: int) -> bool:
+    """A count whose best round is below FAR_BEHIND of another count's worst is far behind: it is not
+    measured again (a busy machine makes an extra thread 10x slower, and its cells the longest)."""
+    mine = max(got[(mode, threads)])
+    return any(min(v) * FAR_BEHIND > mine for (m, t), v in got.items() if m == mode and t != threads)
