@@ -11,12 +11,14 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from bmoe_edge.boards import profiles
+from bmoe_edge.engine import settings
 from bmoe_edge.engine.settings import BY_NAME
-from bmoe_edge.errors import BmoeError
-from bmoe_edge.synthetic.specs import FixtureSpec, host_fixture_paths
 from bmoe_edge.tune.measure import (
+    ComputeCell,
+    Machine,
     Progress,
     check_readable,
     fits_in_memory,
@@ -27,8 +29,9 @@ from bmoe_edge.tune.measure import (
     model_slice_sizes,
     quiet,
     scratch_file,
+    toy_reasons,
 )
-from bmoe_edge.tune.rules import choose
+from bmoe_edge.tune.rules import Reads, choose, choose_reads
 from bmoe_edge.tune.user_profile import (
     TuneResult,
     check_profile,
@@ -40,33 +43,50 @@ from bmoe_edge.tune.user_profile import (
 )
 from bmoe_edge.units import KiB, size_text
 
-
-def release_dir() -> Path | None:
-    """The deployed release this code runs from ($BMOE_EDGE_RELEASE, or <release>/site/bmoe_edge/)."""
-    env = os.environ.get("BMOE_EDGE_RELEASE")
-    candidates = [Path(env)] if env else []
-    candidates.append(Path(__file__).resolve().parents[3])
-    for rel in candidates:
-        if (rel / "manifest.json").is_file() and (rel / "site").is_dir():
-            return rel
-    return None
+BENCH_PRESET = "qwen3-30b-a3b-3g"     # the bench presets' layer shape (Qwen3-30B-A3B's expert slices)
+BENCH_LAYERS = 2                     # a few layers: ~0.3 GB, written once to the cache
 
 
-def compute_fixture() -> Path:
-    """The tiny fixture the compute cells run: a bundle's (on a board), else generated here (cached)."""
-    spec = FixtureSpec("qwen3moe", "Q8_0")
-    dirs = [os.environ.get("BMOE_EDGE_FIXTURES", "")]
-    rel = release_dir()
-    if rel is not None:
-        dirs.append(str(rel / "fixtures"))
-    for d in dirs:
-        if d and (Path(d) / spec.filenames[0]).is_file():
-            return Path(d) / spec.filenames[0]
+def bench_shaped_model(progress: Progress = quiet) -> Path | None:
+    """The compute model of `tune` without -m: the bench presets' layers, BENCH_LAYERS of them, written
+    once under $BMOE_EDGE_CACHE/bench/ (a lock keeps concurrent tunes from writing it twice). None where
+    it cannot be written (a board: no gguf/numpy there) — then threads are not tuned without -m."""
+    path = _cache_dir() / "bench" / f"tune-{BENCH_PRESET}-{BENCH_LAYERS}l-Q4_0.gguf"
+    if path.is_file():
+        return path
     try:
-        return host_fixture_paths(spec)[0]
-    except ImportError as exc:
-        raise BmoeError(f"no compute fixture here ({spec.filenames[0]} is in a board bundle's fixtures/; "
-                        f"generating it needs the host extra: {exc.name} is missing)") from None
+        import gguf  # noqa: F401 - the writer's dependencies (the host extra)
+        import numpy  # noqa: F401
+
+        from bmoe_edge.synthetic import bigmoe
+    except ImportError:
+        return None
+    import fcntl
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not path.is_file():
+                progress(f"writing the benchmark-shaped compute model {path} (once) ...")
+                bigmoe.write_preset(path, BENCH_PRESET, "Q4_0", n_layer=BENCH_LAYERS)
+    except OSError as exc:
+        progress(f"  cannot write {path}: {exc.strerror or exc}: threads are not tuned")
+        return None
+    return path
+
+
+def compute_configs(profile: profiles.BoardProfile, model: Path, machine: Machine, reads: Reads,
+                    ) -> list[tuple[str, Any]]:
+    """The runs the compute cells time: streaming the way the profile runs (its settings, the measured
+    lanes and read path) with no expert cache, so every token reads its experts beside the compute
+    threads; and resident when the model fits (FIT_FRACTION of the free memory)."""
+    small = {"ctx": 256, "batch": 64, "ubatch": 64}
+    configs = [("stream", settings.resolve(profile.engine, {
+        **small, "stream": True, "cache_mb": 0.0, "io_threads": reads.io_threads, "read_path": reads.read_path}))]
+    if fits_in_memory(model, machine):
+        configs.append(("resident", settings.resolve(profile.engine, {**small, "stream": False})))
+    return configs
 
 
 def tune_local(board: str | None = None, *, model: Path | None = None, out: Path | None = None,
@@ -87,7 +107,7 @@ def tune_local(board: str | None = None, *, model: Path | None = None, out: Path
     plan = make_plan(quick, machine.cores, sizes)
     if model is not None:
         check_readable(model, max(plan.sizes))
-    fixture = model if model is not None and fits_in_memory(model, machine) else compute_fixture()
+    leave = toy_reasons(model, sizes, machine) if model is not None else {}
     where = scratch_dir or _cache_dir()
     with contextlib.ExitStack() as stack:
         if model is not None:
@@ -99,13 +119,29 @@ def tune_local(board: str | None = None, *, model: Path | None = None, out: Path
                  f"{machine.page_size // KiB} KiB pages, effective memory limit {machine.effective_mb} MiB")
         progress(f"reads ({read_file}):")
         io, note = measure_io(path, plan, progress)
-    progress(f"compute ({fixture.name}, resident):")
-    compute = measure_compute(fixture, plan, progress)
-    choice = choose(io, note, compute, machine, plan.sizes, profile.page_size)
+    compute_model = model if model is not None else bench_shaped_model(progress)
+    compute: list[ComputeCell] = []
+    if compute_model is None:
+        leave["compute"] = ("no compute model here (the benchmark-shaped one needs the host extra to write): "
+                            "pass -m MODEL to tune threads")
+    else:
+        configs = compute_configs(profile, compute_model, machine, choose_reads(io, note, plan.sizes))
+        progress(f"compute ({compute_model.name}, {' and '.join(m for m, _ in configs)}):")
+        compute = measure_compute(compute_model, configs, plan, progress)
+    before = profile_before(profile)
+    choice = choose(io, note, compute, machine, plan.sizes, profile.page_size, before=before, leave=leave)
+    warnings = []
+    if model is not None and leave:
+        warnings.append(f"{model.name}: its figures won't carry over to real models ({'; '.join(leave.values())}); "
+                        f"left alone: {', '.join(choice.left)}")
+    elif "compute" in leave:
+        warnings.append(f"threads left alone: {leave['compute']}")
+    for line in warnings:
+        progress(f"warning: {line}")
     result = TuneResult(
         board=name, where="this machine", read_file=read_file, sizes=plan.sizes, io=tuple(io), odirect_note=note,
-        fixture=str(fixture), compute=tuple(compute), machine=machine, before=profile_before(profile), choice=choice,
-        measured_at=time.strftime("%Y-%m-%d %H:%M %Z"),
+        fixture=str(compute_model or ""), compute=tuple(compute), machine=machine, before=before, choice=choice,
+        measured_at=time.strftime("%Y-%m-%d %H:%M %Z"), warnings=tuple(warnings),
     )
     text = render_profile(result)
     result = replace(result, profile_yaml=text)
@@ -146,9 +182,18 @@ def format_table(r: TuneResult) -> str:
     if r.odirect_note:
         out.append(f"  {r.odirect_note}")
     out.append("")
-    out.append(f"compute, resident decode tok/s ({Path(r.fixture).name})")
-    out += _grid([["threads", *(str(c.threads) for c in r.compute)],
-                  ["tok/s", *(f"{c.tok_s:.1f}" for c in r.compute)]])
+    if r.compute:
+        out.append(f"compute, decode tok/s, median (low-high) of the rounds ({Path(r.fixture).name})")
+        threads = sorted({c.threads for c in r.compute})
+        rows = [["threads", *(str(t) for t in threads)]]
+        for mode in ("stream", "resident"):
+            cells = {c.threads: c for c in r.compute if c.mode == mode}
+            if cells:
+                rows.append([mode, *(f"{cells[t].tok_s:.2f} ({cells[t].low:.2f}-{cells[t].high:.2f})"
+                                     if t in cells else "-" for t in threads)])
+        out += _grid(rows)
+    else:
+        out.append("compute: not measured")
     out.append("")
     out.append("chosen")
     c = r.choice
@@ -162,9 +207,13 @@ def format_table(r: TuneResult) -> str:
         name = key.rpartition(".")[2]
         was = r.before.get(name)
         shown = str(was) if was is not None else f"{BY_NAME[name].default} (engine)" if name in BY_NAME else "-"
-        rows.append([key, shown, str(value), c.why.get(name, "")])
+        if value is None:
+            rows.append([key, shown, "(left alone)", c.left.get(name, "")])
+        else:
+            rows.append([key, shown, str(value), c.why.get(name, "")])
     out += _grid(rows)
     out.append("")
+    out += [f"warning: {w}" for w in r.warnings]
     if r.written:
         out.append("wrote " + " and ".join(r.written))
     else:

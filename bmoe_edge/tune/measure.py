@@ -8,12 +8,12 @@ board side only: it runs on a board). The choice rules are rules.py, the profile
   and pread, cold (O_DIRECT never uses the page cache; pread cells start from a file whose pages were
   dropped with posix_fadvise DONTNEED, and no slot is read twice in a cell) — `io.io_sweep`, three
   interleaved sweeps, the median of each cell (one with `--quick`). The sizes are the model's expert
-  slice sizes (`-m`), else a representative set; the file read is the model, else a scratch file of
-  random bytes written (and removed) in `--dir`;
-- **compute**: resident decode tok/s with 1..cores threads, best of the rounds, of the model when it
-  takes at most 40% of the free memory, else of a tiny fixture (the caller finds it). The fixture's
-  layers are 64 wide: it measures the engine and thread overhead more than matrix throughput, so it
-  tends to favour few threads.
+  slice sizes (`-m`), else real models' (648 KiB, 1.7 MiB); the file read is the model, else a scratch
+  file of random bytes written (and removed) in `--dir`;
+- **compute**: decode tok/s with 1..cores threads, every round kept (the spread decides ties), of a
+  model with real layers: the `-m` model, else a benchmark-shaped one (the caller writes it once).
+  Streaming (the way runs use threads: beside the read lanes, no expert cache, so every token reads its
+  experts), and resident too when the model takes at most 40% of the free memory.
 """
 
 from __future__ import annotations
@@ -25,22 +25,25 @@ import statistics
 import struct
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from bmoe_edge.bench.io import io_sweep
 from bmoe_edge.bench.layout import gguf_layout
 from bmoe_edge.bench.machine import PROMPT, mem_info
-from bmoe_edge.engine import Engine, StreamConfig
+from bmoe_edge.engine import Engine
 from bmoe_edge.engine.memlimits import MemoryLimit, memory_limits, memory_pressure
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.units import KiB, MiB, size_text
 
-DEFAULT_SIZES = (256 * KiB, 648 * KiB, 1740 * KiB)   # small, a 30B-A3B Q4_0 gate/up slice, a large one
+DEFAULT_SIZES = (648 * KiB, 1740 * KiB)   # a 30B-A3B Q4_0 gate/up slice, a large one
 QUICK_SIZES = (648 * KiB,)
+TINY_SLICE = 128 * KiB      # a model whose largest slice is below this is a toy: its reads are IOPS-bound
+MANY_TIMES = 16             # a model whose file fits this many times in the memory limit is a toy for compute
 MAX_SIZES = 3               # of a model's distinct slice sizes: the smallest, the median, the largest
 MAX_LANES = 8
+FAR_BEHIND = 0.5           # compute: a count at less than half another's is not measured again
 FIT_FRACTION = 0.4         # -m is the compute probe too when its file takes at most 40% of free memory
 
 Progress = Callable[[str], None]
@@ -62,7 +65,7 @@ class Plan:
     seconds: float           # per read cell (at most)
     scratch_bytes: int       # scratch file (no -m)
     tokens: int              # decode tokens per compute cell
-    rounds: int              # compute rounds (best of)
+    rounds: int              # compute rounds (all kept: their spread decides ties)
     repeats: int = 1         # read sweeps, interleaved (the median of each cell)
 
 
@@ -74,7 +77,7 @@ def make_plan(quick: bool, cores: int, model_sizes: Sequence[int] = ()) -> Plan:
     threads = tuple(range(1, max(cores, 1) + 1))
     if quick:
         return Plan(sizes, lanes, threads, seconds=0.15, scratch_bytes=16 * MiB, tokens=4, rounds=1)
-    return Plan(sizes, lanes, threads, seconds=1.0, scratch_bytes=256 * MiB, tokens=16, rounds=2, repeats=3)
+    return Plan(sizes, lanes, threads, seconds=1.0, scratch_bytes=256 * MiB, tokens=12, rounds=3, repeats=3)
 
 
 def model_slice_sizes(model: Path) -> tuple[int, ...]:
@@ -230,29 +233,64 @@ def measure_io(path: Path, plan: Plan, progress: Progress = quiet) -> tuple[list
 @dataclass(frozen=True)
 class ComputeCell:
     threads: int
-    tok_s: float
+    tok_s: float                     # the median of the rounds
+    mode: str = "resident"           # stream | resident
+    samples: tuple[float, ...] = ()  # every round's tok/s
+
+    @property
+    def low(self) -> float:
+        return min(self.samples, default=self.tok_s)
+
+    @property
+    def high(self) -> float:
+        return max(self.samples, default=self.tok_s)
 
 
 def fits_in_memory(model: Path, machine: Machine) -> bool:
-    """A model small enough to measure resident (at most FIT_FRACTION of the memory free for it) is a
-    better compute probe than the tiny fixture, whose 64-wide layers measure thread overhead."""
+    """A model small enough to also measure resident: at most FIT_FRACTION of the memory free for it."""
     free_mb = min(machine.available_mb, machine.effective_mb)
     return model.stat().st_size <= FIT_FRACTION * free_mb * MiB
 
 
-def measure_compute(fixture: Path, plan: Plan, progress: Progress = quiet) -> list[ComputeCell]:
-    """Resident decode tok/s of the fixture with each thread count, the best of `plan.rounds` rounds."""
-    best: dict[int, float] = {}
+def toy_reasons(model: Path, sizes: Sequence[int], machine: Machine) -> dict[str, str]:
+    """Why a model's figures would not carry over to real models: 'reads' (its slices are tiny: the
+    reads are IOPS-bound) and 'compute' (its layers are tiny, or it fits in memory many times over)."""
+    why: dict[str, str] = {}
+    file_bytes = model.stat().st_size
+    if max(sizes) < TINY_SLICE:
+        why["reads"] = (f"its expert slices are at most {size_text(max(sizes))} (real models' are hundreds of "
+                        "KiB to MiB): reads that small are bound by the request rate, not the bandwidth")
+        why["compute"] = "its layers are tiny: thread start-up, not matrix work, decides the thread count"
+    elif file_bytes * MANY_TIMES <= machine.effective_mb * MiB:
+        why["compute"] = (f"it fits in memory {machine.effective_mb * MiB // file_bytes} times over "
+                          f"({size_text(file_bytes)}): the models this machine streams are larger")
+    return why
+
+
+def measure_compute(model: Path, configs: Sequence[tuple[str, Any]], plan: Plan,
+                    progress: Progress = quiet) -> list[ComputeCell]:
+    """Decode tok/s of `model` for each (mode, StreamConfig without threads) with each thread count,
+    `plan.rounds` rounds interleaved (every round kept: their spread is what a tie is)."""
+    got: dict[tuple[str, int], list[float]] = {}
     for _round in range(plan.rounds):
-        for threads in plan.threads:
-            config = StreamConfig(stream=False, threads=threads, ctx=256, batch=64, ubatch=64)
-            with Engine(fixture, config) as engine:
-                gen = engine.run(PROMPT, plan.tokens + 1)
-            decode = gen.metrics[1:]    # the first step evaluates the prompt
-            ms = sum(m.wall_ms for m in decode)
-            if not decode or ms <= 0:
-                raise BmoeError(f"{fixture}: the compute fixture generated no decode steps")
-            tok_s = 1000.0 * len(decode) / ms
-            best[threads] = max(best.get(threads, 0.0), tok_s)
-            progress(f"  compute {threads} thread(s): {tok_s:8.1f} tok/s")
-    return [ComputeCell(t, round(best[t], 2)) for t in plan.threads]
+        for mode, base in configs:
+            for threads in plan.threads:
+                if _round and _far_behind(got, mode, threads):
+                    continue
+                with Engine(model, replace(base, threads=threads)) as engine:
+                    gen = engine.run(PROMPT, plan.tokens + 1)
+                decode = gen.metrics[1:]    # the first step evaluates the prompt
+                ms = sum(m.wall_ms for m in decode)
+                if not decode or ms <= 0:
+                    raise BmoeError(f"{model}: the compute model generated no decode steps")
+                tok_s = 1000.0 * len(decode) / ms
+                got.setdefault((mode, threads), []).append(round(tok_s, 2))
+                progress(f"  {mode:<8} {threads} thread(s): {tok_s:8.2f} tok/s")
+    return [ComputeCell(t, round(statistics.median(v), 2), mode, tuple(v)) for (mode, t), v in got.items()]
+
+
+def _far_behind(got: dict[tuple[str, int], list[float]], mode: str, threads: int) -> bool:
+    """A count whose best round is below FAR_BEHIND of another count's worst is far behind: it is not
+    measured again (a busy machine makes an extra thread 10x slower, and its cells the longest)."""
+    mine = max(got[(mode, threads)])
+    return any(min(v) * FAR_BEHIND > mine for (m, t), v in got.items() if m == mode and t != threads)

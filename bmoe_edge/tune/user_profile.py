@@ -42,6 +42,7 @@ class TuneResult:
     measured_at: str
     profile_yaml: str = ""
     written: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # one line each: figures that would not carry over, and what was left alone
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -53,8 +54,9 @@ class TuneResult:
         machine = Machine(**{**m, "limits": tuple(MemoryLimit(**x) for x in m["limits"])})
         return TuneResult(**{
             **d, "sizes": tuple(d["sizes"]), "io": tuple(IoCell(**c) for c in d["io"]),
-            "compute": tuple(ComputeCell(**c) for c in d["compute"]), "machine": machine,
-            "choice": Choice(**d["choice"]), "written": tuple(d["written"]),
+            "compute": tuple(ComputeCell(**{**c, "samples": tuple(c.get("samples", ()))}) for c in d["compute"]),
+            "machine": machine, "choice": Choice(**d["choice"]), "written": tuple(d["written"]),
+            "warnings": tuple(d.get("warnings", ())),
         })
 
 
@@ -65,12 +67,14 @@ def profile_before(profile: profiles.BoardProfile) -> dict[str, Any]:
 
 
 def profile_fields(board: str, choice: Choice) -> dict[str, Any]:
-    """The user profile's fields: it extends the board's, engine settings under `engine:`."""
+    """The user profile's fields: it extends the board's, engine settings under `engine:`; what the choice
+    left alone (None) is not written, so the board's value stays."""
     data: dict[str, Any] = {"extends": board}
     if choice.page_size is not None:
         data["page_size"] = choice.page_size
-    data["storage"] = {"read_mb_s": choice.read_mb_s}
-    data["engine"] = {key: getattr(choice, key) for key in ENGINE_KEYS}
+    if choice.read_mb_s is not None:
+        data["storage"] = {"read_mb_s": choice.read_mb_s}
+    data["engine"] = {key: getattr(choice, key) for key in ENGINE_KEYS if getattr(choice, key) is not None}
     return data
 
 
@@ -90,10 +94,22 @@ def render_profile(r: TuneResult) -> str:
     for mode, curve in curves.items():
         if curve:
             lines.append(f"#   {mode:<7} " + ", ".join(f"{n}: {v:.0f}" for n, v in curve.items()))
+    if len(r.sizes) > 1:
+        for size in r.sizes:
+            cells = [c for c in r.io if c.size == size]
+            lines.append(f"#   {size_text(size)}: " + ", ".join(
+                f"{mode} " + " ".join(f"{c.lanes}:{c.mib_s:.0f}" for c in cells if c.mode == mode)
+                for mode in ("odirect", "pread") if any(c.mode == mode for c in cells)))
     if r.odirect_note:
         lines.append(f"#   {r.odirect_note}")
-    lines.append(f"# resident decode of {Path(r.fixture).name}, tok/s by threads: "
-                 + ", ".join(f"{c.threads}: {c.tok_s:.1f}" for c in r.compute))
+    for mode in ("stream", "resident"):
+        cells = [c for c in r.compute if c.mode == mode]
+        if cells:
+            lines.append(f"# {'streaming' if mode == 'stream' else 'resident'} decode of {Path(r.fixture).name}, "
+                         "tok/s by threads (median, low-high): "
+                         + ", ".join(f"{c.threads}: {c.tok_s:.2f} ({c.low:.2f}-{c.high:.2f})" for c in cells))
+    for key, why in r.choice.left.items():
+        lines.append(f"# left alone: {key}: {why}")
     body = yaml.safe_dump(profile_fields(r.board, r.choice), sort_keys=False, default_flow_style=False)
     return "\n".join(lines) + "\n" + body
 
