@@ -1,5 +1,8 @@
+"""Shared test helpers; how the suite is split (sample by default, full campaigns on demand): docs/testing.md."""
+
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -9,6 +12,27 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 LLAMA_SRC = REPO / "third_party" / "llama.cpp" / "src"
+
+# The one switch between the suite's samples and the full campaigns (docs/testing.md). Unset, the suite
+# runs a deterministic sample (every architecture, weight type and gate configuration at least once);
+# BMOE_EDGE_FULL_CAMPAIGNS=1 adds every test marked `full_campaign` (the whole gate matrix, the repeated
+# runs under qemu, the long campaigns) and makes the bounded campaigns run at their full size.
+FULL_CAMPAIGNS = os.environ.get("BMOE_EDGE_FULL_CAMPAIGNS") == "1"
+
+
+def campaign_size(sample: int, full: int) -> int:
+    """How many rounds a bounded campaign runs: `sample` in the default suite, `full` with
+    BMOE_EDGE_FULL_CAMPAIGNS=1."""
+    return full if FULL_CAMPAIGNS else sample
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if FULL_CAMPAIGNS:
+        return
+    skip = pytest.mark.skip(reason="a full campaign: BMOE_EDGE_FULL_CAMPAIGNS=1 runs it (docs/testing.md)")
+    for item in items:
+        if item.get_closest_marker("full_campaign"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -46,3 +70,4 @@ def vocab_gguf() -> Path:
     if not path.exists():
         pytest.fail(f"{path} missing: run `bmoe-edge llama fetch` (the README set-up does)")
     return path
+
