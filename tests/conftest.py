@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -71,3 +71,51 @@ def vocab_gguf() -> Path:
         pytest.fail(f"{path} missing: run `bmoe-edge llama fetch` (the README set-up does)")
     return path
 
+
+# ---------------------------------------------------------------------------------------------------
+# Bundles: each board's bundle is cross-built once per test session and shared by every test module.
+
+
+@pytest.fixture(scope="session")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's dist/: every bundle the tests build, side by side (as `--dist` expects)."""
+    return tmp_path_factory.mktemp("dist")
+
+
+@pytest.fixture(scope="session")
+def board_bundle(dist: Path) -> Callable[[str], Path]:
+    """`board_bundle(name)` -> dist/<name>, built through `bmoe-edge build --board NAME` as a user would,
+    at most once per session (later calls return the same bundle). Tests must not change it: copy it."""
+    built: dict[str, Path] = {}
+
+    def get(board: str) -> Path:
+        if board not in built:
+            result = run_cli("build", "--board", board, "--out", str(dist), timeout=1800, cwd=dist)
+            assert result.returncode == 0, result.stderr[-3000:]
+            assert result.stdout.strip().endswith(board), result.stdout
+            built[board] = dist / board
+        return built[board]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def qemu_bundle(board_bundle: Callable[[str], Path]) -> Path:
+    """The qemu-arm64 bundle (aarch64, Cortex-A76 ISA): the build, deploy and tune tests' board."""
+    return board_bundle("qemu-arm64")
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the emulated boards (real sshds on 127.0.0.1) keep their keys, homes and ssh_config."""
+    return tmp_path_factory.mktemp("lab")
+
+
+@pytest.fixture(scope="session")
+def board(lab: Path):
+    """The main emulated board, one per session: the deploy tests deploy to it, the tune tests again."""
+    from bmoe_edge.fleet import emulated_board
+
+    b = emulated_board.start(lab, "main")
+    yield b
+    emulated_board.stop(lab, "main")
