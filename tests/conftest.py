@@ -35,6 +35,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def native():
+    """bmoe_edge._native, the engine. A missing or broken build fails the tests that need it, here and
+    in CI alike, with the reason: most of the suite needs the engine anyway, so a skip would only hide
+    the one line that says what is wrong."""
+    try:
+        from bmoe_edge import _native
+    except ImportError as exc:
+        pytest.fail(f"bmoe_edge._native does not import ({exc}): build it with scripts/setup.sh", pytrace=False)
+    return _native
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_user_profiles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """No test sees a real user's tuned profiles (`bmoe-edge tune` writes them into

@@ -64,10 +64,17 @@ def test_the_gate_matrix_sample_passes() -> None:
 
 
 def test_quick_gates_pass() -> None:
+    """`bmoe-edge gates --quick` runs the whole quick matrix, every cell passing: an empty or shrunken
+    matrix fails here (its size follows from the quick fixtures and cases)."""
+    want = (len(gates.QUICK_FIXTURES) - 1) * len(gates.QUICK_CASES) + 1   # the split fixture: one cell
+    assert len(gates.quick_matrix()) == want >= 20
     result = run_cli("gates", "--quick")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.strip().splitlines()[-1].startswith("gates: ")
-    assert ", 0 failed" in result.stdout
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == f"gates: {want} passed, 0 failed"
+    cells = [ln for ln in lines[:-1] if ln.startswith("PASS ")]
+    assert len(cells) == want and not any(ln.startswith("FAIL ") for ln in lines), result.stdout
+    assert {ln.split()[1] for ln in cells} == {s.arch for s in gates.QUICK_FIXTURES}
 
 
 @pytest.mark.parametrize("arch,quant", [("qwen3moe", "Q8_0"), ("gpt-oss", "Q4_0"), ("gemma4", "F16"),
