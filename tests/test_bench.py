@@ -18,16 +18,7 @@ from bmoe_edge.synthetic import bigmoe
 
 from conftest import assert_clean_error, run_cli
 
-
-def _native_or_none():
-    try:
-        from bmoe_edge import _native
-    except ImportError:
-        return None
-    return _native
-
-
-needs_native = pytest.mark.skipif(_native_or_none() is None, reason="bmoe_edge._native is not built/importable")
+needs_native = pytest.mark.usefixtures("native")  # conftest: fails, never skips, without the build
 SMALL = {"n_layer": 2, "vocab_size": 512, "n_embd": 256, "n_ff_exp": 256}
 
 

@@ -18,6 +18,7 @@ import pytest
 from bmoe_edge.boards import build, bundle, checks, emulate, profiles
 from bmoe_edge.boards import plan as build_plan
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.proof import gates
 
 from conftest import REPO, assert_clean_error, run_cli
 
@@ -196,31 +197,18 @@ def test_elf_checks_read_this_interpreter() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Real builds (slow): qemu-arm64 and rpi5 share one build dir; rpi4 has its own.
+# Real builds (slow): qemu-arm64 and rpi5 share one build dir; rpi4 has its own. Each bundle is built
+# once per session (conftest.board_bundle) and shared with the deploy and tune tests.
 
 
 @pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("dist")
+def rpi5_bundle(board_bundle, qemu_bundle: Path) -> Path:
+    return board_bundle("rpi5")   # after qemu-arm64: the same build dir, warm
 
 
 @pytest.fixture(scope="module")
-def qemu_bundle(dist: Path) -> Path:
-    """Built through the command line, as a user would."""
-    result = run_cli("build", "--board", "qemu-arm64", "--out", str(dist), timeout=1800, cwd=dist)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().endswith("qemu-arm64")
-    return dist / "qemu-arm64"
-
-
-@pytest.fixture(scope="module")
-def rpi5_bundle(dist: Path, qemu_bundle: Path) -> build.BuildResult:
-    return build.build_board("rpi5", out=dist, quiet=True, log=lambda _m: None)
-
-
-@pytest.fixture(scope="module")
-def rpi4_bundle(dist: Path) -> build.BuildResult:
-    return build.build_board("rpi4", out=dist, quiet=True, log=lambda _m: None)
+def rpi4_bundle(board_bundle) -> Path:
+    return board_bundle("rpi4")
 
 
 def _extension(bundle_dir: Path, manifest: bundle.Manifest, into: Path) -> Path:
@@ -291,12 +279,15 @@ def test_streamed_generate_equals_resident_under_qemu(qemu_bundle: Path, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.emulated
+@pytest.mark.full_campaign
 def test_quick_gates_pass_under_qemu(qemu_bundle: Path, tmp_path: Path) -> None:
+    """The same quick matrix of the same bundle under the same qemu CPU runs in every suite through
+    `deploy --gates` (test_deploy.py, the `deployed` fixture); this direct run repeats it."""
     result = emulate.run_bundle(qemu_bundle, ["gates", "--quick", "--json", "--fixtures",
                                               str(qemu_bundle / "fixtures")], capture=True, timeout=1200, cwd=tmp_path)
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
     report = json.loads(result.stdout)
-    assert report["failed"] == 0 and report["passed"] > 0
+    assert report["failed"] == 0 and report["passed"] == len(gates.quick_matrix())
 
 
 @pytest.mark.slow
@@ -318,9 +309,9 @@ def test_launcher_installs_and_runs_a_release(qemu_bundle: Path, tmp_path: Path)
 @pytest.mark.slow
 @pytest.mark.emulated
 def test_rpi5_bundle_runs_on_cortex_a76_and_dies_of_sigill_on_cortex_a72(
-    rpi5_bundle: build.BuildResult, tmp_path: Path,
+    rpi5_bundle: Path, tmp_path: Path,
 ) -> None:
-    bundle_dir = rpi5_bundle.bundle_dir
+    bundle_dir = rpi5_bundle
     manifest = bundle.verify_bundle(bundle_dir)
     assert manifest.cmake_flags["ggml_cpu_march_used"] == A76 and manifest.cmake_flags["BMOE_CPU_ARM_ARCH"] == A76
     version = emulate.run_bundle(bundle_dir, ["--version"], cpu="cortex-a76", capture=True, timeout=300)
@@ -336,22 +327,22 @@ def test_rpi5_bundle_runs_on_cortex_a76_and_dies_of_sigill_on_cortex_a72(
 
 @pytest.mark.slow
 @pytest.mark.emulated
-def test_rpi4_bundle_uses_armv8_a_and_runs_on_cortex_a72(rpi4_bundle: build.BuildResult, tmp_path: Path) -> None:
-    manifest = bundle.verify_bundle(rpi4_bundle.bundle_dir)
+def test_rpi4_bundle_uses_armv8_a_and_runs_on_cortex_a72(rpi4_bundle: Path, tmp_path: Path) -> None:
+    manifest = bundle.verify_bundle(rpi4_bundle)
     assert manifest.cmake_flags["ggml_cpu_march_used"] == "armv8-a"
-    assert rpi4_bundle.plan.build_dir.name == "board-aarch64-armv8-a-cp311"
-    version = emulate.run_bundle(rpi4_bundle.bundle_dir, ["--version"], capture=True, timeout=300)  # qemu_cpu
+    assert Path(str(manifest.extra["build_dir"])).name == "board-aarch64-armv8-a-cp311"
+    version = emulate.run_bundle(rpi4_bundle, ["--version"], capture=True, timeout=300)  # qemu_cpu
     assert version.returncode == 0 and "hook: yes" in version.stdout, version.stderr
-    result = _generate(rpi4_bundle.bundle_dir, "cortex-a72", tmp_path)
+    result = _generate(rpi4_bundle, "cortex-a72", tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert len(_token_ids(result.stdout)) == 6
 
 
 @pytest.mark.slow
-def test_second_unchanged_build_takes_under_a_minute(qemu_bundle: Path, dist: Path) -> None:
+def test_second_unchanged_build_takes_under_a_minute(qemu_bundle: Path, tmp_path: Path) -> None:
     first = bundle.load_manifest(qemu_bundle)
-    started = time.monotonic()
-    again = build.build_board("qemu-arm64", out=dist, quiet=True, log=lambda _m: None)
+    started = time.monotonic()   # into another dist/: the session's bundle stays as the other tests saw it
+    again = build.build_board("qemu-arm64", out=tmp_path / "dist", quiet=True, log=lambda _m: None)
     elapsed = time.monotonic() - started
     assert elapsed < 60, f"warm build took {elapsed:.0f} s"
     # nothing changed, so neither did the bundle
@@ -394,11 +385,11 @@ def test_march_and_hook_checks_compare_with_what_the_build_used(
 
 
 @pytest.mark.slow
-def test_host_bundle_goes_through_the_same_path_natively(dist: Path, tmp_path: Path) -> None:
-    result = build.build_board("host", out=dist, quiet=True, log=lambda _m: None)
-    manifest = bundle.verify_bundle(result.bundle_dir)
-    assert not result.plan.cross and manifest.wheel.endswith("-cp311-cp311-linux_x86_64.whl")
+def test_host_bundle_goes_through_the_same_path_natively(board_bundle, tmp_path: Path) -> None:
+    host = board_bundle("host")
+    manifest = bundle.verify_bundle(host)
+    assert not manifest.extra["cross"] and manifest.wheel.endswith("-cp311-cp311-linux_x86_64.whl")
     assert manifest.cmake_flags["ggml_cpu_march_used"] == "" and manifest.cmake_flags["GGML_NATIVE"] == "OFF"
-    version = emulate.run_bundle(result.bundle_dir, ["--version"], capture=True, timeout=120, cwd=tmp_path)
+    version = emulate.run_bundle(host, ["--version"], capture=True, timeout=120, cwd=tmp_path)
     assert version.returncode == 0, version.stderr
     assert "hook: yes" in version.stdout and "machine: x86_64" in version.stdout

@@ -33,11 +33,11 @@ from bmoe_edge.fleet import state as board_state
 from bmoe_edge.fleet import targets as fleet_targets
 
 import test_deploy as shared
-from conftest import run_cli
+from conftest import campaign_size, run_cli
 from test_deploy import _env, _host, _release_ok, assert_one_error, changed_bundle
 
-# the deploy tests' fixtures (a built bundle, a changed one), shared
-bundle_a, bundle_b, dist = shared.bundle_a, shared.bundle_b, shared.dist
+# the deploy tests' fixtures (the session's qemu-arm64 bundle, a changed one), shared
+bundle_a, bundle_b = shared.bundle_a, shared.bundle_b
 
 HOSTILE = "a\"b $(touch /tmp/pwned-bmoe) `id` \n c 'q' ; \\ end \\\\n %s %% ${HOME} \t\r\n\x01 é ✓ "
 
@@ -393,13 +393,14 @@ def test_deploy_status_rollback_on_a_board_without_sftp(boards, bundle_a: Path, 
 @pytest.mark.emulated
 def test_deploys_killed_at_random_points_always_leave_a_valid_current(boards, bundle_a: Path, bundle_b: Path,
                                                                       tmp_path: Path) -> None:
-    """A bounded campaign: $BMOE_EDGE_KILL_CAMPAIGN deploys (default 4; the full run uses 50), each
-    SIGKILLed after a random delay; after each, `current` is absent or a complete verified release, and a
-    final deploy succeeds."""
+    """A bounded campaign: $BMOE_EDGE_KILL_CAMPAIGN deploys (default 2, one kill per bundle; 50 with
+    BMOE_EDGE_FULL_CAMPAIGNS=1),
+    each SIGKILLed after a random delay; after each, `current` is absent or a complete verified release, and
+    a final deploy succeeds."""
     lab_dir, start = boards
     b = start("campaign")
     inst = tmp_path / "inst"
-    rounds = int(os.environ.get("BMOE_EDGE_KILL_CAMPAIGN", "4"))
+    rounds = int(os.environ.get("BMOE_EDGE_KILL_CAMPAIGN", campaign_size(sample=2, full=50)))
     rng = random.Random(int(os.environ.get("BMOE_EDGE_KILL_SEED", "14")))
     bundles = {bundle.load_manifest(x).bundle_id: x for x in (bundle_a, bundle_b)}
     for i in range(rounds):

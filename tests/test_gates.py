@@ -13,14 +13,17 @@ from conftest import run_cli
 
 
 @pytest.mark.slow
+@pytest.mark.full_campaign
 def test_full_gate_matrix_passes_through_the_cli() -> None:
-    result = run_cli("gates", "--json", timeout=1800)
+    """All of `bmoe-edge gates` (every cell of full_matrix(): most of an hour here); the suite runs
+    the sample below and the breadth (test_archs.py) instead."""
+    result = run_cli("gates", "--json", timeout=7200)
     report = json.loads(result.stdout)
     failures = [c for c in report["cells"] if not c["passed"]]
     assert not failures, failures[:3]
     assert result.returncode == 0
     cells = report["cells"]
-    assert len(cells) >= 40
+    assert len(cells) == len(gates.full_matrix()) > 700
     assert {c["arch"] for c in cells} >= {"qwen3moe", "qwen2moe", "olmoe", "llama", "gpt-oss", "gemma4"}
     assert {c["quant"] for c in cells} >= {"F32", "F16", "Q8_0", "Q4_0", "Q4_K_M"}
     assert {c["config"] for c in cells} >= {"cache-off", "cache-small", "cache-large", "pread", "odirect-1-lane",
@@ -29,11 +32,49 @@ def test_full_gate_matrix_passes_through_the_cli() -> None:
     assert all(c["bytes_read"] > 0 for c in cells)
 
 
+def test_the_sample_covers_every_architecture_type_and_configuration_of_the_full_matrix() -> None:
+    """What the suite gives up by not running the full matrix: combinations, never a dimension. The
+    sample has every depth architecture, weight type and case once (and a split cell); with the
+    breadth, which the suite runs whole (test_archs.py), every architecture, type and configuration
+    of full_matrix() is in a cell the suite runs."""
+    sample, breadth, full = gates.sample_matrix(), gates.breadth_matrix(), gates.full_matrix()
+    key = lambda c: (c.fixture, c.case.name)  # noqa: E731
+    assert len(sample) == len(gates.CASES) + 1 and len({key(c) for c in sample}) == len(sample)
+    assert {key(c) for c in sample} <= {key(c) for c in full}
+    assert sorted({c.fixture.arch for c in sample}) == sorted(gates.CONFIG_ARCHS)
+    assert {c.fixture.quant for c in sample} == set(gates.QUANTS)
+    assert [c.case.name for c in sample if c.fixture.split == 1] == list(gates.CASES)
+    assert [c.fixture.split for c in sample if c.fixture.split > 1] == [3]
+    assert len({c.fixture.arch for c in sample if c.fixture.split == 1}) == len(gates.CONFIG_ARCHS)
+    run = sample + breadth
+    for dimension in (lambda c: c.fixture.arch, lambda c: c.fixture.quant, lambda c: c.case.name,
+                      lambda c: c.fixture.split):
+        assert {dimension(c) for c in run} == {dimension(c) for c in full}
+    assert gates.sample_matrix() == sample   # deterministic
+
+
+def test_the_gate_matrix_sample_passes() -> None:
+    """The sample of the full matrix (gates.sample_matrix()), at the full matrix's step count."""
+    cells = gates.sample_matrix()
+    results = list(gates.run_gates(cells, gates.fixture_resolver(None), gates.STEPS))
+    assert len(results) == len(cells) == len(gates.CASES) + 1
+    failed = [gates.format_result(r) for r in results if not r.passed]
+    assert not failed, failed[:3]
+    assert all(r.bytes_read > 0 and r.steps >= gates.STEPS for r in results)
+
+
 def test_quick_gates_pass() -> None:
+    """`bmoe-edge gates --quick` runs the whole quick matrix, every cell passing: an empty or shrunken
+    matrix fails here (its size follows from the quick fixtures and cases)."""
+    want = (len(gates.QUICK_FIXTURES) - 1) * len(gates.QUICK_CASES) + 1   # the split fixture: one cell
+    assert len(gates.quick_matrix()) == want >= 20
     result = run_cli("gates", "--quick")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.strip().splitlines()[-1].startswith("gates: ")
-    assert ", 0 failed" in result.stdout
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == f"gates: {want} passed, 0 failed"
+    cells = [ln for ln in lines[:-1] if ln.startswith("PASS ")]
+    assert len(cells) == want and not any(ln.startswith("FAIL ") for ln in lines), result.stdout
+    assert {ln.split()[1] for ln in cells} == {s.arch for s in gates.QUICK_FIXTURES}
 
 
 @pytest.mark.parametrize("arch,quant", [("qwen3moe", "Q8_0"), ("gpt-oss", "Q4_0"), ("gemma4", "F16"),

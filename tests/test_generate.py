@@ -146,8 +146,18 @@ def test_bad_models_get_one_line(bad_models: dict[str, Path], case: str, needles
 
 
 def test_dense_model_runs_resident(bad_models: dict[str, Path]) -> None:
+    """A model without experts: --stream refuses it (above); resident, it generates, and says so."""
     result = run_cli("generate", "-m", str(bad_models["dense"]), "-p", "Hi", "-n", "3", "--no-stream", "--json")
     assert result.returncode == 0, result.stderr
+    assert "error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    records = json_lines(result.stdout)
+    run, summary = records[0], records[-1]
+    assert run["type"] == "run" and summary["type"] == "summary", records
+    assert (run["architecture"], run["n_expert"], run["expert_bytes"]) == ("llama", 0, 0)
+    assert run["streaming"] is False and run["streamed_tensors"] == 0 and not run["warning"], run
+    assert [r["type"] for r in records[1:-1]] == ["token"] * 3
+    assert summary["generated_tokens"] == 3 and summary["stop_reason"] == "max_tokens"
+    assert summary["bytes_read"] == 0
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -17,16 +17,7 @@ GT = gguf.GGMLQuantizationType
 VT = gguf.GGUFValueType
 
 
-def _native_or_none():
-    try:
-        from bmoe_edge import _native
-    except ImportError:
-        return None
-    return _native
-
-
-NATIVE = _native_or_none()
-needs_native = pytest.mark.skipif(NATIVE is None, reason="bmoe_edge._native is not built/importable")
+needs_native = pytest.mark.usefixtures("native")  # conftest: fails, never skips, without the build
 
 
 # Parsing the full 32000-token vocabulary costs GGUFReader ~0.8 s per file: the structural matrix
@@ -214,10 +205,9 @@ def test_cli_writes_and_prints_the_paths(tmp_path: Path) -> None:
     assert "Traceback" not in bad.stderr
 
 
-@needs_native
 @pytest.mark.parametrize("arch", tinymoe.ARCHS)
-def test_llama_cpp_reads_arch_and_experts(written, arch: str) -> None:
-    info = NATIVE.probe_model(str(written(arch, "Q8_0")))
+def test_llama_cpp_reads_arch_and_experts(native, written, arch: str) -> None:
+    info = native.probe_model(str(written(arch, "Q8_0")))
     row = tinymoe.ROWS[arch]
     assert info.architecture == row.arch
     n_layer_all = tinymoe.dims_for(arch, "Q8_0").n_layer_all  # block_count: the trunk's 4 and any MTP layers
@@ -234,8 +224,7 @@ def test_info_command_shows_the_experts(written) -> None:
     assert (summary["n_layer"], summary["n_expert"], summary["n_expert_used"]) == (4, 8, 2)
 
 
-@needs_native
-def test_k_quant_made_by_llama_cpp_split_in_two(tmp_path: Path) -> None:
+def test_k_quant_made_by_llama_cpp_split_in_two(native, tmp_path: Path) -> None:
     paths = tinymoe.write_tiny_moe(tmp_path / "k.gguf", "gemma4", "Q4_K_M", split=2)
     assert len(paths) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)  # temp files removed
@@ -246,5 +235,5 @@ def test_k_quant_made_by_llama_cpp_split_in_two(tmp_path: Path) -> None:
     assert {types[n] for n in experts} <= {GT.Q4_K, GT.Q5_K, GT.Q6_K}
     assert GT.Q4_K in {types[n] for n in experts}
     assert types["blk.0.ffn_gate_inp.weight"] == GT.F32
-    info = NATIVE.probe_model(str(paths[0]))
+    info = native.probe_model(str(paths[0]))
     assert (info.architecture, info.n_expert, info.n_expert_used) == ("gemma4", 8, 2)

@@ -331,13 +331,14 @@ def test_a_board_with_nothing_deployed_is_an_error(tmp_path: Path) -> None:
 # The emulated board: the deployed bundle measures the board, the profile comes back and stays there.
 
 
-# test_deploy's module fixtures, reused: a lab, its board's sshd, `bmoe-edge build --board qemu-arm64`.
-lab, board, dist, bundle_a = test_deploy.lab, test_deploy.board, test_deploy.dist, test_deploy.bundle_a
+# The session's lab and main board (conftest.py; the deploy tests deployed there first) and its qemu-arm64 bundle.
+bundle_a = test_deploy.bundle_a
 
 
 @pytest.fixture(scope="module")
 def deployed_plain(board: emulated_board.EmulatedBoard, bundle_a: Path, lab: Path) -> emulated_board.EmulatedBoard:
-    """bundle A deployed without gates (tune needs a release, not its gate verdict)."""
+    """bundle A deployed without gates (tune needs a release, not its gate verdict); after the deploy
+    tests, a redeploy."""
     env = dict(os.environ, BMOE_EDGE_SSH_CONFIG=str(lab / "ssh_config"))
     result = run_cli("deploy", "--board", "qemu-arm64", "--dist", str(bundle_a.parent), "--host", board.target,
                      "--install-dir", str(board.install_dir), env=env, timeout=1200)

@@ -165,6 +165,21 @@ def mtp_matrix() -> list[GateCell]:
         [GateCell(FixtureSpec("qwen35moe", "Q8_0"), CASES["speculative-ngram"])]
 
 
+def sample_matrix() -> list[GateCell]:
+    """A deterministic sample of the depth of `full_matrix()` for the test suite: every architecture
+    of CONFIG_ARCHS, every weight type of QUANTS and every case of CASES once, and one split cell.
+
+    Fixture i is (CONFIG_ARCHS[i], QUANTS[i % len(QUANTS)]): each architecture once, the types in
+    turn (every type at least once). Case j, in CASES order, runs on fixture j % len(CONFIG_ARCHS);
+    the split cell is the full matrix's (Q8_0, 3 shards, cache-small) on the next architecture in
+    turn. The breadth (`breadth_matrix()`: every fixture row, every shipped weight type) is not
+    sampled: the suite runs it whole. `bmoe-edge gates` still runs every cell."""
+    fixtures = [FixtureSpec(arch, QUANTS[i % len(QUANTS)]) for i, arch in enumerate(CONFIG_ARCHS)]
+    cells = [GateCell(fixtures[j % len(fixtures)], case) for j, case in enumerate(CASES.values())]
+    split_arch = CONFIG_ARCHS[len(CASES) % len(CONFIG_ARCHS)]
+    return [*cells, GateCell(FixtureSpec(split_arch, "Q8_0", split=3), CASES["cache-small"])]
+
+
 def quick_matrix() -> list[GateCell]:
     """A representative subset for slow (emulated) targets: the quick fixtures, the risky configs
     (split files: the cache kept across two generations)."""
