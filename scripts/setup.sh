@@ -12,7 +12,7 @@ declare -A needs=(
   [ccache]=ccache [file]=file [readelf]=binutils [dpkg-deb]=dpkg
   [aarch64-linux-gnu-gcc]=crossbuild-essential-arm64 [aarch64-linux-gnu-g++]=crossbuild-essential-arm64
   [qemu-aarch64]=qemu-user [ssh]=openssh-client [ssh-keygen]=openssh-client [/usr/sbin/sshd]=openssh-server
-  [python3]=python3
+  [python3]=python3 [tmux]=tmux
 )
 missing=()
 for tool in "${!needs[@]}"; do
