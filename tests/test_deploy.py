@@ -709,7 +709,7 @@ def test_hostile_prompts_and_paths_pass_through_unharmed(deployed: dict, board, 
 
 @pytest.mark.slow
 @pytest.mark.emulated
-@pytest.mark.parametrize("stage", ["uploaded", "before_switch"])
+@pytest.mark.parametrize("stage", [pytest.param("uploaded", marks=pytest.mark.full_campaign), "before_switch"])
 def test_tampered_file_on_the_board_is_refused(deployed: dict, board, bundle_a: Path, bundle_b: Path,
                                                tmp_path: Path, stage: str) -> None:
     a_id = bundle.load_manifest(bundle_a).bundle_id
@@ -760,7 +760,8 @@ def _processes_mentioning(text: str) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.emulated
-@pytest.mark.parametrize("stage", ["upload", "install", "gates"])
+@pytest.mark.parametrize("stage", [pytest.param("upload", marks=pytest.mark.full_campaign),
+                                   pytest.param("install", marks=pytest.mark.full_campaign), "gates"])
 def test_killed_deploy_leaves_current_valid_and_a_rerun_finishes(deployed: dict, board, bundle_a: Path,
                                                                   bundle_b: Path, lab: Path, tmp_path: Path,
                                                                   stage: str) -> None:

@@ -340,6 +340,7 @@ def test_failed_health_check_rolls_back_and_the_release_is_never_picked_again(bo
 
 @pytest.mark.slow
 @pytest.mark.emulated
+@pytest.mark.full_campaign
 def test_fleet_with_a_killed_and_a_frozen_board(boards, bundle_a: Path, tmp_path: Path) -> None:
     """Five boards; mid-deploy (after its upload) one loses power (its sshd and sessions SIGKILLed) and one
     hangs (SIGSTOPped: the TCP connection stays up). The other three finish; the two are one row each."""
@@ -372,6 +373,7 @@ def test_fleet_with_a_killed_and_a_frozen_board(boards, bundle_a: Path, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.emulated
+@pytest.mark.full_campaign
 def test_deploy_status_rollback_on_a_board_without_sftp(boards, bundle_a: Path, bundle_b: Path,
                                                         tmp_path: Path) -> None:
     lab_dir, start = boards
@@ -391,6 +393,7 @@ def test_deploy_status_rollback_on_a_board_without_sftp(boards, bundle_a: Path, 
 
 @pytest.mark.slow
 @pytest.mark.emulated
+@pytest.mark.full_campaign
 def test_deploys_killed_at_random_points_always_leave_a_valid_current(boards, bundle_a: Path, bundle_b: Path,
                                                                       tmp_path: Path) -> None:
     """A bounded campaign: $BMOE_EDGE_KILL_CAMPAIGN deploys (default 2, one kill per bundle; 50 with
