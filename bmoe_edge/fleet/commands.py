@@ -5,6 +5,9 @@ command has a deadline; a failed step is one BmoeError naming the host, with its
 
 from __future__ import annotations
 
+import tarfile
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
@@ -12,7 +15,7 @@ from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import channel
 from bmoe_edge.fleet.channel import Result
 from bmoe_edge.fleet.remote import BoardConnection, reason
-from bmoe_edge.fleet.scripts import READ, REQUEST, REQUEST_DIR, WRITE
+from bmoe_edge.fleet.scripts import READ, REQUEST, REQUEST_DIR, UNTAR, WRITE
 
 STEP_TIMEOUT = 600.0      # default deadline of one remote step
 MIN_RATE = 256 * 1024     # bytes/s an upload is allowed before its deadline (plus STEP_TIMEOUT)
@@ -76,6 +79,19 @@ class Board(BoardConnection):
         self.sh(WRITE, remote, mode, "plain", what=f"upload of {local.name} to {remote}", data=local,
                 timeout=limit)
 
+    def put_files(self, root: Path, paths: Sequence[str], remote_dir: str) -> None:
+        """Upload the files `paths` (relative to `root`, modes kept) into `remote_dir` as one tar stream
+        over one exec channel: a board answers each channel in ~0.1-0.3 s, so a bundle of 35 files
+        costs one round trip instead of 70. The caller checks every file's sha256 afterwards."""
+        with tempfile.TemporaryDirectory(prefix="bmoe-upload-") as tmp:
+            stream = Path(tmp) / "files.tar"
+            with tarfile.open(stream, "w", format=tarfile.PAX_FORMAT) as tar:
+                for p in paths:
+                    tar.add(root / p, arcname=p, recursive=False, filter=_without_owner)
+            size = stream.stat().st_size
+            self.sh(UNTAR, remote_dir, what=f"upload of {len(paths)} files to {remote_dir}", data=stream,
+                    timeout=STEP_TIMEOUT + size / MIN_RATE)
+
     def read_bytes(self, remote: str) -> bytes | None:
         """A file's content, or None when it does not exist."""
         result = self.sh(READ, remote, what=f"reading {remote}", check=False)
@@ -90,6 +106,12 @@ class Board(BoardConnection):
         before the rename, its directory after."""
         self.sh(WRITE, remote, f"{mode:o}", "durable" if durable else "plain", what=f"writing {remote}",
                 data=data)
+
+
+def _without_owner(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
 
 
 def tail(text: str, n: int = 1) -> str:

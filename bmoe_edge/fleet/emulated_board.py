@@ -14,8 +14,8 @@ A *lab* directory holds what every client needs and one directory per board:
     <lab>/ssh_config                       for clients: IdentityFile + UserKnownHostsFile (pass it with
                                            --ssh-config or $BMOE_EDGE_SSH_CONFIG; ~/.ssh is not touched)
     <lab>/boards/<name>/                   sshd_config, ssh_host_ed25519_key, sshd.log, board.json (pid, port)
-    <lab>/boards/<name>/home/              .config and .cache of the board's sessions ($XDG_CONFIG_HOME,
-                                           $XDG_CACHE_HOME)
+    <lab>/boards/<name>/home/              the board's sessions' $HOME (their login shell's rc files),
+                                           .config and .cache ($XDG_CONFIG_HOME, $XDG_CACHE_HOME)
 
 sshd runs as the current user (root here: `/run/sshd` must exist, it is created when missing), with
 `StrictModes yes` (the lab's authorized key is read by `AuthorizedKeysCommand /usr/bin/cat …`, so the
@@ -221,7 +221,10 @@ def start(lab: Path, name: str = "board", *, port: int | None = None, read_only:
             "PrintMotd no\nPrintLastLog no\nMaxStartups 64\nMaxSessions 64\n"
             + ("Subsystem sftp internal-sftp\n" if sftp else "")
             + "ClientAliveInterval 15\nClientAliveCountMax 3\n"
-            f"SetEnv XDG_CONFIG_HOME={bdir / 'home' / '.config'} XDG_CACHE_HOME={bdir / 'home' / '.cache'}\n"
+            # the board's own home: the login shell reads the board's (empty) rc files, not this machine's
+            # (a developer's ~/.bashrc that runs `pyenv init` costs ~0.3 s per command and changes PATH)
+            f"SetEnv HOME={bdir / 'home'} XDG_CONFIG_HOME={bdir / 'home' / '.config'} "
+            f"XDG_CACHE_HOME={bdir / 'home' / '.cache'}\n"
             "LogLevel INFO\n"
         )
         argv = [SSHD, "-D", "-f", str(config), "-e"]

@@ -129,6 +129,7 @@ class BoardConnection:
                 ConnectionError, OSError, EOFError, paramiko.SSHException) as exc:
             raise BmoeError(f"{self.label}: cannot reach {where}: {reason(exc)}") from None
         self.opened = True
+        _no_delay(self.conn.transport)
         if self.options.keepalive > 0:
             self.liveness = channel.Liveness(self.conn.transport, self.options.keepalive,
                                              self.options.keepalive_count, self.abort)
@@ -170,6 +171,16 @@ class BoardConnection:
 
     def _dead(self) -> bool:
         return self.liveness is not None and self.liveness.dead
+
+
+def _no_delay(transport: Any) -> None:
+    """TCP_NODELAY on the connection's socket, as OpenSSH's client sets it: every command is a few small
+    packets each way (open the channel, exec, exit status), and with Nagle's algorithm each waits for the
+    board's delayed ACK (~40 ms). Through a jump host the "socket" is a channel: nothing to set."""
+    sock = getattr(transport, "sock", None)
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class Watch:

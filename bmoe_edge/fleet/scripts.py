@@ -30,6 +30,7 @@ SWITCH = _load("switch.sh")            # $1 install dir, $2 id: current -> relea
 HANGUP = _load("hangup.sh")            # ARGV…: run it, stop it when the connection goes away
 LOCK = _load("lock.sh")                # $1 install dir, $2 wait s, $3 owner, $4 auto|dir: the board lock
 WRITE = _load("write.sh")              # $1 path, $2 mode, $3 durable|plain; content on stdin
+UNTAR = _load("untar.sh")              # $1 directory; a tar stream of files on stdin
 READ = _load("read.sh")                # $1 path: content on stdout, exit 3 when missing
 REQUEST = _load("request.sh")          # $1 dir, $2 name, $3 framed script: saved for `sh DIR/NAME`
 MARK_FAILED = _load("mark_failed.sh")  # $1 release dir, $2 why: rollback never picks it

@@ -15,7 +15,7 @@ from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet.commands import Board
 from bmoe_edge.fleet.report import HostResult, Log, say
 from bmoe_edge.fleet.scripts import COPY, HASH, MKDIRS, REMOVE_IN, SCAN, SITE_HASH
-from bmoe_edge.fleet.state import MARKS, SITE_FACTOR, Hooks, Layout, Releases, inside
+from bmoe_edge.fleet.state import MARKS, SITE_FACTOR, Hooks, Layout, Releases
 from bmoe_edge.fleet.targets import check_name
 from bmoe_edge.units import size_text
 
@@ -169,11 +169,9 @@ def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, res
     if upload:
         total = sum(sizes[p] for p in upload)
         say(log, board.label, f"uploading {len(upload)} files ({size_text(total)})")
-        for p in upload:
-            local = b.dir / p
-            board.put(local, inside(partial, p))
-            result.files_uploaded += 1
-            result.bytes_uploaded += sizes[p]
+        board.put_files(b.dir, [bundle.check_relpath(p) for p in upload], partial)
+        result.files_uploaded += len(upload)
+        result.bytes_uploaded += total
     else:
         say(log, board.label, "nothing to upload: every file is already on the board")
     if "uploaded" in hooks:
