@@ -326,11 +326,6 @@ def changed_bundle(src: Path, dest: Path, marker: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def bundle_b(bundle_a: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return changed_bundle(bundle_a, tmp_path_factory.mktemp("b") / "qemu-arm64", "b")
-
-
-@pytest.fixture(scope="module")
 def deployed(board: emulated_board.EmulatedBoard, bundle_a: Path, lab: Path) -> dict:
     """bundle A deployed with --gates to the main board (its install dir), through the CLI."""
     started = time.monotonic()
@@ -340,6 +335,30 @@ def deployed(board: emulated_board.EmulatedBoard, bundle_a: Path, lab: Path) -> 
     host = _host(result)
     host["wall_seconds"] = time.monotonic() - started
     return host
+
+
+# The rollback, tamper, kill and fleet tests below prove the fleet's logic, which is the same on every
+# board: they deploy the host bundle, which the board runs natively (under qemu every Python start costs
+# ~3 s). The aarch64 path has the tests above: `deployed` (deploy --gates), generate, serve, the units.
+@pytest.fixture(scope="module")
+def host_a(board_bundle) -> Path:
+    """`bmoe-edge build --board host`, the session's one build of it."""
+    return board_bundle("host")
+
+
+@pytest.fixture(scope="module")
+def host_b(host_a: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return changed_bundle(host_a, tmp_path_factory.mktemp("hb") / host_a.name, "b")
+
+
+@pytest.fixture(scope="module")
+def host_deployed(board: emulated_board.EmulatedBoard, host_a: Path, lab: Path) -> Path:
+    """The host bundle A deployed with --gates to its own install dir on the main board; that dir."""
+    inst = board.dir / "host-install"
+    result = run_cli("deploy", "--bundle", str(host_a), "--host", board.target, "--install-dir", str(inst),
+                     "--gates", "--json", env=_env(lab), timeout=1200)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    return inst
 
 
 def _release_ok(install_dir: Path, bundle_dir: Path) -> str:
@@ -483,11 +502,12 @@ def test_no_change_redeploy_uploads_nothing(deployed: dict, board, bundle_a: Pat
 
 @pytest.mark.slow
 @pytest.mark.emulated
-def test_changed_bundle_moves_one_file_then_rollback(deployed: dict, board, bundle_a: Path, bundle_b: Path,
+def test_changed_bundle_moves_one_file_then_rollback(host_deployed: Path, board, host_a: Path, host_b: Path,
                                                      lab: Path) -> None:
+    bundle_a, bundle_b = host_a, host_b
     a, b = bundle.load_manifest(bundle_a), bundle.load_manifest(bundle_b)
     assert a.bundle_id != b.bundle_id
-    inst = board.install_dir
+    inst = host_deployed
     result = run_cli("deploy", "--bundle", str(bundle_b), "--host", board.target, "--install-dir", str(inst),
                      "--json", env=_env(lab), timeout=900)
     assert result.returncode == 0, result.stderr
@@ -497,20 +517,23 @@ def test_changed_bundle_moves_one_file_then_rollback(deployed: dict, board, bund
     assert host["files_copied"] == len(b.files) - 1
     assert host["previous"] == a.bundle_id and _release_ok(inst, bundle_b) == b.bundle_id
     assert "BMOE_EDGE_VARIANT=b" in (inst / "current" / bundle.LAUNCHER_SCRIPT).read_text()
-    status = _host(run_cli("status", "--host", board.target, "--json", env=_env(lab), timeout=60))
+    status = _host(run_cli("status", "--host", board.target, "--install-dir", str(inst), "--json", env=_env(lab),
+                           timeout=60))
     assert status["bundle_id"] == b.bundle_id and status["previous"] == a.bundle_id
     # roll back: A again, atomically, after verifying it
-    result = run_cli("rollback", "--host", board.target, env=_env(lab), timeout=300)
+    result = run_cli("rollback", "--host", board.target, "--install-dir", str(inst), env=_env(lab),
+                     timeout=300)
     assert result.returncode == 0, result.stderr
     assert f"rolled back to {a.bundle_id} (was {b.bundle_id})" in result.stdout
     assert _release_ok(inst, bundle_a) == a.bundle_id
-    status = _host(run_cli("status", "--host", board.target, "--json", env=_env(lab), timeout=60))
+    status = _host(run_cli("status", "--host", board.target, "--install-dir", str(inst), "--json", env=_env(lab),
+                           timeout=60))
     assert status["bundle_id"] == a.bundle_id and status["previous"] == b.bundle_id
     assert status["gates"]["failed"] == 0   # A's gate result comes back with it
     # the board's own `bmoe-edge` runs the current release
     version = subprocess.run([str(inst / "bin" / "bmoe-edge"), "--version"], capture_output=True, text=True,
                              timeout=300, preexec_fn=emulate._no_core_dumps)
-    assert version.returncode == 0 and "machine: aarch64" in version.stdout, version.stderr
+    assert version.returncode == 0 and "machine: x86_64" in version.stdout, version.stderr
 
 
 @pytest.mark.slow
@@ -710,10 +733,11 @@ def test_hostile_prompts_and_paths_pass_through_unharmed(deployed: dict, board, 
 @pytest.mark.slow
 @pytest.mark.emulated
 @pytest.mark.parametrize("stage", [pytest.param("uploaded", marks=pytest.mark.full_campaign), "before_switch"])
-def test_tampered_file_on_the_board_is_refused(deployed: dict, board, bundle_a: Path, bundle_b: Path,
+def test_tampered_file_on_the_board_is_refused(host_deployed: Path, board, host_a: Path, host_b: Path,
                                                tmp_path: Path, stage: str) -> None:
+    bundle_a, bundle_b = host_a, host_b
     a_id = bundle.load_manifest(bundle_a).bundle_id
-    inst = _tree_with(board.install_dir / "releases" / a_id, tmp_path / "inst")
+    inst = _tree_with(host_deployed / "releases" / a_id, tmp_path / "inst")
     target = fleet_targets.parse_target(board.target)
 
     def tamper(release: str) -> None:
@@ -762,16 +786,17 @@ def _processes_mentioning(text: str) -> list[int]:
 @pytest.mark.emulated
 @pytest.mark.parametrize("stage", [pytest.param("upload", marks=pytest.mark.full_campaign),
                                    pytest.param("install", marks=pytest.mark.full_campaign), "gates"])
-def test_killed_deploy_leaves_current_valid_and_a_rerun_finishes(deployed: dict, board, bundle_a: Path,
-                                                                  bundle_b: Path, lab: Path, tmp_path: Path,
+def test_killed_deploy_leaves_current_valid_and_a_rerun_finishes(host_deployed: Path, board, host_a: Path,
+                                                                  host_b: Path, lab: Path, tmp_path: Path,
                                                                   stage: str) -> None:
+    bundle_a, bundle_b = host_a, host_b
     a_id = bundle.load_manifest(bundle_a).bundle_id
     b_id = bundle.load_manifest(bundle_b).bundle_id
     if stage == "upload":   # a fresh board: the whole bundle travels
         inst, new, new_id = tmp_path / "inst", bundle_a, a_id
         inst.mkdir()
     else:                   # a board running A, deploying B
-        inst, new, new_id = _tree_with(board.install_dir / "releases" / a_id, tmp_path / "inst"), bundle_b, b_id
+        inst, new, new_id = _tree_with(host_deployed / "releases" / a_id, tmp_path / "inst"), bundle_b, b_id
     partial = inst / "releases" / f".{new_id}.partial"
     cmd = [sys.executable, "-m", "bmoe_edge", "deploy", "--bundle", str(new), "--host", board.target,
            "--install-dir", str(inst), *(["--gates"] if stage == "gates" else [])]
@@ -817,11 +842,12 @@ def test_killed_deploy_leaves_current_valid_and_a_rerun_finishes(deployed: dict,
 
 @pytest.mark.slow
 @pytest.mark.emulated
-def test_fleet_deploys_in_parallel_and_reports_each_host(lab: Path, bundle_a: Path, board_bundle,
+def test_fleet_deploys_in_parallel_and_reports_each_host(lab: Path, host_a: Path, board_bundle,
                                                         tmp_path: Path) -> None:
     """Two good boards (one with a hostile install dir), one that is not what the inventory says
     (an x86_64 machine listed as a Raspberry Pi 5), one whose install dir is read-only."""
-    dist = board_bundle("rpi5").parent    # the session's dist/, with qemu-arm64 (bundle_a) beside it
+    bundle_a = host_a
+    dist = board_bundle("rpi5").parent    # the session's dist/, with the host bundle (bundle_a) beside it
     assert bundle_a.parent == dist
     names = ["fleet-a", "fleet-b", "fleet-pi"]
     boards = [emulated_board.start(lab, n) for n in names]
@@ -837,7 +863,7 @@ def test_fleet_deploys_in_parallel_and_reports_each_host(lab: Path, bundle_a: Pa
         inventory = tmp_path / "fleet.yaml"
         hosts = [{"host": b.target, "install_dir": str(d)} for b, d in zip(boards, dirs, strict=False)]
         hosts[2]["board"] = "rpi5"
-        inventory.write_text(json.dumps({"defaults": {"board": "qemu-arm64"}, "hosts": hosts}))   # JSON is YAML
+        inventory.write_text(json.dumps({"defaults": {"board": bundle_a.name}, "hosts": hosts}))   # JSON is YAML
         started = time.monotonic()
         result = run_cli("deploy", "--inventory", str(inventory), "--dist", str(dist), "--json", env=_env(lab),
                          timeout=1200)
