@@ -269,7 +269,7 @@ class Server:
             if not body.get("stream"):
                 reply, found = await self._result(request, job, events)
                 return JSONResponse(openai_api.text_completion(rid, self.model_id, reply, found if wanted else None,
-                                                               echo=req.prompt or "" if req.echo else ""))
+                                                               echo=(req.prompt or "") if req.echo else ""))
             held: list[PositionLogprobs] = []   # logprobs of text still held back: they go with the next chunk
             offset = [0]   # where the next chunk's text starts in the whole text (text_offset)
 
