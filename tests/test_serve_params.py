@@ -105,6 +105,14 @@ def test_echo_with_logprobs_gives_one_entry_per_prompt_token(server: Server, eng
     plain = client(server).completions.create(model=server.model_id, prompt=PROMPT, max_tokens=3, echo=True,
                                               temperature=0).choices[0]
     assert plain.text == more.text and plain.logprobs is None
+    # The prompt as token ids (as evaluation tools send it): the same scores, its text echoed.
+    for prompt in (ids, [ids]):
+        given = client(server).completions.create(model=server.model_id, prompt=prompt, max_tokens=0, echo=True,
+                                                  logprobs=1, temperature=0).choices[0]
+        assert given.text == engine.text(ids) and given.logprobs.token_logprobs == only.logprobs.token_logprobs
+    for bad in ([1, 99999999], [ids, ids], [1, "x"], [True]):
+        r = post(server, "/v1/completions", {"prompt": bad, "max_tokens": 1})
+        assert r.status_code == 400 and "prompt" in r.json()["error"]["message"], r.text
 
 
 def test_a_logit_bias_bans_or_forces_a_token(server: Server, engine: Engine) -> None:

@@ -98,6 +98,11 @@ class Engine:
         with self._using() as engine, native.engine_errors():
             return bytes(engine.detokenize_bytes([token]))
 
+    def text(self, tokens: list[int]) -> str:
+        """The text of token ids, whatever they are (bytes that are not UTF-8 become U+FFFD)."""
+        with self._using() as engine, native.engine_errors():
+            return bytes(engine.detokenize_bytes(list(tokens))).decode("utf-8", "replace")
+
     def score(self, tokens: list[int]) -> list[float]:
         """Teacher-forced log-probabilities (natural log) of tokens[1:], each after the ones before it.
         Clears the context."""

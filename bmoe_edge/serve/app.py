@@ -268,8 +268,7 @@ class Server:
             wanted = req.sampling.logprobs >= 0
             if not body.get("stream"):
                 reply, found = await self._result(request, job, events)
-                return JSONResponse(openai_api.text_completion(rid, self.model_id, reply, found if wanted else None,
-                                                               echo=(req.prompt or "") if req.echo else ""))
+                return JSONResponse(openai_api.text_completion(rid, self.model_id, reply, found if wanted else None))
             held: list[PositionLogprobs] = []   # logprobs of text still held back: they go with the next chunk
             offset = [0]   # where the next chunk's text starts in the whole text (text_offset)
 

@@ -202,8 +202,7 @@ def _common(body: Any, model_id: str, route: str = "chat") -> dict[str, Any]:
     if grammar_text:
         sampling = dataclasses.replace(sampling, grammar=grammar_text)
     _stream(body)
-    out = {"max_tokens": max_tokens, "sampling": sampling, "stop": _stops(body)}
-    return out | {"echo": True} if echo else out
+    return {"max_tokens": max_tokens, "sampling": sampling, "stop": _stops(body), "echo": echo}
 
 
 def _response_format(fmt: Any) -> str:
@@ -281,10 +280,14 @@ def _tool_request(body: Mapping[str, Any], messages: list[Any], common: dict[str
 def parse_completion(body: Any, model_id: str) -> Request:
     common = _common(body, model_id, "completions")
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]   # a list of one prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and
+                                                   0 <= t < 1 << 31 for t in prompt):
+        return Request(prompt="", prompt_ids=tuple(prompt), **common)   # token ids (evaluation tools send them)
     if not isinstance(prompt, str) or not prompt:
-        raise ApiError(400, "'prompt' must be a non-empty string", param="prompt")
+        raise ApiError(400, "'prompt' must be a non-empty string or token ids (a list of one of them at most)",
+                       param="prompt")
     return Request(prompt=prompt, **common)
 
 
@@ -381,11 +384,10 @@ def delta_fields(d: chat.Delta, calls_before: int = 0) -> dict[str, Any]:
     return out
 
 
-def text_completion(rid: str, model_id: str, reply: chat.Reply, logprobs: Sequence[PositionLogprobs] | None = None,
-                    echo: str = "") -> dict[str, Any]:
-    """`echo`: the prompt, written before the completion."""
+def text_completion(rid: str, model_id: str, reply: chat.Reply,
+                    logprobs: Sequence[PositionLogprobs] | None = None) -> dict[str, Any]:
     return envelope("text_completion", rid, model_id) | {
-        "choices": [{"index": 0, "text": echo + reply.content, "logprobs": completion_logprobs(logprobs),
+        "choices": [{"index": 0, "text": reply.content, "logprobs": completion_logprobs(logprobs),
                      "finish_reason": reply.finish_reason}],
         "usage": usage(reply)}
 

@@ -38,6 +38,7 @@ class Request:
     call_grammar: str = ""  # a forced tool call's grammar, built when the request was parsed
     tenant: int = 0  # which API key sent it: the context's prefix is reused only for the same tenant
     echo: bool = False  # completions: the prompt comes back first (with its tokens' logprobs when asked)
+    prompt_ids: tuple[int, ...] = ()  # completions: a prompt given as token ids (then `prompt` is "")
 
 
 @dataclass
@@ -283,7 +284,10 @@ class Worker:
             self._fits(len(ids), r.max_tokens)
             return chat.reply(self.engine, r.messages, r.max_tokens, r.sampling, template=self.template, stop=r.stop,
                               result=reply, prompt_ids=ids, reuse_kv=reuse_kv)
-        ids = self.engine.tokenize(r.prompt, True, self.parse_special)
+        ids = list(r.prompt_ids) or self.engine.tokenize(r.prompt, True, self.parse_special)
+        if max(ids) >= self.engine.vocab_size:
+            raise BmoeError(f"the prompt has token id {max(ids)}, outside this model's vocabulary "
+                            f"(0 to {self.engine.vocab_size - 1})")
         self._fits(len(ids), r.max_tokens)
         return _complete(self.engine, ids, r, reply, reuse_kv)
 
@@ -342,8 +346,9 @@ def _complete(engine: Engine, ids: Sequence[int], r: Request, out: chat.Reply, r
     """Raw text completion: no template, no reasoning split; stop strings as in chat. With `echo` the prompt
     comes first, as one piece with its tokens' logprobs (one teacher-forced pass) when they are asked for."""
     out.prompt_tokens = len(ids)
-    if r.echo:
-        yield chat.Delta(r.prompt or "", "", None, (), _prompt_logprobs(engine, ids, r.sampling.logprobs))
+    if r.echo:   # the prompt is the answer's start: Reply.content is the choice's whole text
+        out.content = r.prompt or engine.text(list(ids))
+        yield chat.Delta(out.content, "", None, (), _prompt_logprobs(engine, ids, r.sampling.logprobs))
     gen = Generation(list(ids))
     stops = chat.StopStrings(r.stop)
     for token in engine.generate(list(ids), r.max_tokens, r.sampling, result=gen, reuse_kv=reuse_kv):
