@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bmoe_edge.engine import native
-from bmoe_edge.engine.generation import Generation, Sampling, Token, TokenMetrics
+from bmoe_edge.engine.generation import Generation, PositionLogprobs, Sampling, Token, TokenMetrics
 from bmoe_edge.engine.tools import ToolCall, ToolCallSplit, ToolStyle, text_parts
 from bmoe_edge.errors import BmoeError
 
@@ -84,6 +84,9 @@ class Delta:
     reasoning: str = ""
     token: Token | None = None
     tool_calls: tuple[ToolCall, ...] = ()  # calls that closed with this piece (engine/tools.py)
+    # The log-probabilities of the tokens behind a piece that is not one generated token (serve's echo of
+    # a prompt); a generated token's are its own (token.logprobs).
+    logprobs: tuple[PositionLogprobs, ...] = ()
 
 
 @dataclass

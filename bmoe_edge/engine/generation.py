@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from bmoe_edge.engine.settings import Sampling  # the sampling rows' record (declared with the engine's settings)
 
-__all__ = ["Generation", "Sampling", "Token", "TokenMetrics"]
+__all__ = ["Generation", "Logprob", "PositionLogprobs", "Sampling", "Token", "TokenMetrics"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,32 @@ class TokenMetrics:
 
 
 @dataclass(frozen=True)
+class Logprob:
+    """A token and its natural log-probability at one position: the log-softmax of the position's raw
+    logits (the model's distribution, before logit bias, penalties, grammar or temperature)."""
+
+    token: int
+    piece: bytes            # the token's bytes (may be part of a UTF-8 character)
+    logprob: float | None   # None: a text's first token, which nothing before it predicts
+
+
+@dataclass(frozen=True)
+class PositionLogprobs:
+    """One position: the token there, then the most likely tokens (highest first)."""
+
+    chosen: Logprob
+    top: tuple[Logprob, ...] = ()
+
+    @staticmethod
+    def from_native(p) -> PositionLogprobs:
+        return PositionLogprobs(_logprob(p.chosen), tuple(_logprob(t) for t in p.top))
+
+
+def _logprob(t) -> Logprob:
+    return Logprob(t.token, t.piece, float(t.logprob))
+
+
+@dataclass(frozen=True)
 class Token:
     """One generated token as it arrives."""
 
@@ -50,6 +76,7 @@ class Token:
     text: str
     metrics: TokenMetrics
     logits: bytes = b""  # raw float32 logits of this step, when requested
+    logprobs: PositionLogprobs | None = None  # with Sampling(logprobs=N >= 0): from the logits the sampler saw
 
 
 @dataclass

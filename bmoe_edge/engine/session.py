@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bmoe_edge.engine import chat, checksums, native, rpc
-from bmoe_edge.engine.generation import Generation, Sampling, Token, TokenMetrics
+from bmoe_edge.engine.generation import Generation, PositionLogprobs, Sampling, Token, TokenMetrics
 from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
 
@@ -93,11 +93,32 @@ class Engine:
         with self._using() as engine:
             return engine.detokenize(tokens)
 
+    def token_piece(self, token: int) -> bytes:
+        """One token's bytes (part of a UTF-8 character, maybe)."""
+        with self._using() as engine, native.engine_errors():
+            return bytes(engine.detokenize_bytes([token]))
+
+    def text(self, tokens: list[int]) -> str:
+        """The text of token ids, whatever they are (bytes that are not UTF-8 become U+FFFD)."""
+        with self._using() as engine, native.engine_errors():
+            return bytes(engine.detokenize_bytes(list(tokens))).decode("utf-8", "replace")
+
     def score(self, tokens: list[int]) -> list[float]:
         """Teacher-forced log-probabilities (natural log) of tokens[1:], each after the ones before it.
         Clears the context."""
         with self._using() as engine, native.engine_errors():
             return list(engine.score(list(tokens)))
+
+    def score_positions(self, tokens: list[int], n_top: int = 0) -> list[PositionLogprobs]:
+        """`score`'s pass, each position of tokens[1:] with its `n_top` most likely tokens too. Clears the
+        context."""
+        with self._using() as engine, native.engine_errors():
+            return [PositionLogprobs.from_native(p) for p in engine.score_positions(list(tokens), n_top)]
+
+    @property
+    def vocab_size(self) -> int:
+        with self._using() as engine:
+            return int(engine.vocab_size)
 
     @property
     def chat_template(self) -> str:
@@ -175,7 +196,8 @@ class Engine:
                 text = ""
             out.tokens.append(step.token)
             out.text += text
-            yield Token(step.token, text, metrics, step.logits if logits else b"")
+            logprobs = PositionLogprobs.from_native(step.logprobs) if step.logprobs.chosen.token >= 0 else None
+            yield Token(step.token, text, metrics, step.logits if logits else b"", logprobs)
         out.stop_reason = "max_tokens"
 
     def run(self, prompt: str | list[int], max_tokens: int, sampling: Sampling | None = None, *,

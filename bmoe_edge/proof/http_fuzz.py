@@ -4,12 +4,13 @@ server must still be a server.
 The server runs the tiny qwen3moe fixture (with Qwen3's own Jinja template from the pinned llama.cpp
 source when it is there, so tools and forced calls are rendered and grammar-constrained). Requests
 come from a seeded mutator (the same seed, the same requests): valid seed requests of every route
-and feature (chat, completions, streaming, usage, stop strings, response_format, tools, forced calls,
-earlier tool calls, reasoning switches), then one to three mutations each: at the JSON level (a value
-replaced by a hostile one — lone surrogates, control-token text, deep nesting, huge or negative
-numbers, wrong types —, a key dropped or added, the body wrapped), at the byte level (cut, flipped,
-invalid UTF-8, garbage), or at the HTTP level (another route, method or Content-Type, no or a wrong
-key, a web Origin, a rebound Host, a declared length the body never reaches).
+and feature (chat, completions, streaming, usage, stop strings, logprobs, echo, logit_bias, penalties,
+response_format, tools, forced calls, earlier tool calls, reasoning switches), then one to three
+mutations each: at the JSON level (a value replaced by a hostile one — lone surrogates, control-token
+text, deep nesting, huge or negative numbers, wrong types —, a key dropped or added, the body wrapped),
+at the byte level (cut, flipped, invalid UTF-8, garbage), or at the HTTP level (another route, method
+or Content-Type, no or a wrong key, a web Origin, a rebound Host, a declared length the body never
+reaches).
 
 After each request the campaign checks:
 - it was answered within the timeout (`hang` otherwise);
@@ -62,6 +63,12 @@ SEEDS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("/v1/completions", {"prompt": ["The sea"], "max_tokens": 3, "temperature": 0.7, "seed": 3, "stop": ["\n", "e"]}),
     ("/v1/completions", {"prompt": "Go", "max_tokens": 4, "stream": True}),
     ("/v1/completions", {"prompt": "JSON:", "max_tokens": 6, "response_format": {"type": "json_object"}}),
+    ("/v1/completions", {"prompt": "Once more", "max_tokens": 2, "logprobs": 3, "echo": True,
+                         "logit_bias": {"11": -100, "12": 5}, "presence_penalty": 1.5, "repeat_last_n": 16}),
+    ("/v1/completions", {"prompt": "Go on", "max_tokens": 3, "logprobs": 0, "stream": True,
+                         "frequency_penalty": -0.5, "repeat_penalty": 1.3}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "logprobs": True,
+                              "top_logprobs": 2, "stream": True, "logit_bias": {"0": 100}}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}),
     ("/v1/chat/completions", {"messages": [{"role": "system", "content": "Be brief."},
                                            {"role": "user", "content": [{"type": "text", "text": "Name a colour"}]}],
@@ -150,7 +157,10 @@ def _mutate_json(body: Any, rng: random.Random) -> tuple[Any, str]:
         target = rng.choice(objects)
         key = rng.choice(("stream", "stream_options", "tools", "tool_choice", "stop", "n", "model", "logprobs",
                           "response_format", "reasoning_effort", "messages", "prompt", "name", "tool_call_id",
-                          "max_completion_tokens", "seed", "think", "chat_template_kwargs", "parameters"))
+                          "max_completion_tokens", "seed", "think", "chat_template_kwargs", "parameters",
+                          "logit_bias", "top_logprobs", "echo", "presence_penalty", "frequency_penalty",
+                          "repeat_penalty", "repeat_last_n", "best_of", "suffix", "store", "audio",
+                          "service_tier"))
         _get(body, target)[key] = _hostile(rng)
         return body, f"add:{key}@{'/'.join(map(str, target)) or 'body'}"
     return rng.choice(([body], {"body": body}, [body, body])), "wrap"

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from bmoe_edge.engine import chat, tools
+from bmoe_edge.engine.generation import PositionLogprobs
 from bmoe_edge.serve import metrics, openai_api
 from bmoe_edge.serve.gate import Gate
 from bmoe_edge.serve.openai_api import ApiError
@@ -186,12 +187,15 @@ class Server:
             raise ApiError(status, message, type="server_error" if status >= 500 else "invalid_request_error")
         return kind, value
 
-    async def _result(self, request: HttpRequest, job: Job, events: asyncio.Queue) -> chat.Reply:
-        """Wait for the whole answer."""
+    async def _result(self, request: HttpRequest, job: Job,
+                      events: asyncio.Queue) -> tuple[chat.Reply, list[PositionLogprobs]]:
+        """Wait for the whole answer; with it, its pieces' logprobs (when asked for), in order."""
+        found: list[PositionLogprobs] = []
         while True:
             kind, value = await self._next_event(request, job, events)
             if kind == "done":
-                return value
+                return value, found
+            found.extend(openai_api.positions(value))
 
     async def _stream(self, job: Job, events: asyncio.Queue, pending: tuple[str, Any], head: list[dict[str, Any]],
                       chunk: Callable[[chat.Delta], dict[str, Any] | None],
@@ -225,20 +229,27 @@ class Server:
         job, events = self._enqueue(req, request)
         with _cancelled_unless_answered(job):
             rid = request_id("chatcmpl")
+            wanted = req.sampling.logprobs >= 0
             if not body.get("stream"):
-                reply = await self._result(request, job, events)
-                return JSONResponse(openai_api.chat_completion(rid, self.model_id, reply))
+                reply, found = await self._result(request, job, events)
+                return JSONResponse(openai_api.chat_completion(rid, self.model_id, reply, found if wanted else None))
             with_usage = openai_api.include_usage(body)
 
             calls = [0]   # tool calls streamed so far: each call's index
+            held: list[PositionLogprobs] = []   # logprobs of text still held back: they go with the next chunk
 
             def chunk(d: chat.Delta) -> dict[str, Any] | None:
                 fields = openai_api.delta_fields(d, calls[0])
                 calls[0] += len(d.tool_calls)
-                return openai_api.chat_chunk(rid, self.model_id, fields) if fields else None
+                held.extend(openai_api.positions(d))
+                if not fields:
+                    return None
+                out = openai_api.chat_chunk(rid, self.model_id, fields, logprobs=held[:] if wanted else None)
+                held.clear()
+                return out
 
             def last(reply: chat.Reply) -> list[dict[str, Any]]:
-                out = [openai_api.chat_chunk(rid, self.model_id, {}, reply.finish_reason)]
+                out = [openai_api.chat_chunk(rid, self.model_id, {}, reply.finish_reason, held[:] if held else None)]
                 if with_usage:
                     out.append(openai_api.envelope("chat.completion.chunk", rid, self.model_id)
                                | {"choices": [], "usage": openai_api.usage(reply)})
@@ -254,15 +265,25 @@ class Server:
         job, events = self._enqueue(req, request)
         with _cancelled_unless_answered(job):
             rid = request_id("cmpl")
+            wanted = req.sampling.logprobs >= 0
             if not body.get("stream"):
-                reply = await self._result(request, job, events)
-                return JSONResponse(openai_api.text_completion(rid, self.model_id, reply))
+                reply, found = await self._result(request, job, events)
+                return JSONResponse(openai_api.text_completion(rid, self.model_id, reply, found if wanted else None))
+            held: list[PositionLogprobs] = []   # logprobs of text still held back: they go with the next chunk
+            offset = [0]   # where the next chunk's text starts in the whole text (text_offset)
+
+            def logprobs() -> dict[str, Any] | None:
+                out = openai_api.completion_logprobs(held, offset[0]) if wanted and held else None
+                offset[0] += sum(len(t) for t in out["tokens"]) if out else 0
+                held.clear()
+                return out
 
             def chunk(d: chat.Delta) -> dict[str, Any] | None:
-                return openai_api.text_chunk(rid, self.model_id, d.content) if d.content else None
+                held.extend(openai_api.positions(d))
+                return openai_api.text_chunk(rid, self.model_id, d.content, None, logprobs()) if d.content else None
 
             def last(reply: chat.Reply) -> list[dict[str, Any]]:
-                return [openai_api.text_chunk(rid, self.model_id, "", reply.finish_reason)]
+                return [openai_api.text_chunk(rid, self.model_id, "", reply.finish_reason, logprobs())]
 
             pending = await self._next_event(request, job, events)
             return _JobStream(job, self._stream(job, events, pending, [], chunk, last))

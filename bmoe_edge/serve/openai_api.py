@@ -5,19 +5,37 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bmoe_edge.engine import chat, grammar, settings, tools
+from bmoe_edge.engine.generation import Logprob, PositionLogprobs
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.serve.worker import Request
 
 # A request's sampling fields and the setting each sets; where a request says nothing, a conversation's
-# defaults (settings.sampling), and the bounds are the settings' own.
-SAMPLING_FIELDS = {"temperature": "temp", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p"}
+# defaults (settings.sampling), and the bounds are the settings' own. top_k, min_p, repeat_penalty and
+# repeat_last_n are llama-server's extensions.
+SAMPLING_FIELDS = {"temperature": "temp", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                   "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+                   "repeat_penalty": "repeat_penalty", "repeat_last_n": "penalty_last_n"}
 DEFAULT_MAX_TOKENS = 512
 MAX_STOPS = 4
 MAX_STOP_CHARS = 256   # each stop string; matching is linear in the text, but held-back text is not free
+MAX_BIASES = 1024      # logit_bias entries
+MAX_TOP_LOGPROBS = 20  # as OpenAI's chat (its completions stop at 5)
+
+# OpenAI's parameters this server does not implement, with the values it does honour (what it does
+# anyway: store nothing, one tier, text only, every tool call parsed): any other value (null aside) is a
+# 400 that names the parameter. docs/serve.md's parameter table says the same, and a test walks the
+# openai package's own parameter lists against that table and these.
+REFUSED: dict[str, dict[str, tuple[Any, ...]]] = {
+    "chat": {"audio": (), "modalities": (["text"],), "prediction": (), "service_tier": ("auto", "default"),
+             "store": (False,), "metadata": (), "parallel_tool_calls": (True,), "functions": (),
+             "function_call": (), "web_search_options": (), "verbosity": (), "moderation": (),
+             "prompt_cache_options": (), "prompt_cache_retention": ("in_memory",)},
+    "completions": {"best_of": (1,), "suffix": ("",)},
+}
 
 
 class ApiError(Exception):
@@ -109,15 +127,67 @@ def check_model(body: Mapping[str, Any], model_id: str) -> None:
                        param="model", code="model_not_found")
 
 
-def _common(body: Any, model_id: str) -> dict[str, Any]:
+def _refuse_unsupported(body: Mapping[str, Any], route: str) -> None:
+    for name, honoured in REFUSED[route].items():
+        value = body.get(name)
+        if value is None or any(value == h and type(value) is type(h) for h in honoured):
+            continue
+        only = f" (only {' or '.join(repr(h) for h in honoured)})" if honoured else ""
+        raise ApiError(400, f"'{name}' is not supported by this server{only}: see docs/serve.md", param=name)
+
+
+def _logit_bias(body: Mapping[str, Any]) -> str:
+    """OpenAI's {"token id": bias} as the logit_bias setting's text (ID:BIAS,...)."""
+    value = body.get("logit_bias")
+    if value is None:
+        return ""
+    if not isinstance(value, Mapping) or len(value) > MAX_BIASES:
+        raise ApiError(400, f"'logit_bias' must be an object of up to {MAX_BIASES} token ids, each mapped to a "
+                       "bias from -100 to 100", param="logit_bias")
+    items = []
+    for key, bias in value.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 9):
+            raise ApiError(400, f"'logit_bias' keys must be token ids (digits), got {key[:40]!r}", param="logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
+            raise ApiError(400, f"'logit_bias' biases must be numbers from -100 to 100, got {bias!r:.40}",
+                           param="logit_bias")
+        items.append(f"{int(key)}:{float(bias)!r}")
+    return ",".join(items)
+
+
+def _bool(body: Mapping[str, Any], key: str) -> bool:
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, f"'{key}' must be true or false", param=key)
+    return bool(value)
+
+
+def _logprobs(body: Mapping[str, Any], route: str) -> int:
+    """How many most likely tokens to report at each position: -1 = no logprobs at all. Chat: `logprobs: true`
+    and `top_logprobs: N`; completions: `logprobs: N`."""
+    if route == "completions":
+        n = _integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
+        return -1 if n is None else n
+    wanted = _bool(body, "logprobs")
+    top = _integer(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return (top or 0) if wanted else -1
+
+
+def _common(body: Any, model_id: str, route: str = "chat") -> dict[str, Any]:
     if not isinstance(body, Mapping):
         raise ApiError(400, "the request body must be a JSON object")
     check_model(body, model_id)
+    _refuse_unsupported(body, route)
     if _integer(body, "n", 1, 1, 1) != 1:
         raise ApiError(400, "'n' must be 1", param="n")
-    max_tokens = _integer(body, "max_completion_tokens", None, 1, 1 << 20)
-    max_tokens = _integer(body, "max_tokens", max_tokens or DEFAULT_MAX_TOKENS, 1, 1 << 20)
-    given: dict[str, Any] = {}
+    echo = route == "completions" and _bool(body, "echo")
+    least = 0 if echo else 1   # echo with max_tokens 0 scores the prompt alone (as evaluation tools ask)
+    max_tokens = _integer(body, "max_completion_tokens", None, 1, 1 << 20) if route == "chat" else None
+    max_tokens = _integer(body, "max_tokens", DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens, least,
+                          1 << 20)
+    given: dict[str, Any] = {"logit_bias": _logit_bias(body), "logprobs": _logprobs(body, route)}
     for key, name in SAMPLING_FIELDS.items():
         row = settings.BY_NAME[name]
         if row.kind is int:
@@ -132,7 +202,7 @@ def _common(body: Any, model_id: str) -> dict[str, Any]:
     if grammar_text:
         sampling = dataclasses.replace(sampling, grammar=grammar_text)
     _stream(body)
-    return {"max_tokens": max_tokens, "sampling": sampling, "stop": _stops(body)}
+    return {"max_tokens": max_tokens, "sampling": sampling, "stop": _stops(body), "echo": echo}
 
 
 def _response_format(fmt: Any) -> str:
@@ -208,12 +278,16 @@ def _tool_request(body: Mapping[str, Any], messages: list[Any], common: dict[str
 
 
 def parse_completion(body: Any, model_id: str) -> Request:
-    common = _common(body, model_id)
+    common = _common(body, model_id, "completions")
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]   # a list of one prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and
+                                                   0 <= t < 1 << 31 for t in prompt):
+        return Request(prompt="", prompt_ids=tuple(prompt), **common)   # token ids (evaluation tools send them)
     if not isinstance(prompt, str) or not prompt:
-        raise ApiError(400, "'prompt' must be a non-empty string", param="prompt")
+        raise ApiError(400, "'prompt' must be a non-empty string or token ids (a list of one of them at most)",
+                       param="prompt")
     return Request(prompt=prompt, **common)
 
 
@@ -237,15 +311,65 @@ def envelope(kind: str, rid: str, model_id: str) -> dict[str, Any]:
     return {"id": rid, "object": kind, "created": int(time.time()), "model": model_id}
 
 
-def chat_completion(rid: str, model_id: str, reply: chat.Reply) -> dict[str, Any]:
+def positions(d: chat.Delta) -> tuple[PositionLogprobs, ...]:
+    """The log-probabilities of the tokens behind one piece of an answer (none unless asked for)."""
+    if d.logprobs:
+        return d.logprobs
+    return (d.token.logprobs,) if d.token is not None and d.token.logprobs is not None else ()
+
+
+def _token_text(piece: bytes) -> str:
+    return piece.decode("utf-8", "replace")
+
+
+def _chat_entry(lp: Logprob) -> dict[str, Any]:
+    return {"token": _token_text(lp.piece), "logprob": lp.logprob, "bytes": list(lp.piece)}
+
+
+def chat_logprobs(found: Sequence[PositionLogprobs] | None) -> dict[str, Any] | None:
+    """OpenAI's chat `logprobs`: each token with its log-probability, then the most likely tokens there."""
+    if found is None:
+        return None
+    content = [_chat_entry(p.chosen) | {"top_logprobs": [_chat_entry(t) for t in p.top]} for p in found]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(found: Sequence[PositionLogprobs] | None, offset: int = 0) -> dict[str, Any] | None:
+    """OpenAI's completions `logprobs`: tokens, their log-probabilities, at each position the chosen token
+    first and then the most likely ones, and each token's character offset in the choice's text (from
+    `offset`: where this piece starts). A text's first token has no log-probability (null)."""
+    if found is None:
+        return None
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for p in found:
+        text = _token_text(p.chosen.piece)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(p.chosen.logprob)
+        top = None
+        if p.chosen.logprob is not None:
+            top = {text: p.chosen.logprob}
+            for t in p.top:
+                top.setdefault(_token_text(t.piece), t.logprob)
+        out["top_logprobs"].append(top)
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out
+
+
+def chat_completion(rid: str, model_id: str, reply: chat.Reply,
+                    logprobs: Sequence[PositionLogprobs] | None = None) -> dict[str, Any]:
     return envelope("chat.completion", rid, model_id) | {
-        "choices": [{"index": 0, "message": chat_message(reply), "finish_reason": reply.finish_reason}],
+        "choices": [{"index": 0, "message": chat_message(reply), "logprobs": chat_logprobs(logprobs),
+                     "finish_reason": reply.finish_reason}],
         "usage": usage(reply)}
 
 
-def chat_chunk(rid: str, model_id: str, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-    return envelope("chat.completion.chunk", rid, model_id) | {
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+def chat_chunk(rid: str, model_id: str, delta: dict[str, Any], finish_reason: str | None = None,
+               logprobs: Sequence[PositionLogprobs] | None = None) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+    if logprobs is not None:
+        choice["logprobs"] = chat_logprobs(logprobs)
+    return envelope("chat.completion.chunk", rid, model_id) | {"choices": [choice]}
 
 
 def delta_fields(d: chat.Delta, calls_before: int = 0) -> dict[str, Any]:
@@ -260,15 +384,18 @@ def delta_fields(d: chat.Delta, calls_before: int = 0) -> dict[str, Any]:
     return out
 
 
-def text_completion(rid: str, model_id: str, reply: chat.Reply) -> dict[str, Any]:
+def text_completion(rid: str, model_id: str, reply: chat.Reply,
+                    logprobs: Sequence[PositionLogprobs] | None = None) -> dict[str, Any]:
     return envelope("text_completion", rid, model_id) | {
-        "choices": [{"index": 0, "text": reply.content, "logprobs": None, "finish_reason": reply.finish_reason}],
+        "choices": [{"index": 0, "text": reply.content, "logprobs": completion_logprobs(logprobs),
+                     "finish_reason": reply.finish_reason}],
         "usage": usage(reply)}
 
 
-def text_chunk(rid: str, model_id: str, text: str, finish_reason: str | None = None) -> dict[str, Any]:
+def text_chunk(rid: str, model_id: str, text: str, finish_reason: str | None = None,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     return envelope("text_completion", rid, model_id) | {
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
 
 
 def models(model_id: str, created: int) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bmoe_edge.engine import chat, tools
-from bmoe_edge.engine.generation import Generation, Sampling, TokenMetrics
+from bmoe_edge.engine.generation import Generation, Logprob, PositionLogprobs, Sampling, TokenMetrics
 from bmoe_edge.engine.session import Engine
 from bmoe_edge.errors import BmoeError
 
@@ -37,6 +37,8 @@ class Request:
     reasoning_effort: str | None = None  # gpt-oss's template switch (low, medium, high)
     call_grammar: str = ""  # a forced tool call's grammar, built when the request was parsed
     tenant: int = 0  # which API key sent it: the context's prefix is reused only for the same tenant
+    echo: bool = False  # completions: the prompt comes back first (with its tokens' logprobs when asked)
+    prompt_ids: tuple[int, ...] = ()  # completions: a prompt given as token ids (then `prompt` is "")
 
 
 @dataclass
@@ -266,6 +268,7 @@ class Worker:
         """The job's answer; `reuse_kv`: the context was left by the same tenant, so its prefix may be kept
         (another tenant's prompt decodes afresh: neither cached_tokens nor timing tells one tenant what
         another asked)."""
+        self._check_bias(r.sampling)
         if r.template_messages:
             return self._answer_jinja(r, reply, reuse_kv)
         if r.prompt is None:
@@ -281,7 +284,10 @@ class Worker:
             self._fits(len(ids), r.max_tokens)
             return chat.reply(self.engine, r.messages, r.max_tokens, r.sampling, template=self.template, stop=r.stop,
                               result=reply, prompt_ids=ids, reuse_kv=reuse_kv)
-        ids = self.engine.tokenize(r.prompt, True, self.parse_special)
+        ids = list(r.prompt_ids) or self.engine.tokenize(r.prompt, True, self.parse_special)
+        if max(ids) >= self.engine.vocab_size:
+            raise BmoeError(f"the prompt has token id {max(ids)}, outside this model's vocabulary "
+                            f"(0 to {self.engine.vocab_size - 1})")
         self._fits(len(ids), r.max_tokens)
         return _complete(self.engine, ids, r, reply, reuse_kv)
 
@@ -313,6 +319,16 @@ class Worker:
         return chat.reply(self.engine, r.messages, r.max_tokens, sampling, template=self.template, stop=r.stop,
                           result=reply, prompt_ids=ids, tool_style=parse_calls, reuse_kv=reuse_kv)
 
+    def _check_bias(self, sampling: Sampling) -> None:
+        """logit_bias's token ids against this model's vocabulary: the request's 400 before anything runs."""
+        if not sampling.logit_bias:
+            return
+        n_vocab = self.engine.vocab_size
+        for item in sampling.logit_bias.split(","):
+            if int(item.split(":")[0]) >= n_vocab:
+                raise BmoeError(f"logit_bias names token {item.split(':')[0]}, outside this model's vocabulary "
+                                f"(0 to {n_vocab - 1})")
+
     def _fits(self, n_prompt: int, max_tokens: int) -> None:
         if n_prompt >= self.ctx:
             raise BmoeError(f"the prompt is {n_prompt} tokens; this server's context holds {self.ctx}")
@@ -327,8 +343,12 @@ def _fault(exc: BaseException) -> str:
 
 
 def _complete(engine: Engine, ids: Sequence[int], r: Request, out: chat.Reply, reuse_kv: bool = True):
-    """Raw text completion: no template, no reasoning split; stop strings as in chat."""
+    """Raw text completion: no template, no reasoning split; stop strings as in chat. With `echo` the prompt
+    comes first, as one piece with its tokens' logprobs (one teacher-forced pass) when they are asked for."""
     out.prompt_tokens = len(ids)
+    if r.echo:   # the prompt is the answer's start: Reply.content is the choice's whole text
+        out.content = r.prompt or engine.text(list(ids))
+        yield chat.Delta(out.content, "", None, (), _prompt_logprobs(engine, ids, r.sampling.logprobs))
     gen = Generation(list(ids))
     stops = chat.StopStrings(r.stop)
     for token in engine.generate(list(ids), r.max_tokens, r.sampling, result=gen, reuse_kv=reuse_kv):
@@ -345,6 +365,15 @@ def _complete(engine: Engine, ids: Sequence[int], r: Request, out: chat.Reply, r
         out.content += tail
         yield chat.Delta(tail, "", None)
     out.finish_reason = "stop" if stops.stopped or gen.stop_reason == "end_of_generation" else "length"
+
+
+def _prompt_logprobs(engine: Engine, ids: Sequence[int], n_top: int) -> tuple[PositionLogprobs, ...]:
+    """Each prompt token's logprob after the ones before it (the first has none), from `Engine.score`'s pass."""
+    if n_top < 0:
+        return ()
+    first = engine.score_positions(list(ids), n_top) if len(ids) > 1 else []
+    piece = engine.token_piece(ids[0])
+    return (PositionLogprobs(Logprob(ids[0], piece, None)), *first)
 
 
 def loop_delivery(loop: asyncio.AbstractEventLoop, events: asyncio.Queue) -> Callable[[tuple[str, Any]], None]:

@@ -185,13 +185,22 @@ NB_MODULE(_native, m) {
         BMOE_RO(RunInfo, routed_bytes_per_token) BMOE_RO(RunInfo, speculative) BMOE_RO(RunInfo, lossy)
         BMOE_RO(RunInfo, placement) BMOE_RO(RunInfo, rpc_workers) BMOE_RO(RunInfo, main_layers);
 
+    nb::class_<bmoe::TokenLogprob>(m, "TokenLogprob")
+        .def_ro("token", &bmoe::TokenLogprob::token)
+        .def_ro("logprob", &bmoe::TokenLogprob::logprob)
+        .def_prop_ro("piece", [](const bmoe::TokenLogprob & t) { return nb::bytes(t.piece.data(), t.piece.size()); });
+    nb::class_<bmoe::PositionLogprobs>(m, "PositionLogprobs")
+        .def_ro("chosen", &bmoe::PositionLogprobs::chosen)
+        .def_ro("top", &bmoe::PositionLogprobs::top);
+
     nb::class_<bmoe::StepResult>(m, "StepResult")
         .def(nb::init<>())
         .def_ro("token", &bmoe::StepResult::token)
         .def_prop_ro("piece", [](const bmoe::StepResult & r) { return nb::bytes(r.piece.data(), r.piece.size()); })
         .def_ro("end_of_generation", &bmoe::StepResult::end_of_generation)
         .def_ro("metrics", &bmoe::StepResult::metrics)
-        .def_prop_ro("logits", [](const bmoe::StepResult & r) { return nb::bytes(r.logits.data(), r.logits.size()); });
+        .def_prop_ro("logits", [](const bmoe::StepResult & r) { return nb::bytes(r.logits.data(), r.logits.size()); })
+        .def_ro("logprobs", &bmoe::StepResult::logprobs);
 
     m.def("overlap_in_use", &bmoe::overlap_in_use);
 
@@ -213,10 +222,17 @@ NB_MODULE(_native, m) {
         .def("tokenize", &bmoe::Engine::tokenize, nb::arg("text"), nb::arg("add_special") = true,
              nb::arg("parse_special") = true)
         .def("detokenize", &bmoe::Engine::detokenize, nb::arg("tokens"))
+        .def("detokenize_bytes", [](const bmoe::Engine & e, const std::vector<int32_t> & tokens) {
+            const std::string text = e.detokenize(tokens);  // bytes: a token may end inside a character
+            return nb::bytes(text.data(), text.size());
+        }, nb::arg("tokens"))
         .def("begin", &bmoe::Engine::begin, nb::arg("prompt"), nb::arg("sampling"), nb::arg("want_logits") = false,
              nb::arg("reuse_kv") = false, nb::call_guard<nb::gil_scoped_release>())
         .def("next", &bmoe::Engine::next, nb::arg("out"), nb::call_guard<nb::gil_scoped_release>())
         .def("score", &bmoe::Engine::score, nb::arg("tokens"), nb::call_guard<nb::gil_scoped_release>())
+        .def("score_positions", &bmoe::Engine::score_positions, nb::arg("tokens"), nb::arg("n_top"),
+             nb::call_guard<nb::gil_scoped_release>())
+        .def_prop_ro("vocab_size", &bmoe::Engine::vocab_size)
         .def_prop_ro("chat_template", &bmoe::Engine::chat_template)
         .def_prop_ro("context_tokens", &bmoe::Engine::context_tokens)
         .def("reset", &bmoe::Engine::reset)

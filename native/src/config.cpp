@@ -119,6 +119,8 @@ void check_row(const char * name, const T & value, double lo, double hi, Rule ru
             parse_endpoints(value);
         } else if (rule == Rule::Weights && !value.empty()) {
             parse_weights(value);
+        } else if (rule == Rule::LogitBias && !value.empty()) {
+            parse_logit_bias(value);
         }
     } else if constexpr (std::is_enum_v<T>) {
         const auto i = static_cast<size_t>(value);
@@ -232,6 +234,33 @@ std::vector<double> parse_weights(const std::string & list) {
         throw Error("rpc_split weights must not all be 0, got '" + list + "'");
     }
     return out;
+}
+
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const std::string & list) {
+    std::vector<std::pair<int32_t, float>> out;
+    if (list.empty()) {
+        return out;
+    }
+    size_t start = 0;
+    while (true) {
+        const size_t comma = list.find(',', start);
+        const std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        const size_t colon = item.find(':');
+        const std::string id = colon == std::string::npos ? "" : item.substr(0, colon);
+        const std::string bias = colon == std::string::npos ? "" : item.substr(colon + 1);
+        char * end = nullptr;
+        const double b = std::strtod(bias.c_str(), &end);
+        const bool digits = !id.empty() && id.size() <= 9 && id.find_first_not_of("0123456789") == std::string::npos;
+        if (!digits || bias.empty() || end == bias.c_str() || *end != '\0' || !(b >= -100 && b <= 100)) {
+            throw Error("logit_bias must be ID:BIAS[,ID:BIAS...] with token ids >= 0 and biases from -100 to 100, "
+                        "got '" + item.substr(0, 64) + "'");
+        }
+        out.emplace_back(static_cast<int32_t>(std::atol(id.c_str())), static_cast<float>(b));
+        if (comma == std::string::npos) {
+            return out;
+        }
+        start = comma + 1;
+    }
 }
 
 }  // namespace bmoe

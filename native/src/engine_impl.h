@@ -56,6 +56,9 @@ auto guarded(const char * what, F && f) -> decltype(f()) {
     }
 }
 
+// The log-probabilities at one position from its raw logits (scoring.cpp): `chosen` and the `n_top` most likely.
+PositionLogprobs position_logprobs(const float * logits, const llama_vocab * vocab, llama_token chosen, int n_top);
+
 }  // namespace detail
 
 struct Engine::Impl {
@@ -83,8 +86,13 @@ struct Engine::Impl {
     std::vector<llama_token> pending;
     std::vector<llama_token> in_context;  // what the KV cache holds, position by position
     std::deque<llama_token> accepted;       // verified by a speculative step, not yet handed out
-    std::deque<std::string> accepted_logits;
+    struct Verified {  // what a verified token hands out besides itself
+        std::string logits;
+        PositionLogprobs logprobs;
+    };
+    std::deque<Verified> accepted_outputs;
     bool want_logits = false;
+    int n_logprobs = -1;                    // sampling.logprobs of this generation (-1: none)
     bool greedy = true;                     // speculation only where it cannot change the tokens
     // Why the last decode failed: the generation is over, next() refuses until begin() (which
     // clears the KV cache) starts a new one. Empty while healthy.
@@ -126,6 +134,10 @@ struct Engine::Impl {
     std::vector<llama_token> draft_for(llama_pos used);
     llama_token verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out);
     void emit(StepResult & out, llama_token token);
+    // What a step hands out besides its token, from the logits at batch index `index` (the sampler's).
+    void record_outputs(std::string & logits, PositionLogprobs & logprobs, int32_t index, llama_token token) const;
+    void build_sampler(const SamplingParams & sampling, std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar,
+                       const std::vector<llama_token> & prompt);
     bool step_once(StepResult & out);
 };
 

@@ -95,7 +95,7 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
         in_context.clear();
         pending.clear();
         accepted.clear();
-        accepted_logits.clear();
+        accepted_outputs.clear();
         throw;
     }
 }
@@ -139,7 +139,14 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
         throw Error("the prompt is empty");
     }
     check_settings(sampling);
-    // Parsed before the context is touched: a bad grammar leaves everything as it was.
+    // Checked and parsed before the context is touched: a bad bias or grammar leaves everything as it was.
+    const int32_t n_vocab = llama_vocab_n_tokens(d.vocab);
+    for (const auto & [token, bias] : parse_logit_bias(sampling.logit_bias)) {
+        if (token >= n_vocab) {
+            throw Error("logit_bias names token " + std::to_string(token) + ", outside the vocabulary (0 to " +
+                        std::to_string(n_vocab - 1) + ")");
+        }
+    }
     std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar;
     if (!sampling.grammar.empty()) {
         grammar.reset(llama_sampler_init_grammar(d.vocab, sampling.grammar.c_str(), "root"));
@@ -164,29 +171,7 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     if (d.mtp) {
         d.mtp->truncate(static_cast<llama_pos>(keep));
     }
-    llama_sampler_chain_params chain_params = llama_sampler_chain_default_params();
-    chain_params.no_perf = true;
-    d.sampler.reset(llama_sampler_chain_init(chain_params));
-    llama_sampler * chain = d.sampler.get();
-    if (grammar) {  // first: the samplers after it choose among the tokens it allows
-        llama_sampler_chain_add(chain, grammar.release());
-    }
-    if (sampling.temp <= 0) {
-        llama_sampler_chain_add(chain, llama_sampler_init_greedy());
-    } else {
-        if (sampling.top_k > 0) {
-            llama_sampler_chain_add(chain, llama_sampler_init_top_k(sampling.top_k));
-        }
-        llama_sampler_chain_add(chain, llama_sampler_init_top_p(static_cast<float>(sampling.top_p), 1));
-        if (sampling.min_p > 0) {
-            llama_sampler_chain_add(chain, llama_sampler_init_min_p(static_cast<float>(sampling.min_p), 1));
-        }
-        llama_sampler_chain_add(chain, llama_sampler_init_temp(static_cast<float>(sampling.temp)));
-        // auto: a fresh seed each generation (llama.cpp's LLAMA_DEFAULT_SEED asks it for a random one)
-        llama_sampler_chain_add(chain, llama_sampler_init_dist(sampling.seed == kAuto
-                                                                   ? LLAMA_DEFAULT_SEED
-                                                                   : static_cast<uint32_t>(sampling.seed)));
-    }
+    d.build_sampler(sampling, std::move(grammar), prompt);
     d.pending.assign(prompt.begin() + static_cast<long>(keep), prompt.end());
     d.greedy = sampling.temp <= 0;
     d.failure.clear();
@@ -198,10 +183,73 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
         }
     }
     d.accepted.clear();
-    d.accepted_logits.clear();
+    d.accepted_outputs.clear();
     d.want_logits = want_logits;
+    d.n_logprobs = sampling.logprobs;
     d.step = 0;
     return static_cast<int32_t>(keep);
+}
+
+void Engine::Impl::build_sampler(const SamplingParams & sampling,
+                                 std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar,
+                                 const std::vector<llama_token> & prompt) {
+    llama_sampler_chain_params chain_params = llama_sampler_chain_default_params();
+    chain_params.no_perf = true;
+    sampler.reset(llama_sampler_chain_init(chain_params));
+    llama_sampler * chain = sampler.get();
+    if (grammar) {  // first: the samplers after it choose among the tokens it allows
+        llama_sampler_chain_add(chain, grammar.release());
+    }
+    // Then, as in llama.cpp's common sampler, the bias and the penalties before anything chooses (greedy
+    // included). Each only when asked for: the default chain is the one the gates check.
+    if (!sampling.logit_bias.empty()) {
+        std::vector<llama_logit_bias> biases;
+        for (const auto & [token, bias] : parse_logit_bias(sampling.logit_bias)) {
+            biases.push_back({token, bias});
+        }
+        const auto n = static_cast<int32_t>(biases.size());
+        llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(llama_vocab_n_tokens(vocab), n, biases.data()));
+    }
+    const bool penalised = sampling.repeat_penalty != 1 || sampling.presence_penalty != 0 ||
+                           sampling.frequency_penalty != 0;
+    if (penalised && sampling.penalty_last_n != 0) {
+        const int32_t window = sampling.penalty_last_n < 0 ? config.ctx : sampling.penalty_last_n;
+        llama_sampler * penalties = llama_sampler_init_penalties(
+            llama_vocab_n_tokens(vocab), window, static_cast<float>(sampling.repeat_penalty),
+            static_cast<float>(sampling.frequency_penalty), static_cast<float>(sampling.presence_penalty));
+        // The prompt's tokens count, as in llama-server: repeating the prompt is repeating. (The chain then
+        // accepts each sampled token itself.)
+        const auto last = static_cast<size_t>(window);
+        for (size_t i = prompt.size() > last ? prompt.size() - last : 0; i < prompt.size(); ++i) {
+            llama_sampler_accept(penalties, prompt[i]);
+        }
+        llama_sampler_chain_add(chain, penalties);
+    }
+    if (sampling.temp <= 0) {
+        llama_sampler_chain_add(chain, llama_sampler_init_greedy());
+        return;
+    }
+    if (sampling.top_k > 0) {
+        llama_sampler_chain_add(chain, llama_sampler_init_top_k(sampling.top_k));
+    }
+    llama_sampler_chain_add(chain, llama_sampler_init_top_p(static_cast<float>(sampling.top_p), 1));
+    if (sampling.min_p > 0) {
+        llama_sampler_chain_add(chain, llama_sampler_init_min_p(static_cast<float>(sampling.min_p), 1));
+    }
+    llama_sampler_chain_add(chain, llama_sampler_init_temp(static_cast<float>(sampling.temp)));
+    // auto: a fresh seed each generation (llama.cpp's LLAMA_DEFAULT_SEED asks it for a random one)
+    const uint32_t seed = sampling.seed == kAuto ? LLAMA_DEFAULT_SEED : static_cast<uint32_t>(sampling.seed);
+    llama_sampler_chain_add(chain, llama_sampler_init_dist(seed));
+}
+
+void Engine::Impl::record_outputs(std::string & logits, PositionLogprobs & logprobs, int32_t index,
+                                  llama_token token) const {
+    if (want_logits) {
+        logits = logits_of(ctx.get(), vocab, index);
+    }
+    if (n_logprobs >= 0) {
+        logprobs = detail::position_logprobs(llama_get_logits_ith(ctx.get(), index), vocab, token, n_logprobs);
+    }
 }
 
 std::string Engine::chat_template() const {
@@ -219,7 +267,7 @@ void Engine::reset() {
     impl_->in_context.clear();
     impl_->pending.clear();
     impl_->accepted.clear();
-    impl_->accepted_logits.clear();
+    impl_->accepted_outputs.clear();
     impl_->failure.clear();
 }
 
@@ -245,7 +293,7 @@ void Engine::load_state(const std::string & path) {
     d.in_context = std::move(tokens);
     d.pending.clear();
     d.accepted.clear();
-    d.accepted_logits.clear();
+    d.accepted_outputs.clear();
 }
 
 void Engine::Impl::emit(StepResult & out, llama_token token) {
@@ -269,9 +317,11 @@ llama_token Engine::Impl::verify(std::vector<llama_token> & batch, size_t n_draf
     for (size_t j = 0; j <= n_draft; ++j) {
         const llama_token t = llama_sampler_sample(sampler.get(), ctx.get(), first + static_cast<int32_t>(j));
         chosen.push_back(t);
-        if (want_logits) {
-            std::string & into = j == 0 ? out.logits : accepted_logits.emplace_back();
-            into = logits_of(ctx.get(), vocab, first + static_cast<int32_t>(j));
+        if (j == 0) {
+            record_outputs(out.logits, out.logprobs, first, t);
+        } else {
+            Verified & v = accepted_outputs.emplace_back();
+            record_outputs(v.logits, v.logprobs, first + static_cast<int32_t>(j), t);
         }
         if (j == n_draft || t != batch[static_cast<size_t>(first) + j + 1] || llama_vocab_is_eog(vocab, t)) {
             break;
@@ -311,7 +361,7 @@ bool Engine::next(StepResult & out) {
         d.failure = changed.empty() ? e.what() : changed;
         d.pending.clear();
         d.accepted.clear();
-        d.accepted_logits.clear();
+        d.accepted_outputs.clear();
         throw Error(d.failure);
     }
 }
@@ -322,9 +372,10 @@ bool Engine::Impl::step_once(StepResult & out) {
         out = StepResult{};
         out.metrics.step = d.step;
         out.metrics.rss_bytes = detail::rss_bytes();
-        if (d.want_logits) {
-            out.logits = std::move(d.accepted_logits.front());
-            d.accepted_logits.pop_front();
+        if (!d.accepted_outputs.empty()) {
+            out.logits = std::move(d.accepted_outputs.front().logits);
+            out.logprobs = std::move(d.accepted_outputs.front().logprobs);
+            d.accepted_outputs.pop_front();
         }
         const llama_token token = d.accepted.front();
         d.accepted.pop_front();
@@ -368,9 +419,7 @@ bool Engine::Impl::step_once(StepResult & out) {
     llama_token token = 0;
     if (draft.empty()) {
         token = llama_sampler_sample(d.sampler.get(), d.ctx.get(), -1);
-        if (d.want_logits) {
-            out.logits = logits_of(d.ctx.get(), d.vocab, -1);
-        }
+        d.record_outputs(out.logits, out.logprobs, -1, token);
         d.pending.assign(1, token);
     } else {
         token = d.verify(batch, draft.size(), out);

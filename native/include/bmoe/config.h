@@ -9,7 +9,8 @@
 // - minimum, maximum: inclusive numeric bounds; kNoLimit where there is none (ignored for text and choices).
 // - rule: what the value means beyond its bounds — Rule::Plain, Rule::Auto (kAuto, shown "auto", lets the
 //   engine decide), Rule::BelowMax (the maximum itself is out), Rule::PageUnit (0 or a power of two from the
-//   kernel's page), Rule::FaultSpec, Rule::Endpoints, Rule::Weights (the text's syntax, parsed here once).
+//   kernel's page), Rule::FaultSpec, Rule::Endpoints, Rule::Weights, Rule::LogitBias (the text's syntax, parsed
+//   here once).
 // - profile: whether a board profile's `engine:` section may (Profile::Optional) or must (Profile::Required)
 //   set it, or not at all (Profile::None).
 // - flag: kNoFlag (Python/config only), kFlag (--the-name, --x/--no-x for a bool), or a short alias ("-t")
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace bmoe {
@@ -28,7 +30,7 @@ constexpr int kAuto = -1;                                               // Rule:
 constexpr const char * kNoFlag = nullptr;
 constexpr const char * kFlag = "";
 
-enum class Rule { Plain, Auto, BelowMax, PageUnit, FaultSpec, Endpoints, Weights };
+enum class Rule { Plain, Auto, BelowMax, PageUnit, FaultSpec, Endpoints, Weights, LogitBias };
 enum class Profile { None, Optional, Required };
 
 // A choice: an enum and the names of its values (what flags, profiles and run reports say), one list each.
@@ -133,7 +135,22 @@ BMOE_CHOICE(Toggle, BMOE_TOGGLES)
     X(int64_t, seed, kAuto, 0, 4294967294.0, Rule::Auto, Profile::None, kFlag,                                        \
       "Sampling seed: the same seed, prompt and settings give the same text (auto = a random one each run).")        \
     X(std::string, grammar, "", 0, 0, Rule::Plain, Profile::None, kNoFlag,                                            \
-      "GBNF with a `root` rule: only tokens it allows are sampled (empty = unconstrained).")
+      "GBNF with a `root` rule: only tokens it allows are sampled (empty = unconstrained).")                          \
+    X(std::string, logit_bias, "", 0, 0, Rule::LogitBias, Profile::None, kFlag,                                       \
+      "Add BIAS to the logit of token ID before sampling, greedy too: ID:BIAS[,ID:BIAS...], BIAS from -100 to 100 " \
+      "(-100 all but bans a token, 100 all but forces it).")                                                         \
+    X(double, repeat_penalty, 1, 0.01, 10, Rule::Plain, Profile::None, kFlag,                                         \
+      "llama.cpp's repeat penalty: a token seen in the penalty window has a positive logit divided by this, a "      \
+      "negative one multiplied (1 = off).")                                                                           \
+    X(double, presence_penalty, 0, -2, 2, Rule::Plain, Profile::None, kFlag,                                          \
+      "Subtract this from the logit of every token seen in the penalty window (OpenAI's; 0 = off).")                 \
+    X(double, frequency_penalty, 0, -2, 2, Rule::Plain, Profile::None, kFlag,                                         \
+      "Subtract this times a token's count in the penalty window from its logit (OpenAI's; 0 = off).")               \
+    X(int, penalty_last_n, 64, -1, 1 << 24, Rule::Plain, Profile::None, kFlag,                                        \
+      "The penalties' window: the last N tokens, prompt included, as llama-server (-1 = the whole context).")        \
+    X(int, logprobs, -1, -1, 20, Rule::Plain, Profile::None, kNoFlag,                                                 \
+      "Report each chosen token's log-probability and the N most likely tokens at its position, from the raw "      \
+      "logits (log-softmax, before any sampler); -1 = none.")
 
 constexpr double kConversationTemp = 0.8;  // llama-server's; OpenAI's 1.0 is for far larger models
 
@@ -216,5 +233,8 @@ FaultInjection parse_fault(const std::string & spec, const std::string & what); 
 std::string describe(const FaultInjection & fault);
 std::vector<std::string> parse_endpoints(const std::string & list);  // HOST:PORT,...
 std::vector<double> parse_weights(const std::string & list);         // W0,W1,... (>= 0, not all 0)
+// ID:BIAS,... (ID >= 0, BIAS in [-100, 100]; "" -> none): the logit_bias row; the engine checks the ids against
+// its vocabulary.
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const std::string & list);
 
 }  // namespace bmoe

@@ -12,12 +12,29 @@
 
 namespace bmoe {
 
+// A token and its natural log-probability at one position: the log-softmax of that position's raw
+// logits (the model's own distribution, before logit bias, penalties, grammar or temperature).
+struct TokenLogprob {
+    int32_t token = -1;
+    float logprob = 0;
+    std::string piece;  // the token's bytes (may be part of a UTF-8 character)
+};
+
+// One position: the token there first, then the `n` most likely tokens (highest first, ties by id).
+struct PositionLogprobs {
+    TokenLogprob chosen;
+    std::vector<TokenLogprob> top;
+};
+
 struct StepResult {
     int32_t token = -1;
     std::string piece;
     bool end_of_generation = false;  // the model emitted an end-of-generation token
     TokenMetrics metrics;
     std::string logits;  // raw float32 logits of this step (n_vocab * 4 bytes) when requested
+    // With sampling.logprobs >= 0: the chosen token's log-probability and the most likely tokens, from the
+    // same logits the sampler saw (with speculation: the verified position's). chosen.token is -1 otherwise.
+    PositionLogprobs logprobs;
 };
 
 // True while an engine of this process overlaps reads with compute: the expert-ready hook is
@@ -53,6 +70,9 @@ public:
     // value per token from the second on), one token per decode as in generation. Clears the
     // context first. For perplexity.
     std::vector<float> score(const std::vector<int32_t> & tokens);
+    // The same pass, each position with its `n_top` most likely tokens too (echo + logprobs of a prompt).
+    std::vector<PositionLogprobs> score_positions(const std::vector<int32_t> & tokens, int n_top);
+    int32_t vocab_size() const;
 
     // The model's chat template (tokenizer.chat_template), empty when the file has none.
     std::string chat_template() const;
