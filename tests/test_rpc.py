@@ -368,3 +368,55 @@ def test_bench_rpc_cells_run_small(model: Path, tmp_path: Path) -> None:
     assert all(r["status"] == "ok" and r["decode_tokens"] == 3 for r in records), records
     assert records[0]["net_bytes_per_token"] == 0 < records[1]["net_bytes_per_token"]
     assert records[1]["run"]["rpc_workers"] == 1 and records[1]["label"] == "stream+rpc1"
+
+
+def test_a_server_whose_worker_dies_answers_503_says_so_in_health_and_exits_1(model: Path, tmp_path: Path) -> None:
+    """A worker lost mid-answer (ggml-rpc cannot return the error: the process must end): the streamed
+    answer ends with a 503 error naming the worker, /health says 503 with it, and the server exits 1 with
+    one line, so the service manager starts a new one."""
+    from http import client as http_client
+
+    port = rpc_worker.free_port()
+    with rpc_worker.local_workers(2, log_dir=tmp_path) as ws:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "bmoe_edge", "serve", "-m", str(model), "--port", str(port), "-t", "1",
+             "-c", "2048", "--rpc", rpc_worker.endpoints(ws)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                assert server.poll() is None, server.stderr.read()[-2000:] if server.stderr else ""
+                try:
+                    conn = http_client.HTTPConnection("127.0.0.1", port, timeout=60)
+                    conn.request("POST", "/v1/completions", json.dumps(
+                        {"prompt": "Once upon a time", "max_tokens": 1800, "temperature": 0, "stream": True}),
+                        {"Content-Type": "application/json"})
+                    stream = conn.getresponse()
+                    break
+                except ConnectionRefusedError:
+                    assert time.monotonic() < deadline, "the server did not come up"
+                    time.sleep(0.3)
+            assert stream.status == 200
+            assert stream.readline().startswith(b"data: ")       # the answer is under way
+            ws[1].proc.send_signal(signal.SIGKILL)
+            ws[1].proc.wait()
+            events = [line[6:] for line in stream.read().decode().splitlines() if line.startswith("data: ")]
+            last = json.loads(events[-1])
+            assert "error" in last and f"RPC worker {ws[1].endpoint} stopped answering" in last["error"]["message"]
+            health = http_client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                health.request("GET", "/health")
+                reply = health.getresponse()
+                assert reply.status == 503 and "stopped answering" in json.loads(reply.read())["reason"]
+            except ConnectionRefusedError:
+                pass                       # already gone: the exit below is what a service manager sees
+            t0 = time.monotonic()
+            _, err = server.communicate(timeout=30)
+            assert time.monotonic() - t0 < 10
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.communicate()
+    assert server.returncode == 1
+    lines = [x for x in err.splitlines() if x.strip() and not x.startswith(("serving ", "note: "))]
+    assert len(lines) == 1 and lines[0].startswith(f"error: RPC worker {ws[1].endpoint} stopped answering"), err

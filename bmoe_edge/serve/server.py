@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bmoe_edge.engine import native
 from bmoe_edge.engine.session import Engine
 from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
@@ -111,6 +112,7 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
     try:
         with Engine(model, config) as engine:
             worker = Worker(engine, queue_size=queue_size, template=template, parse_special=parse_special)
+            native.load().set_fatal_listener(worker.fatal)
             if worker.template.note:
                 say(f"note: {worker.template.note}")
             app = create_app(worker, name, api_keys, bind=bind, allowed_hosts=allowed_hosts,
@@ -126,7 +128,8 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
             try:
                 server.run(sockets=[sock])
             finally:
-                worker.close()
+                native.load().set_fatal_listener(None)
+                worker.close(timeout=0 if worker.failure else 30)
             if worker.failure is not None:   # a server that cannot serve exits non-zero: systemd restarts it
                 raise BmoeError(f"the server stopped: {worker.failure}")
     finally:

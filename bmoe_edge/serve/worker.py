@@ -154,6 +154,19 @@ class Worker:
         except queue.Full:
             raise QueueFull from None
 
+    def fatal(self, line: str) -> None:
+        """The engine's fatal error (bmoe::fatal_exit: a lost RPC worker, a decode past its deadline), heard
+        on the failing thread before the process ends: /health says it, the running job and the queued
+        ones are answered 503 with it, and the server exits non-zero (the service manager restarts it)."""
+        reason = line.removeprefix("error: ")
+        self.failure = reason
+        current = self._current
+        if current is not None:
+            current.cancelled.set()
+            with contextlib.suppress(Exception):
+                current.deliver(("error", (503, f"the server cannot answer: {reason}")))
+        self._fail_queued(reason)
+
     def kill_for_test(self) -> None:
         """End the engine thread as an unforeseen fault would (the serve test hook)."""
         self.jobs.put(Job(Request(max_tokens=1, sampling=Sampling()), _kill))

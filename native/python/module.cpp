@@ -45,6 +45,34 @@ void bind_setting(nb::class_<Struct> & cls, const char * name, T Struct::*field)
     }
 }
 
+// bmoe::set_fatal_listener for a Python callable, called with the GIL on the failing thread. The callable
+// is kept for the process's life (one reference, never dropped): it may run on any thread until the
+// process ends, when dropping a reference is no longer allowed.
+void set_fatal_listener(nb::object listener) {
+    if (listener.is_none()) {
+        bmoe::set_fatal_listener(nullptr);
+        return;
+    }
+    PyObject * fn = listener.release().ptr();
+    bmoe::set_fatal_listener([fn](const std::string & line) {
+#if PY_VERSION_HEX >= 0x030D0000
+        const bool finalizing = Py_IsFinalizing();
+#else
+        const bool finalizing = _Py_IsFinalizing();
+#endif
+        if (!Py_IsInitialized() || finalizing) {
+            return;
+        }
+        nb::gil_scoped_acquire gil;
+        try {
+            nb::handle callable(fn);
+            callable(line);
+        } catch (nb::python_error & e) {
+            e.discard_as_unraisable("bmoe-edge fatal listener");
+        }
+    });
+}
+
 }  // namespace
 
 #define BMOE_BIND_ENGINE_SETTING(type, name, ...) bind_setting(config, #name, &bmoe::StreamConfig::name);
@@ -55,6 +83,7 @@ NB_MODULE(_native, m) {
 
     nb::exception<bmoe::Error>(m, "EngineError");
     bind_parts(m);
+    m.def("set_fatal_listener", &set_fatal_listener, nb::arg("listener").none());
 
     nb::class_<bmoe::BuildInfo>(m, "BuildInfo")
         .def_ro("llama_pin", &bmoe::BuildInfo::llama_pin)

@@ -1,6 +1,13 @@
 #include "bmoe/error.h"
 
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <thread>
 
 namespace bmoe {
 namespace {
@@ -59,6 +66,47 @@ std::string printable(const std::string & text) {
         }
     }
     return out;
+}
+
+}  // namespace bmoe
+
+namespace bmoe {
+namespace {
+
+std::mutex g_fatal_mutex;
+FatalListener g_fatal_listener;
+std::atomic<bool> g_fatal_once{false};
+
+}  // namespace
+
+void set_fatal_listener(FatalListener listener) {
+    std::lock_guard<std::mutex> lock(g_fatal_mutex);
+    g_fatal_listener = std::move(listener);
+}
+
+void fatal_exit(const std::string & line) {
+    std::string text = printable(line);
+    if (g_fatal_once.exchange(true)) {  // a second thread failing meanwhile: the first one is ending it
+        for (;;) {
+            std::this_thread::sleep_for(std::chrono::seconds(1));
+        }
+    }
+    std::fflush(stdout);
+    const std::string out = text + "\n";
+    (void) !write(STDERR_FILENO, out.data(), out.size());
+    FatalListener listener;
+    {
+        std::lock_guard<std::mutex> lock(g_fatal_mutex);
+        listener = g_fatal_listener;
+    }
+    if (listener) {
+        try {
+            listener(text);
+        } catch (...) {  // the listener's own failure changes nothing: the process ends
+        }
+        std::this_thread::sleep_for(std::chrono::duration<double>(kFatalGraceSeconds));
+    }
+    _exit(1);
 }
 
 }  // namespace bmoe

@@ -71,7 +71,8 @@ bool refuses(const std::string & endpoint, int timeout_ms) {
 }
 
 // ggml-rpc aborts on a broken connection ("Remote RPC server crashed or returned malformed
-// response"): say which worker in one line and end the process without a core dump or backtrace.
+// response"): say which worker in one line and end the process without a core dump or backtrace
+// (fatal_exit: the server hears it first).
 void on_ggml_abort(const char * message) {
     std::vector<std::string> endpoints;
     {
@@ -92,13 +93,10 @@ void on_ggml_abort(const char * message) {
     for (const auto & e : endpoints) {
         all += (all.empty() ? "" : ", ") + e;
     }
-    const std::string line = gone.empty()
-        ? "error: llama.cpp stopped the run: " + why + " (RPC workers " + all + ")\n"
+    fatal_exit(gone.empty()
+        ? "error: llama.cpp stopped the run: " + why + " (RPC workers " + all + ")"
         : "error: RPC worker " + gone + " stopped answering during the run (" + why +
-              "); restart it (bmoe-edge rpc-worker) and run again\n";
-    std::fflush(stdout);
-    (void) !write(STDERR_FILENO, line.data(), line.size());
-    _exit(1);
+              "); restart it (bmoe-edge rpc-worker) and run again");
 }
 
 // "host:port" of a connected TCP socket's peer, numeric; "" for anything else.
@@ -246,12 +244,10 @@ void RpcWorkers::watchdog() {
             }
             char secs[32];
             std::snprintf(secs, sizeof(secs), "%g", deadline_s_);
-            const std::string line = "error: a decode waited " + std::string(secs) + " s for the RPC workers (" + all +
-                                     ") without an answer: a worker stopped or the network is gone; restart it and "
-                                     "run again (or raise --rpc-timeout)\n";
-            std::fflush(stdout);
-            (void) !write(STDERR_FILENO, line.data(), line.size());
-            _exit(1);
+            lock.unlock();
+            fatal_exit("error: a decode waited " + std::string(secs) + " s for the RPC workers (" + all +
+                       ") without an answer: a worker stopped or the network is gone; restart it and run again "
+                       "(or raise --rpc-timeout)");
         }
     }
 }

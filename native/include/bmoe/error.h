@@ -2,6 +2,7 @@
 // message is a single line meant for the user; anything else escaping the engine is a bug.
 #pragma once
 
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -16,5 +17,15 @@ class Error : public std::runtime_error {
 public:
     explicit Error(const std::string & message) : std::runtime_error(printable(message)) {}
 };
+
+// Errors llama.cpp cannot return end the process: a lost RPC worker inside a decode (ggml-rpc aborts),
+// a decode past its RPC deadline. `fatal_exit` writes one line to stderr and exits 1. A program that
+// embeds the engine (the server) may listen first: the listener runs once, on the failing thread (which
+// then never returns to llama.cpp), and the process ends kFatalGraceSeconds later at the latest — the
+// time the server has to answer its clients 503 and exit on its own.
+using FatalListener = std::function<void(const std::string & line)>;
+constexpr double kFatalGraceSeconds = 5.0;
+void set_fatal_listener(FatalListener listener);
+[[noreturn]] void fatal_exit(const std::string & line);
 
 }  // namespace bmoe
