@@ -58,8 +58,12 @@ def deploy_cmd(
     trust_key: Annotated[Path | None, typer.Option("--trust-key", help="Make the board trust bundles signed by "
                                                    "this public key (the builder's: ~/.config/bmoe-edge/signing/"
                                                    "bundle_ed25519.pub).")] = None,
-    allow_unsigned: Annotated[bool, typer.Option("--allow-unsigned", help="Deploy a bundle that is not signed, "
-                                                 "or not by a key the board trusts.")] = False,
+    allow_unsigned: Annotated[bool, typer.Option("--allow-unsigned", help="Deploy a bundle that is not signed "
+                                                 "(a signed one is still checked against the keys the board "
+                                                 "trusts).")] = False,
+    allow_downgrade: Annotated[bool, typer.Option("--allow-downgrade", help="Deploy a bundle built before the "
+                                                  "board's current release (else refused: `rollback` goes back "
+                                                  "to a kept release).")] = False,
     service: Annotated[str | None, typer.Option("--service", help="Then install, enable and start this systemd "
                                                 "service on the board (serve) and wait for its health answer.")] = None,
     model: Annotated[str | None, typer.Option("-m", "--model", help="With --service: the model's path on the "
@@ -89,17 +93,19 @@ def deploy_cmd(
     default_host = None
     if not host and inventory is None and (board or bundle_dir):
         from bmoe_edge.boards import bundle
+        from bmoe_edge.fleet import probe
 
         where = bundle_dir or dist / str(board)
-        ssh = bundle.bundle_profile(where, bundle.load_manifest(where)).ssh
+        m = bundle.load_manifest(where)
+        ssh = (probe.checkout_profile(m.board) or bundle.bundle_profile(where, m)).ssh
         if ssh.host:
             default_host = f"{ssh.host}:{ssh.port}" if ssh.port else ssh.host
     targets = deploy.resolve_targets(host or [], inventory, board, default_host)
     results = deploy.deploy(bundle_dir, targets, board=board, dist=dist, keep=keep, gates=run_gates,
                             accept_new_host_key=accept_new_host_key, ssh_config=ssh_config, install_dir=install_dir,
                             max_parallel=max_parallel, fail_fast=fail_fast, host_timeout=host_timeout,
-                            lock_timeout=lock_timeout, trust=trust.TrustOptions(trust_key, allow_unsigned),
-                            service=spec)
+                            lock_timeout=lock_timeout,
+                            trust=trust.TrustOptions(trust_key, allow_unsigned, allow_downgrade), service=spec)
     _fleet_output(results, as_json)
 
 

@@ -5,6 +5,7 @@ command has a deadline; a failed step is one BmoeError naming the host, with its
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -90,6 +91,13 @@ class Board(BoardConnection):
         before the rename, its directory after."""
         self.sh(WRITE, remote, f"{mode:o}", "durable" if durable else "plain", what=f"writing {remote}",
                 data=data)
+
+
+def env_argv(env: Mapping[str, str], argv: Sequence[str]) -> list[str]:
+    """`env K=V… sh -c 'exec "$0" "$@"' ARGV…`: env takes every leading word with a `=` for one more
+    variable, so `env K=V /opt/a=b/launcher gates` would run `gates` from PATH; it stops at `sh`
+    instead, and the program's path reaches exec as data."""
+    return ["env", *(f"{k}={v}" for k, v in env.items()), "sh", "-c", 'exec "$0" "$@"', *argv]
 
 
 def tail(text: str, n: int = 1) -> str:

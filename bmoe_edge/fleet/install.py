@@ -12,7 +12,7 @@ from typing import Any
 from bmoe_edge import __version__
 from bmoe_edge.boards import bundle
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet.commands import Board, tail
+from bmoe_edge.fleet.commands import Board, env_argv, tail
 from bmoe_edge.fleet.report import Log, say
 from bmoe_edge.fleet.scripts import COMMIT, HANGUP, INSTALL, MARK_FAILED, REMOVE_IN
 from bmoe_edge.fleet.state import (
@@ -38,7 +38,7 @@ from bmoe_edge.fleet.upload import LocalBundle, verify_site
 def check_runs(board: Board, launcher: str, m: bundle.Manifest, env: dict[str, str], what: str,
                timeout: float = VERSION_TIMEOUT) -> None:
     """`launcher --version` on the board reports the bundle's arch (and the hook, when it has one)."""
-    check = board.sh(HANGUP, "env", *(f"{k}={v}" for k, v in env.items()), launcher, "--version",
+    check = board.sh(HANGUP, *env_argv(env, [launcher, "--version"]),
                      what=what, check=False, timeout=timeout, hangup=True)
     if check.exited != 0 or f"machine: {m.arch}" not in check.stdout:
         raise BmoeError(f"{board.label}: the installed release does not run on the board (exit {check.exited}): "
@@ -83,8 +83,9 @@ def health_check(board: Board, layout: Layout, m: bundle.Manifest, timeout: floa
         return
     cur = layout.current
     fixtures = f"{cur}/{bundle.FIXTURES_DIR}"
-    result = board.sh(HANGUP, "env", f"BMOE_EDGE_FIXTURES={fixtures}", f"{cur}/{bundle.LAUNCHER_SCRIPT}",
-                      "gates", "--quick", "--json", "--limit", "1", "--fixtures", fixtures,
+    result = board.sh(HANGUP, *env_argv({"BMOE_EDGE_FIXTURES": fixtures},
+                                        [f"{cur}/{bundle.LAUNCHER_SCRIPT}", "gates", "--quick", "--json",
+                                         "--limit", "1", "--fixtures", fixtures]),
                       what="health check of current (one gate cell)", check=False, timeout=timeout, hangup=True)
     if "No such option: --limit" in result.stderr:
         return      # a release from before the smoke cell: --version is its health check
@@ -109,7 +110,7 @@ def run_gates(board: Board, rel: str, *, full: bool = False, json_out: bool = Tr
     args = [f"{rel}/{bundle.LAUNCHER_SCRIPT}", "gates", *([] if full else ["--quick"]),
             "--fixtures", f"{rel}/{bundle.FIXTURES_DIR}", *(["--json"] if json_out else [])]
     env = release_env(rel)
-    result = board.sh(HANGUP, "env", *(f"{k}={v}" for k, v in env.items()), *args, what="running the gates",
+    result = board.sh(HANGUP, *env_argv(env, args), what="running the gates",
                       check=False, timeout=GATES_TIMEOUT, out=out, err=sys.stderr if out is not None else None,
                       hangup=True)
     report = None
