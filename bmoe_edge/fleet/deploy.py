@@ -68,6 +68,7 @@ from bmoe_edge.fleet.install import (
     mark_failed,
     prune,
     record_failure,
+    retried,
     run_gates,
     write_board_files,
 )
@@ -251,7 +252,7 @@ def _health_or_undo(board: Board, layout: Layout, m: bundle.Manifest, previous: 
     """The smoke check after the switch; on failure `current` goes back to the release it replaced (when
     that one is not itself marked failed), the new one is marked failed, and the deploy fails."""
     try:
-        health_check(board, layout, m)
+        retried(lambda: health_check(board, layout, m))
         return
     except BmoeError as exc:
         why = str(exc).removeprefix(f"{board.label}: ")

@@ -7,6 +7,8 @@ import contextlib
 import json
 import shlex
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 from bmoe_edge import __version__
@@ -71,6 +73,24 @@ def commit(board: Board, b: LocalBundle, layout: Layout, releases: Releases, gat
     board.sh(COMMIT, partial, layout.release(m.bundle_id),
              layout.release(releases.current) if releases.current else "",
              what="committing the release")
+
+
+HEALTH_ATTEMPTS = 3      # a health check is tried this often before a release is marked failed for good
+HEALTH_PAUSE = 5.0       # s between the attempts
+
+
+def retried(check: Callable[[], None], attempts: int = HEALTH_ATTEMPTS, pause: float = HEALTH_PAUSE) -> None:
+    """Run `check` until it passes, at most `attempts` times, `pause` s apart; the last failure is
+    raised. A release is marked failed (never rolled back to) only when it fails every time, not after
+    one transient failure (a board busy swapping, a slow first start)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            check()
+            return
+        except BmoeError:
+            if attempt == attempts:
+                raise
+            time.sleep(pause)
 
 
 def health_check(board: Board, layout: Layout, m: bundle.Manifest, timeout: float = HEALTH_TIMEOUT) -> None:
