@@ -99,6 +99,11 @@ def for_target(target: Target, asked: ServiceSpec | None) -> ServiceSpec | None:
     return ServiceSpec(BY_NAME["rpc-worker"], port=port)
 
 
+START_LIMIT_BURST = 5        # the unit's StartLimitBurst= ...
+START_LIMIT_INTERVAL = 600   # ... within StartLimitIntervalSec= (units/bmoe-edge-service.service)
+RESTART_SEC = 5              # RestartSec=: a crash loop reaches the limit (5 x 5 s < 600 s)
+
+
 def unit_name(kind: ServiceKind) -> str:
     return f"bmoe-edge-{kind.name}.service"
 
@@ -125,12 +130,17 @@ def render_unit(spec: ServiceSpec, layout: Layout, user: str, board_name: str, r
 
     template = resources.files(__package__).joinpath("units", UNIT_TEMPLATE).read_text(encoding="utf-8")
     read_only = [spec.model] if spec.model else [layout.install_dir]
+    # ProtectHome=tmpfs hides every home; the release (bin/bmoe-edge, current, releases/) and the model
+    # are bound back read-only, the service's directory writable (an install dir under /home works)
+    bind_ro = [layout.install_dir, *([spec.model] if spec.model else [])]
     fields = {
         "@DESCRIPTION@": spec.kind.description, "@KIND@": spec.kind.name, "@BOARD@": board_name,
         "@USER@": systemd_escape(user), "@WORKDIR@": _bare_path(workdir(layout, spec.kind)),
         "@WRITABLE@": word(workdir(layout, spec.kind)),
         "@EXEC_START@": " ".join(word(a) for a in exec_argv(spec, layout, board_name)),
         "@MEMORY_MAX@": memory_max(ram_mb), "@READ_ONLY@": " ".join(word(p) for p in read_only),
+        "@BIND_RO@": " ".join(word(p) for p in bind_ro),
+        "@CACHE@": word(f"{workdir(layout, spec.kind)}/cache"),
     }
     for key, value in fields.items():
         template = template.replace(key, value)
@@ -276,11 +286,24 @@ def describe(board: Board, state: Mapping[str, Any]) -> dict[str, dict[str, Any]
             if now_state.get("systemd") == "no":
                 info["state"] = "not running (the board does not run systemd)"
             else:
-                active, sub = now_state.get("ActiveState", "?"), now_state.get("SubState", "?")
-                info["state"] = f"{active} ({sub})"
-                info["active"] = active == "active"
-                restarts = now_state.get("NRestarts")
-                if restarts and restarts != "0":
-                    info["state"] += f", {restarts} restarts"
+                info["state"] = state_text(now_state, unit_name(kind))
+                info["active"] = now_state.get("ActiveState") == "active"
         out[name] = info
     return out
+
+
+def state_text(now_state: Mapping[str, str], unit: str) -> str:
+    """What `status` says of a unit (systemctl show's ActiveState, SubState, NRestarts, Result); a unit
+    stopped by its start limit (a crash loop) says so, and what to do."""
+    active, sub = now_state.get("ActiveState", "?"), now_state.get("SubState", "?")
+    text = f"{active} ({sub})"
+    restarts = now_state.get("NRestarts")
+    if restarts and restarts != "0":
+        text += f", {restarts} restarts"
+    if now_state.get("Result") == "start-limit-hit":
+        text += (f"; stopped by systemd's start limit: it crashed {START_LIMIT_BURST} times within "
+                 f"{START_LIMIT_INTERVAL // 60} min (`journalctl -u {unit}` says why; a deploy, or `systemctl "
+                 f"reset-failed {unit}` then start, runs it again)")
+    elif active == "failed" and now_state.get("Result"):
+        text += f"; result {now_state['Result']} (`journalctl -u {unit}`)"
+    return text
