@@ -42,13 +42,17 @@ void validate(const StreamConfig & c) {
     }
 }
 
-// The config's fault, else BMOE_FAULT=<kind>:N (test-only).
+// The config's fault (an explicit field: nothing sets it but a caller that means it). BMOE_FAULT=<kind>:N
+// is honoured only in a build made for testing (BMOE_TEST_FAULTS: scripts/setup.sh's development
+// build): an environment a production engine inherits must never make it garble, fail or stall reads.
 FaultInjection fault_of(const StreamConfig & c) {
+#ifdef BMOE_TEST_FAULTS
     const char * env = std::getenv("BMOE_FAULT");
-    if (!c.fault.empty() || env == nullptr || *env == '\0') {
-        return parse_fault(c.fault, "fault");
+    if (c.fault.empty() && env != nullptr && *env != '\0') {
+        return parse_fault(env, "BMOE_FAULT");
     }
-    return parse_fault(env, "BMOE_FAULT");
+#endif
+    return parse_fault(c.fault, "fault");
 }
 
 int64_t meta_int(const llama_model * model, const std::string & key) {
