@@ -5,13 +5,15 @@ push-model takes the lock of its destination; an install dir with a `=` runs the
 names with a trailing newline; tab-separated known_hosts markers; the wheel lock refuses a wheel it
 does not name; the board lock lets a silent client go and a stale lock directory is taken by one
 waiter; rollback skips a release whose gates failed; a health check is retried before a release is
-marked failed; the service units' hardening and their start limit.
+marked failed; the service units' hardening and their start limit; and, from issue 26, a service
+beyond loopback without a key refused up front, serve's options reaching the unit.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -37,7 +39,7 @@ from bmoe_edge.fleet import state as board_state
 from bmoe_edge.fleet import targets as fleet_targets
 from bmoe_edge.fleet.scripts import LOCK
 
-from conftest import campaign_size
+from conftest import assert_clean_error, campaign_size, run_cli
 from test_deploy import _unit_fields
 
 
@@ -287,3 +289,29 @@ def test_status_says_when_the_start_limit_stopped_a_crash_loop() -> None:
     assert services.state_text({"ActiveState": "active", "SubState": "running", "NRestarts": "0",
                                 "Result": "success"}, "u") == "active (running)"
 
+
+
+# ---------------------------------------------------------------------------------------------------
+# From issue 26: `deploy --service serve` beyond loopback needs a key; serve's options reach the unit.
+
+
+def test_a_service_beyond_loopback_without_an_api_key_is_refused_up_front(tmp_path: Path) -> None:
+    result = run_cli("deploy", "--board", "rpi5", "--dist", str(tmp_path), "--host", "pi@192.0.2.1",
+                     "--service", "serve", "-m", "/home/pi/m.gguf", "--bind", "0.0.0.0", timeout=60)
+    assert_clean_error(result, "--bind 0.0.0.0", "needs an API key", "--api-key-file")
+    with pytest.raises(BmoeError, match="needs an API key"):
+        services.spec_for("serve", model="/m.gguf", bind="::", port=None, api_key=None)
+    assert services.spec_for("serve", model="/m.gguf", bind="0.0.0.0", port=None, api_key="k").bind == "0.0.0.0"
+
+
+def test_serve_options_reach_the_unit() -> None:
+    spec = services.spec_for("serve", model="/m/m.gguf", bind="0.0.0.0", port=8181, api_key="k",
+                             allowed_hosts=["pi5.lan", "pi5"], cors_origins=["https://app.example"],
+                             max_connections=16)
+    fields = _unit_fields(services.render_unit(spec, board_state.Layout("/opt/b"), "pi", "rpi5", ram_mb=8192))
+    argv = shlex.split(fields["ExecStart"].replace("%%", "%").replace("$$", "$"))
+    assert argv[argv.index("--api-key-file") + 1] == "/opt/b/services/serve/api-key"
+    assert argv[-8:] == ["--allowed-host", "pi5.lan", "--allowed-host", "pi5", "--cors-origin",
+                         "https://app.example", "--max-connections", "16"]
+    with pytest.raises(BmoeError, match="takes no --allowed-host"):
+        services.spec_for("rpc-worker", model=None, bind="127.0.0.1", port=None, api_key=None, max_connections=3)

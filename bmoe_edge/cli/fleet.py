@@ -74,6 +74,12 @@ def deploy_cmd(
                                              "(serve: 8080).")] = None,
     api_key_file: Annotated[Path | None, typer.Option("--api-key-file", help="With --service serve: every "
                                                       "request needs this key (kept 0600 on the board).")] = None,
+    allowed_host: Annotated[list[str] | None, typer.Option("--allowed-host", help="With --service serve: a name "
+                                                           "clients reach it by (repeat for more).")] = None,
+    cors_origin: Annotated[list[str] | None, typer.Option("--cors-origin", help="With --service serve: a web "
+                                                          "origin whose pages may call it (repeat).")] = None,
+    max_connections: Annotated[int | None, typer.Option("--max-connections", min=1, help="With --service serve: "
+                                                        "open connections at most.")] = None,
 ) -> None:
     """Upload a bundle to boards over SSH, verify it there, install it, switch `current` atomically."""
     from bmoe_edge.fleet import deploy, services, trust
@@ -86,9 +92,11 @@ def deploy_cmd(
                 key = api_key_file.read_text().strip()
             except OSError as exc:
                 fail(f"cannot read the API key file {api_key_file}: {exc.strerror}")
-        spec = services.spec_for(service, model=model, bind=bind, port=port, api_key=key)
-    elif model or api_key_file or port is not None:
-        fail("-m, --port and --api-key-file go with --service")
+        spec = services.spec_for(service, model=model, bind=bind, port=port, api_key=key,
+                                 allowed_hosts=allowed_host or (), cors_origins=cors_origin or (),
+                                 max_connections=max_connections)
+    elif model or api_key_file or port is not None or allowed_host or cors_origin or max_connections is not None:
+        fail("-m, --port, --api-key-file, --allowed-host, --cors-origin and --max-connections go with --service")
 
     default_host = None
     if not host and inventory is None and (board or bundle_dir):

@@ -14,7 +14,7 @@ On the board:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -27,6 +27,7 @@ from bmoe_edge.fleet.scripts import SERVICE
 from bmoe_edge.fleet.state import HEALTH_TIMEOUT, Layout, now, read_state, write_state
 from bmoe_edge.fleet.systemd import memory_max, systemd_escape
 from bmoe_edge.fleet.targets import Target
+from bmoe_edge.net import is_loopback
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class ServiceSpec:
     bind: str = "127.0.0.1"
     port: int | None = None
     api_key: str | None = None
+    allowed_hosts: tuple[str, ...] = ()   # serve's --allowed-host, each
+    cors_origins: tuple[str, ...] = ()    # serve's --cors-origin, each
+    max_connections: int | None = None    # serve's --max-connections (None: serve's default)
 
     @property
     def listen_port(self) -> int:
@@ -74,9 +78,20 @@ def kind_named(name: str) -> ServiceKind:
     return BY_NAME[name]
 
 
-def spec_for(name: str, *, model: str | None, bind: str, port: int | None, api_key: str | None) -> ServiceSpec:
+def spec_for(name: str, *, model: str | None, bind: str, port: int | None, api_key: str | None,
+             allowed_hosts: Sequence[str] = (), cors_origins: Sequence[str] = (),
+             max_connections: int | None = None) -> ServiceSpec:
     """A service as `deploy --service` describes it, checked before anything reaches a board."""
     kind = kind_named(name)
+    if kind.api_key and not api_key and not is_loopback(bind):
+        # serve refuses to listen beyond loopback without a key: the unit would only crash in a loop
+        raise BmoeError(f"--service {name} --bind {bind}: listening beyond the board's loopback needs an API key "
+                        "(--api-key-file FILE), or keep the default 127.0.0.1 and reach it with `serve --host`")
+    if (allowed_hosts or cors_origins or max_connections is not None) and kind.name != "serve":
+        raise BmoeError(f"--service {name} takes no --allowed-host, --cors-origin or --max-connections")
+    for value in (*allowed_hosts, *cors_origins):
+        if not value.strip() or any(c in value for c in "\n\r\0"):
+            raise BmoeError(f"--allowed-host/--cors-origin {value!r}: one plain name or origin each")
     if kind.needs_model and not model:
         raise BmoeError(f"--service {name} needs -m MODEL (the model's path on the board)")
     if model and not model.startswith("/"):
@@ -85,7 +100,7 @@ def spec_for(name: str, *, model: str | None, bind: str, port: int | None, api_k
         raise BmoeError(f"--service {name} takes no API key")
     if port == 0:
         raise BmoeError("--port: a service needs a fixed port")
-    return ServiceSpec(kind, model, bind, port, api_key)
+    return ServiceSpec(kind, model, bind, port, api_key, tuple(allowed_hosts), tuple(cors_origins), max_connections)
 
 
 def for_target(target: Target, asked: ServiceSpec | None) -> ServiceSpec | None:
@@ -121,6 +136,12 @@ def exec_argv(spec: ServiceSpec, layout: Layout, board_name: str) -> list[str]:
     argv += ["--bind", spec.bind, "--port", str(spec.listen_port)]
     if spec.api_key:
         argv += ["--api-key-file", f"{workdir(layout, spec.kind)}/api-key"]
+    for name in spec.allowed_hosts:
+        argv += ["--allowed-host", name]
+    for origin in spec.cors_origins:
+        argv += ["--cors-origin", origin]
+    if spec.max_connections is not None:
+        argv += ["--max-connections", str(spec.max_connections)]
     return argv
 
 
