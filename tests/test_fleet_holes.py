@@ -157,8 +157,8 @@ def test_a_lock_holder_that_goes_silent_is_let_go(tmp_path: Path, mode: str) -> 
     beating = _lock_process(tmp_path, mode, silence=2)
     assert beating.stdout is not None and beating.stdin is not None
     assert beating.stdout.readline() == b"locked\n"
-    for _ in range(6):
-        time.sleep(0.5)
+    for _ in range(8):
+        time.sleep(0.25)
         beating.stdin.write(b"\n")
         beating.stdin.flush()
     assert beating.poll() is None, "a holder that sends heartbeats keeps the lock"
@@ -315,3 +315,35 @@ def test_serve_options_reach_the_unit() -> None:
                          "https://app.example", "--max-connections", "16"]
     with pytest.raises(BmoeError, match="takes no --allowed-host"):
         services.spec_for("rpc-worker", model=None, bind="127.0.0.1", port=None, api_key=None, max_connections=3)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Item 9 (the trust half): --allow-unsigned lets an unsigned bundle in, never a forged signed one.
+
+
+def test_allow_unsigned_still_checks_a_signed_bundle(holes_board, tmp_path: Path) -> None:
+    from bmoe_edge.boards import signing
+    from bmoe_edge.fleet.trust import TrustOptions, check_trust
+    from bmoe_edge.fleet.upload import LocalBundle
+
+    from test_deploy import _manifest_like
+
+    signed = tmp_path / "b"
+    signed.mkdir()
+    (signed / "manifest.json").write_bytes(b'{"the": "genuine manifest"}\n')
+    sig = signing.sign_bundle(signed).read_bytes()
+    install_dir = holes_board.dir / "trusting"
+    install_dir.mkdir()
+    (install_dir / "allowed_signers").write_text(signing.allowed_signers_line(signing.public_key()) + "\n")
+    layout = board_state.Layout(str(install_dir))
+
+    def local(manifest: bytes, signature: bytes | None) -> LocalBundle:
+        return LocalBundle(signed, _manifest_like(), "", None, None, manifest_bytes=manifest,  # type: ignore[arg-type]
+                           signature_bytes=signature)
+
+    allow = TrustOptions(allow_unsigned=True)
+    with _connect(holes_board) as b:
+        assert check_trust(b, layout, local(b'{"the": "genuine manifest"}\n', sig), allow, lambda _m: None)
+        assert not check_trust(b, layout, local(b'{"an": "unsigned one"}\n', None), allow, lambda _m: None)
+        with pytest.raises(BmoeError, match=r"signature does not verify .*refusing it"):
+            check_trust(b, layout, local(b'{"a": "forged one"}\n', sig), allow, lambda _m: None)

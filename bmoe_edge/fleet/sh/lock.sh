@@ -13,12 +13,13 @@ dir=$1; wait_s=$2; owner=$3; how=$4; silence=${5:-60}
 mkdir -p -- "$dir" || exit 10
 hold() {
   alive="$dir/.lock.alive"
-  : > "$alive" || exit 10
+  printf '0\n' > "$alive" || exit 10
   me=$$
   ( last=; idle=0
     while sleep 1; do
       kill -0 "$me" 2>/dev/null || exit 0
       now=$(cat -- "$alive" 2>/dev/null)
+      [ -n "$now" ] || continue    # caught between the writer's truncation and its write: a beat
       if [ "$now" = "$last" ]; then idle=$((idle + 1)); else idle=0; last=$now; fi
       [ "$idle" -lt "$silence" ] || { kill -TERM "$me"; exit 0; }
     done ) 9>&- </dev/null >/dev/null 2>&1 &
