@@ -101,7 +101,9 @@ int64_t experts_in_file(const detail::GgufMap & gguf, const std::string & archit
 void Engine::Impl::open(const std::string & path) {
     validate(config);
     fault = fault_of(config);
-    fault.hang_s = config.io_timeout > 0 ? static_cast<double>(config.io_timeout) + 2 : 5;
+    // A stall past the deadline; with `hang:N+` every read stalls, and just past it is enough (each
+    // stalled read holds a lane that long, closing the engine waits for the last one).
+    fault.hang_s = config.io_timeout > 0 ? static_cast<double>(config.io_timeout) + (fault.onward ? 0.5 : 2) : 5;
     // auto: on where this build has the hook and no other engine of this process holds it (process-wide)
     overlap = config.overlap == Toggle::On ||
               (config.overlap == Toggle::Auto && build_info().expert_ready_hook && !overlap_in_use());
