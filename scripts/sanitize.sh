@@ -46,6 +46,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 echo "building the sanitized variant into $build_dir (llama.cpp instrumented: $llama)"
 if ! $py -m pip install -q --no-build-isolation -e '.[host,dev]' \
     -C cmake.define.BMOE_SANITIZE=ON -C "cmake.define.BMOE_SANITIZE_LLAMA=$llama" -C "build-dir=$build_dir" \
+    -C cmake.define.BMOE_TEST_FAULTS=ON \
     > "$venv/build.log" 2>&1; then
   grep -v '^WARNING: Location' "$venv/build.log" | tail -40 >&2
   echo "error: the build failed; full log in $venv/build.log" >&2

@@ -42,7 +42,9 @@ export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 .venv/bin/python bmoe_edge/llama_source.py
 echo "building bmoe-edge (first time: a few minutes; then seconds)"
-if ! .venv/bin/python -m pip install -q --no-build-isolation -e '.[host,dev]' > .venv/build.log 2>&1; then
+# A test build: BMOE_TEST_FAULTS lets the tests inject faults through BMOE_FAULT (never in a bundle).
+if ! .venv/bin/python -m pip install -q --no-build-isolation -C cmake.define.BMOE_TEST_FAULTS=ON \
+    -e '.[host,dev]' > .venv/build.log 2>&1; then
   grep -v '^WARNING: Location' .venv/build.log | tail -40 >&2
   echo "error: the build failed; full log in .venv/build.log" >&2
   exit 1

@@ -248,7 +248,7 @@ def test_wheel_lock_pins_dependency_wheels_by_hash(tmp_path: Path) -> None:
     for i, w in enumerate(wheels):
         w.write_bytes(b"wheel %d" % i)
     said: list[str] = []
-    build.check_wheel_lock(lock_file, wheels, said.append)
+    build.check_wheel_lock(lock_file, wheels, said.append, update=True)     # build --update-lock
     text = lock_file.read_text()
     assert hashlib.sha256(b"wheel 0").hexdigest() + "  typer-0.12.3-py3-none-any.whl" in text and said
     build.check_wheel_lock(lock_file, wheels, said.append)       # the same wheels: accepted, nothing written

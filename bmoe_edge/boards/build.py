@@ -76,10 +76,13 @@ def platform_tags(profile: BoardProfile) -> list[str]:
 WHEEL_LOCK = "board-wheels.lock"   # at the top of the checkout: every dependency wheel a build took, by sha256
 
 
-def check_wheel_lock(lock: Path, wheels: Sequence[Path], log: Callable[[str], None] = print) -> None:
+def check_wheel_lock(lock: Path, wheels: Sequence[Path], log: Callable[[str], None] = print, *,
+                     update: bool = False) -> None:
     """Dependency wheels pinned by hash: a wheel the lock names must have its sha256 (a wheel replaced
-    on the index or in the cache is refused); a wheel it does not name yet is added (the lock is
-    written, to be committed). Lines: `<sha256>  <wheel file name>`."""
+    on the index or in the cache is refused), and a wheel it does not name is refused too — a changed
+    build environment or index would otherwise pin a new version silently — unless `update`
+    (`build --update-lock`): then it is added and the lock written, to be reviewed and committed.
+    Lines: `<sha256>  <wheel file name>`."""
     pinned: dict[str, str] = {}
     if lock.is_file():
         for n, line in enumerate(lock.read_text(encoding="utf-8").splitlines(), 1):
@@ -92,6 +95,10 @@ def check_wheel_lock(lock: Path, wheels: Sequence[Path], log: Callable[[str], No
     for wheel in wheels:
         digest = llama_source.sha256_file(wheel)
         if wheel.name not in pinned:
+            if not update:
+                raise BmoeError(f"dependency wheel {wheel.name} is not in {lock.name}: refusing it (a changed "
+                                "dependency, index or build environment); check it, then run the build again "
+                                "with --update-lock and commit the lock")
             pinned[wheel.name] = digest
             added.append(wheel.name)
         elif pinned[wheel.name] != digest:
@@ -99,16 +106,18 @@ def check_wheel_lock(lock: Path, wheels: Sequence[Path], log: Callable[[str], No
                             f"{pinned[wheel.name][:16]}...: refusing it (a changed upload or a tampered cache; "
                             f"delete the wheel from {wheel.parent} to fetch it again)")
     if added:
-        lock.write_text("# Dependency wheels of board bundles, pinned by sha256 (written by `bmoe-edge build`).\n"
+        lock.write_text("# Dependency wheels of board bundles, pinned by sha256 (`bmoe-edge build --update-lock` "
+                        "adds new ones).\n"
                         + "".join(f"{d}  {n}\n" for n, d in sorted(pinned.items())), encoding="utf-8")
         log(f"{lock.name}: pinned {', '.join(added)}")
 
 
-def dependency_wheels(profile: BoardProfile, log: Callable[[str], None] = print) -> list[Path]:
+def dependency_wheels(profile: BoardProfile, log: Callable[[str], None] = print, *,
+                      update_lock: bool = False) -> list[Path]:
     """The board's runtime-dependency wheels (cached by requirement set, platform and Python), each
-    checked against (or added to) the wheel lock."""
+    checked against the wheel lock (added to it with `update_lock`)."""
     wheels = _download_wheels(profile, log)
-    check_wheel_lock(PROJECT_ROOT / WHEEL_LOCK, wheels, log)
+    check_wheel_lock(PROJECT_ROOT / WHEEL_LOCK, wheels, log, update=update_lock)
     return wheels
 
 
@@ -225,6 +234,7 @@ def build_board(
     fixtures: bool = True,
     quiet: bool = False,
     log: Callable[[str], None] | None = None,
+    update_lock: bool = False,
 ) -> BuildResult:
     """Build `dist/<board>/` for a board name (or an already resolved profile); see the module doc."""
     say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -259,7 +269,7 @@ def build_board(
             raise
     try:
         deps = []
-        for dep in dependency_wheels(profile, say):
+        for dep in dependency_wheels(profile, say, update_lock=update_lock):
             shutil.copyfile(dep, wheels_dir / dep.name)
             deps.append(f"{bundle.WHEELS_DIR}/{dep.name}")
         render_launcher(profile, plan.sysroot, staging / bundle.LAUNCHER_DIR)
@@ -272,7 +282,9 @@ def build_board(
                         for p in llama_source.patch_files())
         extra: dict[str, object] = {"build_dir": show_path(plan.build_dir), "cross": plan.cross,
                                     "soabi": plan.soabi, "extension": f"bmoe_edge/{checks.ext_name}",
-                                    "rpc_server": RPC_SERVER, "hook": checks.hook}
+                                    "rpc_server": RPC_SERVER, "hook": checks.hook,
+                                    # signed with the rest: a board refuses an older bundle over a newer one
+                                    "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if plan.sysroot is not None:
             extra["sysroot"] = {"release": plan.sysroot.release, "arch": plan.sysroot.arch,
                                 "path": str(plan.sysroot.path),

@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import stat
 import tempfile
 import zipfile
@@ -257,6 +258,11 @@ def manifest_from_dict(data: Mapping[str, object], where: str = MANIFEST_NAME) -
                                 int(_need(fx, "split", int, at)),  # type: ignore[arg-type]
                                 tuple(check_relpath(str(p), f"fixture {at}")
                                       for p in _need(fx, "files", list, at))))  # type: ignore[union-attr]
+    # Words a deploy passes to the board before the signature is checked (the probe): plain by rule.
+    if not re.fullmatch(r"[0-9]{1,2}\.[0-9]{1,3}", str(data.get("python", ""))):
+        raise BmoeError(f"{where}: python {data.get('python')!r} is not a MAJOR.MINOR version")
+    if not re.fullmatch(r"[a-z0-9_]{1,32}", str(data.get("arch", ""))):
+        raise BmoeError(f"{where}: arch {data.get('arch')!r} is not a plain machine name")
     return Manifest(
         format_version=version,  # type: ignore[arg-type]
         bundle_id=str(_need(data, "bundle_id", str, where)),
@@ -283,32 +289,62 @@ def manifest_from_dict(data: Mapping[str, object], where: str = MANIFEST_NAME) -
     )
 
 
-def load_manifest(bundle_dir: Path) -> Manifest:
-    """Read and type-check `<bundle_dir>/manifest.json` (no file hashing: see verify_bundle)."""
+def read_manifest_bytes(bundle_dir: Path) -> bytes:
+    """`<bundle_dir>/manifest.json` as bytes, read once: a deploy parses, hashes, verifies and uploads
+    these same bytes, so swapping the file between those steps changes nothing they see."""
     path = Path(bundle_dir) / MANIFEST_NAME
     if path.is_symlink():
         raise BmoeError(f"{path} is a symlink (bundles hold regular files only)")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return path.read_bytes()
     except FileNotFoundError:
         raise BmoeError(f"{path} does not exist: {bundle_dir} is not a bundle (build one with "
                         "`bmoe-edge build --board NAME`)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise BmoeError(f"{path}: cannot read the manifest: {exc}") from None
-    return manifest_from_dict(data, str(path))
+    except OSError as exc:
+        raise BmoeError(f"{path}: cannot read the manifest: {exc.strerror}") from None
 
 
-def bundle_profile(bundle_dir: Path, manifest: Manifest) -> BoardProfile:
-    """The resolved profile a bundle was built with: its `profile/<board>.yaml`, read as it is."""
+def parse_manifest(data: bytes, where: str = MANIFEST_NAME) -> Manifest:
+    """Type-check a manifest's bytes (as read by read_manifest_bytes)."""
+    try:
+        parsed = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BmoeError(f"{where}: cannot read the manifest: {exc}") from None
+    return manifest_from_dict(parsed, where)
+
+
+def load_manifest(bundle_dir: Path) -> Manifest:
+    """Read and type-check `<bundle_dir>/manifest.json` (no file hashing: see verify_bundle)."""
+    return parse_manifest(read_manifest_bytes(bundle_dir), str(Path(bundle_dir) / MANIFEST_NAME))
+
+
+def bundle_profile(bundle_dir: Path, manifest: Manifest, *, checked: bool = False) -> BoardProfile:
+    """The resolved profile a bundle was built with: its `profile/<board>.yaml`, read as it is.
+
+    `checked`: the profile's bytes are read once and must have the manifest's sha256 (what a deploy
+    uses: the file is not read again after it was hashed)."""
     # Imported here, not at the top: the rest of this module is the standard library only (verifying
     # a bundle needs no pyyaml); reading its profile does.
     from bmoe_edge.boards import profiles
 
-    return profiles.load_profile_file(Path(bundle_dir) / manifest.profile, dirs=[])
+    path = Path(bundle_dir) / manifest.profile
+    if not checked:
+        return profiles.load_profile_file(path, dirs=[])
+    data = path.read_bytes()
+    want = manifest.file(manifest.profile).sha256
+    if hashlib.sha256(data).hexdigest() != want:
+        raise BmoeError(f"bundle {bundle_dir}: {manifest.profile} does not match the manifest's sha256 "
+                        f"({want[:16]}...): the file was changed")
+    with tempfile.TemporaryDirectory(prefix="bmoe-profile-") as tmp:
+        copy = Path(tmp) / PurePosixPath(manifest.profile).name
+        copy.write_bytes(data)
+        return profiles.load_profile_file(copy, dirs=[])
 
 
-def verify_bundle(bundle_dir: Path) -> Manifest:
+def verify_bundle(bundle_dir: Path, data: bytes | None = None) -> Manifest:
     """Check the whole bundle against its manifest; return the manifest, or raise BmoeError naming the file.
+
+    `data`: the manifest's bytes as already read (read_manifest_bytes): checked, not read again.
 
     Every listed file is present, a regular file, with the listed size and sha256; no unlisted file;
     no symlink anywhere; every path relative and inside the bundle; the bundle id matches the content.
@@ -316,7 +352,8 @@ def verify_bundle(bundle_dir: Path) -> Manifest:
     bundle_dir = Path(bundle_dir)
     if not bundle_dir.is_dir():
         raise BmoeError(f"bundle {bundle_dir} is not a directory")
-    manifest = load_manifest(bundle_dir)
+    manifest = (load_manifest(bundle_dir) if data is None
+                else parse_manifest(data, str(bundle_dir / MANIFEST_NAME)))
     present = set(_walk(bundle_dir)) - {MANIFEST_NAME, SIGNATURE_NAME}
     listed = {f.path: f for f in manifest.files}
     unlisted = sorted(present - set(listed))

@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from bmoe_edge.errors import BmoeError
@@ -92,15 +93,26 @@ def sign_bundle(bundle_dir: Path, key: Path | None = None) -> Path:
 
 def verifies(bundle_dir: Path, public: str) -> bool:
     """Whether bundle_dir's manifest.json.sig is a valid signature by `public` (checked here)."""
-    import tempfile
-
     sig = Path(bundle_dir) / SIGNATURE_NAME
     if not sig.is_file():
         return False
-    with tempfile.NamedTemporaryFile("w", suffix=".allowed_signers", encoding="utf-8") as allowed:
-        allowed.write(allowed_signers_line(public) + "\n")
-        allowed.flush()
-        with open(Path(bundle_dir) / "manifest.json", "rb") as message:
-            result = subprocess.run([_keygen(), "-Y", "verify", "-f", allowed.name, "-I", PRINCIPAL, "-n", NAMESPACE,
-                                     "-s", str(sig)], stdin=message, capture_output=True)
+    return verifies_bytes((Path(bundle_dir) / "manifest.json").read_bytes(), sig.read_bytes(),
+                          [allowed_signers_line(public)])
+
+
+def verifies_bytes(manifest: bytes, signature: bytes, allowed: Sequence[str]) -> bool:
+    """Whether `signature` is a valid bundle signature of `manifest` by a key of `allowed` (lines of an
+    allowed_signers file, as a board keeps them): the same check the board makes, made here first on
+    the very bytes that will be uploaded."""
+    import tempfile
+
+    lines = [ln for ln in allowed if ln.strip()]
+    if not lines or not signature:
+        return False
+    with tempfile.TemporaryDirectory(prefix="bmoe-verify-") as tmp:
+        allowed_file, sig_file = Path(tmp) / "allowed_signers", Path(tmp) / SIGNATURE_NAME
+        allowed_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        sig_file.write_bytes(signature)
+        result = subprocess.run([_keygen(), "-Y", "verify", "-f", str(allowed_file), "-I", PRINCIPAL, "-n",
+                                 NAMESPACE, "-s", str(sig_file)], input=manifest, capture_output=True)
     return result.returncode == 0

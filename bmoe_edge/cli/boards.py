@@ -62,12 +62,16 @@ def build_cmd(
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Compile jobs (default: all cores).")] = None,
     no_fixtures: Annotated[bool, typer.Option("--no-fixtures", help="Leave the gate fixtures out.")] = False,
     profiles_dir: ProfilesDir = None,
+    update_lock: Annotated[bool, typer.Option("--update-lock", help="Pin dependency wheels that board-wheels.lock "
+                                              "does not name yet (else refused); review and commit the lock.")]
+        = False,
 ) -> None:
     """Build a board's bundle: its wheel (cross-compiled when needed), dependency wheels, launcher, manifest."""
     from bmoe_edge.boards import build
 
     dirs = profiles.profile_dirs(profiles_dir or ())
-    result = build.build_board(board, out=out, jobs=jobs, profile_dirs=dirs, fixtures=not no_fixtures)
+    result = build.build_board(board, out=out, jobs=jobs, profile_dirs=dirs, fixtures=not no_fixtures,
+                               update_lock=update_lock)
     typer.echo(str(result.bundle_dir))
 
 

@@ -58,8 +58,12 @@ def deploy_cmd(
     trust_key: Annotated[Path | None, typer.Option("--trust-key", help="Make the board trust bundles signed by "
                                                    "this public key (the builder's: ~/.config/bmoe-edge/signing/"
                                                    "bundle_ed25519.pub).")] = None,
-    allow_unsigned: Annotated[bool, typer.Option("--allow-unsigned", help="Deploy a bundle that is not signed, "
-                                                 "or not by a key the board trusts.")] = False,
+    allow_unsigned: Annotated[bool, typer.Option("--allow-unsigned", help="Deploy a bundle that is not signed "
+                                                 "(a signed one is still checked against the keys the board "
+                                                 "trusts).")] = False,
+    allow_downgrade: Annotated[bool, typer.Option("--allow-downgrade", help="Deploy a bundle built before the "
+                                                  "board's current release (else refused: `rollback` goes back "
+                                                  "to a kept release).")] = False,
     service: Annotated[str | None, typer.Option("--service", help="Then install, enable and start this systemd "
                                                 "service on the board (serve) and wait for its health answer.")] = None,
     model: Annotated[str | None, typer.Option("-m", "--model", help="With --service: the model's path on the "
@@ -70,6 +74,12 @@ def deploy_cmd(
                                              "(serve: 8080).")] = None,
     api_key_file: Annotated[Path | None, typer.Option("--api-key-file", help="With --service serve: every "
                                                       "request needs this key (kept 0600 on the board).")] = None,
+    allowed_host: Annotated[list[str] | None, typer.Option("--allowed-host", help="With --service serve: a name "
+                                                           "clients reach it by (repeat for more).")] = None,
+    cors_origin: Annotated[list[str] | None, typer.Option("--cors-origin", help="With --service serve: a web "
+                                                          "origin whose pages may call it (repeat).")] = None,
+    max_connections: Annotated[int | None, typer.Option("--max-connections", min=1, help="With --service serve: "
+                                                        "open connections at most.")] = None,
 ) -> None:
     """Upload a bundle to boards over SSH, verify it there, install it, switch `current` atomically."""
     from bmoe_edge.fleet import deploy, services, trust
@@ -82,24 +92,28 @@ def deploy_cmd(
                 key = api_key_file.read_text().strip()
             except OSError as exc:
                 fail(f"cannot read the API key file {api_key_file}: {exc.strerror}")
-        spec = services.spec_for(service, model=model, bind=bind, port=port, api_key=key)
-    elif model or api_key_file or port is not None:
-        fail("-m, --port and --api-key-file go with --service")
+        spec = services.spec_for(service, model=model, bind=bind, port=port, api_key=key,
+                                 allowed_hosts=allowed_host or (), cors_origins=cors_origin or (),
+                                 max_connections=max_connections)
+    elif model or api_key_file or port is not None or allowed_host or cors_origin or max_connections is not None:
+        fail("-m, --port, --api-key-file, --allowed-host, --cors-origin and --max-connections go with --service")
 
     default_host = None
     if not host and inventory is None and (board or bundle_dir):
         from bmoe_edge.boards import bundle
+        from bmoe_edge.fleet import probe
 
         where = bundle_dir or dist / str(board)
-        ssh = bundle.bundle_profile(where, bundle.load_manifest(where)).ssh
+        m = bundle.load_manifest(where)
+        ssh = (probe.checkout_profile(m.board) or bundle.bundle_profile(where, m)).ssh
         if ssh.host:
             default_host = f"{ssh.host}:{ssh.port}" if ssh.port else ssh.host
     targets = deploy.resolve_targets(host or [], inventory, board, default_host)
     results = deploy.deploy(bundle_dir, targets, board=board, dist=dist, keep=keep, gates=run_gates,
                             accept_new_host_key=accept_new_host_key, ssh_config=ssh_config, install_dir=install_dir,
                             max_parallel=max_parallel, fail_fast=fail_fast, host_timeout=host_timeout,
-                            lock_timeout=lock_timeout, trust=trust.TrustOptions(trust_key, allow_unsigned),
-                            service=spec)
+                            lock_timeout=lock_timeout,
+                            trust=trust.TrustOptions(trust_key, allow_unsigned, allow_downgrade), service=spec)
     _fleet_output(results, as_json)
 
 

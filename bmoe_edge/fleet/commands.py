@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import tarfile
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -112,6 +112,13 @@ def _without_owner(info: tarfile.TarInfo) -> tarfile.TarInfo:
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     return info
+
+
+def env_argv(env: Mapping[str, str], argv: Sequence[str]) -> list[str]:
+    """`env K=V… sh -c 'exec "$0" "$@"' ARGV…`: env takes every leading word with a `=` for one more
+    variable, so `env K=V /opt/a=b/launcher gates` would run `gates` from PATH; it stops at `sh`
+    instead, and the program's path reaches exec as data."""
+    return ["env", *(f"{k}={v}" for k, v in env.items()), "sh", "-c", 'exec "$0" "$@"', *argv]
 
 
 def tail(text: str, n: int = 1) -> str:

@@ -50,12 +50,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bmoe_edge.boards import bundle
+from bmoe_edge.boards.profiles import BoardProfile
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import remote
 from bmoe_edge.fleet.commands import Board, tail
@@ -67,12 +68,13 @@ from bmoe_edge.fleet.install import (
     mark_failed,
     prune,
     record_failure,
+    retried,
     run_gates,
     write_board_files,
 )
 from bmoe_edge.fleet.lock import LOCK_TIMEOUT, board_lock
 from bmoe_edge.fleet.parallel import HOST_TIMEOUT, run_fleet
-from bmoe_edge.fleet.probe import check_facts, probe
+from bmoe_edge.fleet.probe import check_facts, checkout_profile, probe, probe_words
 from bmoe_edge.fleet.remote import SshOptions
 from bmoe_edge.fleet.report import HostResult, Log, say, stderr_log
 from bmoe_edge.fleet.scripts import DEMOTE, REMOVE_IN, SWITCH
@@ -89,7 +91,7 @@ from bmoe_edge.fleet.state import (
     read_state,
 )
 from bmoe_edge.fleet.targets import Target, load_inventory, parse_target
-from bmoe_edge.fleet.trust import TrustOptions, check_trust, verify_signature
+from bmoe_edge.fleet.trust import TrustOptions, check_not_older, check_trust, verify_signature
 from bmoe_edge.fleet.upload import LocalBundle, load_bundle, upload, verify_release, verify_site
 
 
@@ -100,21 +102,30 @@ def deploy_host(b: LocalBundle, target: Target, *, options: SshOptions, install_
     m = b.manifest
     hooks = hooks or {}
     started = time.monotonic()
-    ssh = b.profile.ssh
+    # Before the signature holds nothing of the bundle is used but data: the login and the probe come
+    # from this checkout's profile of the board; the bundle's own profile only after verification.
+    checkout = checkout_profile(m.board)
+    ssh = (checkout or b.profile).ssh
     board = Board(target, options, default_user=ssh.user, default_port=ssh.port)
     result = HostResult(host=board.label, board=m.board)
     layout = Layout(install_dir or target.install_dir or ssh.install_dir)
     result.install_dir = layout.install_dir
-    with board:
-        facts = probe(board, m, b.profile.exec_wrapper or ())
+
+    def probed(profile: BoardProfile, verified: bool) -> None:
+        facts = probe(board, m, *probe_words(profile, m, verified=verified))
         say(log, board.label, f"board: {facts.arch} via {facts.via}; Python {facts.python}; glibc {facts.glibc}")
         check_facts(facts, m, board.label)
+
+    with board:
+        if checkout is not None:
+            probed(checkout, verified=False)
+        later = None if checkout is not None else (lambda: probed(b.profile, verified=True))
         with board_lock(board, layout.install_dir, action=f"deploy of {m.bundle_id}", wait=lock_timeout,
                         say=lambda text: say(log, board.label, text)):
             if "locked" in hooks:
                 hooks["locked"](layout.install_dir)
             state = _deploy_locked(board, b, layout, result, keep=keep, gates=gates, log=log, hooks=hooks,
-                                   health=health, trust=trust)
+                                   health=health, trust=trust, verified=later)
             if service is not None:
                 try:
                     installed = install_service(board, layout, service, board_name=m.board,
@@ -133,11 +144,19 @@ def deploy_host(b: LocalBundle, target: Target, *, options: SshOptions, install_
 
 
 def _deploy_locked(board: Board, b: LocalBundle, layout: Layout, result: HostResult, *, keep: int, gates: bool,
-                   log: Log, hooks: Hooks, health: bool, trust: TrustOptions | None) -> dict[str, Any]:
-    """The deploy, holding the board lock: `releases/` and `current` are read here, not before."""
+                   log: Log, hooks: Hooks, health: bool, trust: TrustOptions | None,
+                   verified: Callable[[], None] | None = None) -> dict[str, Any]:
+    """The deploy, holding the board lock: `releases/` and `current` are read here, not before.
+    `verified`: run once the bundle's signature held on the board (the probe of a board this checkout
+    has no profile of), before anything of the bundle runs."""
     m = b.manifest
+    trust = trust or TrustOptions()
     releases = list_releases(board, layout, create=True)
-    check_signature = check_trust(board, layout, b, trust or TrustOptions(), log)
+    check_signature = check_trust(board, layout, b, trust, log)
+    check_not_older(board, layout, b, releases.current, m.bundle_id in releases.complete, trust)
+    if not check_signature and verified is not None:
+        verified()      # --allow-unsigned: the operator vouches for the bundle
+        verified = None
     previous = releases.current
     final = layout.release(m.bundle_id)
     state = read_state(board, layout)
@@ -146,8 +165,12 @@ def _deploy_locked(board: Board, b: LocalBundle, layout: Layout, result: HostRes
         result.files = len(m.files) + 1
         result.files_present = result.files
         if check_signature:     # this bundle's signature (it may be newer than the one the release has)
-            board.put(b.dir / bundle.SIGNATURE_NAME, f"{final}/{bundle.SIGNATURE_NAME}")
+            board.write_bytes(f"{final}/{bundle.SIGNATURE_NAME}", b.signed_bytes(bundle.SIGNATURE_NAME), 0o644,
+                              durable=False)
             verify_signature(board, layout, final)
+        if verified is not None:
+            verified()
+            verified = None
         try:
             verify_release(board, final, m, b.manifest_sha)
             verify_site(board, final, b.site_sha256)
@@ -164,6 +187,8 @@ def _deploy_locked(board: Board, b: LocalBundle, layout: Layout, result: HostRes
         upload(board, b, layout, releases, result, log, hooks)
         if check_signature:    # before anything of it runs
             verify_signature(board, layout, layout.partial(m.bundle_id))
+        if verified is not None:
+            verified()
         install(board, b, layout, log)
         if gates:    # from the partial: a release is stamped complete only once its gates passed
             gate_record = _gates(board, layout.partial(m.bundle_id), m.bundle_id, previous, log)
@@ -227,7 +252,7 @@ def _health_or_undo(board: Board, layout: Layout, m: bundle.Manifest, previous: 
     """The smoke check after the switch; on failure `current` goes back to the release it replaced (when
     that one is not itself marked failed), the new one is marked failed, and the deploy fails."""
     try:
-        health_check(board, layout, m)
+        retried(lambda: health_check(board, layout, m))
         return
     except BmoeError as exc:
         why = str(exc).removeprefix(f"{board.label}: ")

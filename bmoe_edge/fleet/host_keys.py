@@ -79,7 +79,8 @@ def check_known_hosts(path: Path) -> None:
     except OSError:
         return
     for n, line in enumerate(lines, 1):
-        word = line.strip().split(" ", 1)[0]
+        words = line.split()      # any whitespace: ssh and paramiko take a tab as a separator too
+        word = words[0].lower() if words else ""
         if word in ("@cert-authority", "@revoked"):
             raise BmoeError(f"known hosts file {path}, line {n}: {word} lines are not supported by bmoe-edge's "
                             "SSH client (host certificates and revocations would be misread): list the boards' "

@@ -7,12 +7,14 @@ import contextlib
 import json
 import shlex
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 from bmoe_edge import __version__
 from bmoe_edge.boards import bundle
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.fleet.commands import Board, tail
+from bmoe_edge.fleet.commands import Board, env_argv, tail
 from bmoe_edge.fleet.report import Log, say
 from bmoe_edge.fleet.scripts import COMMIT, HANGUP, INSTALL, MARK_FAILED, REMOVE_IN
 from bmoe_edge.fleet.state import (
@@ -38,7 +40,7 @@ from bmoe_edge.fleet.upload import LocalBundle, verify_site
 def check_runs(board: Board, launcher: str, m: bundle.Manifest, env: dict[str, str], what: str,
                timeout: float = VERSION_TIMEOUT) -> None:
     """`launcher --version` on the board reports the bundle's arch (and the hook, when it has one)."""
-    check = board.sh(HANGUP, "env", *(f"{k}={v}" for k, v in env.items()), launcher, "--version",
+    check = board.sh(HANGUP, *env_argv(env, [launcher, "--version"]),
                      what=what, check=False, timeout=timeout, hangup=True)
     if check.exited != 0 or f"machine: {m.arch}" not in check.stdout:
         raise BmoeError(f"{board.label}: the installed release does not run on the board (exit {check.exited}): "
@@ -73,6 +75,24 @@ def commit(board: Board, b: LocalBundle, layout: Layout, releases: Releases, gat
              what="committing the release")
 
 
+HEALTH_ATTEMPTS = 3      # a health check is tried this often before a release is marked failed for good
+HEALTH_PAUSE = 5.0       # s between the attempts
+
+
+def retried(check: Callable[[], None], attempts: int = HEALTH_ATTEMPTS, pause: float = HEALTH_PAUSE) -> None:
+    """Run `check` until it passes, at most `attempts` times, `pause` s apart; the last failure is
+    raised. A release is marked failed (never rolled back to) only when it fails every time, not after
+    one transient failure (a board busy swapping, a slow first start)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            check()
+            return
+        except BmoeError:
+            if attempt == attempts:
+                raise
+            time.sleep(pause)
+
+
 def health_check(board: Board, layout: Layout, m: bundle.Manifest, timeout: float = HEALTH_TIMEOUT) -> None:
     """After a switch, within the deadline: the release `current` points at runs
     (`current/launcher/bmoe-edge.sh --version`, the link resolved by the launcher itself) and passes one
@@ -83,8 +103,9 @@ def health_check(board: Board, layout: Layout, m: bundle.Manifest, timeout: floa
         return
     cur = layout.current
     fixtures = f"{cur}/{bundle.FIXTURES_DIR}"
-    result = board.sh(HANGUP, "env", f"BMOE_EDGE_FIXTURES={fixtures}", f"{cur}/{bundle.LAUNCHER_SCRIPT}",
-                      "gates", "--quick", "--json", "--limit", "1", "--fixtures", fixtures,
+    result = board.sh(HANGUP, *env_argv({"BMOE_EDGE_FIXTURES": fixtures},
+                                        [f"{cur}/{bundle.LAUNCHER_SCRIPT}", "gates", "--quick", "--json",
+                                         "--limit", "1", "--fixtures", fixtures]),
                       what="health check of current (one gate cell)", check=False, timeout=timeout, hangup=True)
     if "No such option: --limit" in result.stderr:
         return      # a release from before the smoke cell: --version is its health check
@@ -109,7 +130,7 @@ def run_gates(board: Board, rel: str, *, full: bool = False, json_out: bool = Tr
     args = [f"{rel}/{bundle.LAUNCHER_SCRIPT}", "gates", *([] if full else ["--quick"]),
             "--fixtures", f"{rel}/{bundle.FIXTURES_DIR}", *(["--json"] if json_out else [])]
     env = release_env(rel)
-    result = board.sh(HANGUP, "env", *(f"{k}={v}" for k, v in env.items()), *args, what="running the gates",
+    result = board.sh(HANGUP, *env_argv(env, args), what="running the gates",
                       check=False, timeout=GATES_TIMEOUT, out=out, err=sys.stderr if out is not None else None,
                       hangup=True)
     report = None

@@ -5,7 +5,8 @@ long-lived remote command (sh/lock.sh): `flock` on `<install_dir>/.lock` where t
 else a lock directory `<install_dir>/.lock.d` with the holder's pid. The command ends — and the kernel
 or its trap releases the lock — when the client lets go or its connection goes away (a killed deploy
 never leaves a board locked). A second deploy prints who holds it and waits up to `--lock-timeout`
-seconds, then fails with one line.
+seconds, then fails with one line. The holder sends a heartbeat line every 15 s; a board that hears none
+for 60 s lets the lock go (a client that vanished without closing its connection).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import getpass
 import os
 import select
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +27,8 @@ from bmoe_edge.fleet.commands import Board, tail
 from bmoe_edge.fleet.scripts import LOCK
 
 LOCK_TIMEOUT = 900.0
+HEARTBEAT = 15.0    # s between the holder's heartbeat lines
+SILENCE = 60        # s without one after which the board takes the holder for gone
 BUSY = 75
 NOT_WRITABLE = 10
 
@@ -71,6 +75,16 @@ def _read_until_locked(chan: Any, board: Board, install_dir: str, wait: float, s
         select.select([chan], [], [], 1.0)
 
 
+def _heartbeat(chan: Any, stop: threading.Event) -> None:
+    """One line every HEARTBEAT s on the lock's stdin: the board lets go of a holder it has not heard
+    from in SILENCE s (sh/lock.sh), so a client gone without a FIN does not keep the board locked."""
+    while not stop.wait(HEARTBEAT):
+        try:
+            chan.sendall(b"\n")
+        except Exception:   # the channel is gone: the lock went with it
+            return
+
+
 @contextlib.contextmanager
 def board_lock(board: Board, install_dir: str, *, action: str, wait: float = LOCK_TIMEOUT,
                say: Any = None, mode: str = "auto") -> Iterator[None]:
@@ -79,7 +93,8 @@ def board_lock(board: Board, install_dir: str, *, action: str, wait: float = LOC
     import paramiko
 
     say = say or (lambda _m: None)
-    script = channel.frame(LOCK, [install_dir, str(int(wait)), owner_line(action), mode], keep_stdin=True)
+    script = channel.frame(LOCK, [install_dir, str(int(wait)), owner_line(action), mode, str(SILENCE)],
+                           keep_stdin=True)
     try:
         chan = board.transport().open_session(timeout=channel.OPEN_TIMEOUT)
     except (OSError, EOFError, paramiko.SSHException) as exc:
@@ -91,7 +106,14 @@ def board_lock(board: Board, install_dir: str, *, action: str, wait: float = LOC
             _read_until_locked(chan, board, install_dir, wait, say)
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise BmoeError(f"{board.label}: taking the board lock of {install_dir}: {exc}") from None
-        yield
+        beating = threading.Event()
+        beat = threading.Thread(target=_heartbeat, args=(chan, beating), daemon=True, name="board-lock-heartbeat")
+        beat.start()
+        try:
+            yield
+        finally:
+            beating.set()
+            beat.join(timeout=5.0)
     finally:
         with contextlib.suppress(Exception):
             chan.shutdown_write()      # the holder's `cat` ends: the lock is released

@@ -5,7 +5,8 @@ Per file: the bytes go to `<dest>.bmoe-part` beside the destination (appended to
 push left there, once the start of it hashes like the local file's start), the whole partial is hashed
 on the board and must equal the local sha256, then it is renamed over the destination. A generation
 running on the board keeps the old file it has open and finishes with it; the next one opens the new
-file. A file already there with the right sha256 is not sent again.
+file. A file already there with the right sha256 is not sent again. Each file is pushed holding the
+board lock of its destination directory (lock.py): two pushes to one place take turns.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import channel
 from bmoe_edge.fleet.commands import MIN_RATE, STEP_TIMEOUT, Board, tail
+from bmoe_edge.fleet.lock import LOCK_TIMEOUT, board_lock
 from bmoe_edge.fleet.parallel import run_fleet
 from bmoe_edge.fleet.remote import SshOptions
 from bmoe_edge.fleet.report import HostResult, Log, say, stderr_log
@@ -116,7 +118,8 @@ def push_file(board: Board, f: ModelFile, dest: str, result: HostResult, log: Lo
 
 
 def push_host(files: Sequence[ModelFile], target: Target, *, options: SshOptions, to: str | None,
-              board_name: str | None, install_dir: str | None, log: Log) -> HostResult:
+              board_name: str | None, install_dir: str | None, log: Log,
+              lock_timeout: float = LOCK_TIMEOUT) -> HostResult:
     started = time.monotonic()
     # with --to the install dir is not needed (a board with no deploy yet takes a model too)
     board, layout = connect(target, options, board_name, install_dir or ("/" if to else None))
@@ -127,7 +130,11 @@ def push_host(files: Sequence[ModelFile], target: Target, *, options: SshOptions
             raise BmoeError(f"--to {to}: a split model needs a directory (end it with /)")
         dests = [destination(to, layout.install_dir, f.path.name) for f in files]
         for f, dest in zip(files, dests, strict=True):
-            push_file(board, f, dest, result, log)
+            # one push per destination directory at a time: two pushes appending to one part file would
+            # leave bytes after a model the first one just reported verified
+            with board_lock(board, posixpath.dirname(dest), action=f"push-model of {f.path.name}",
+                            wait=lock_timeout, say=lambda text: say(log, board.label, text)):
+                push_file(board, f, dest, result, log)
         result.releases = dests
     result.ok = True
     result.seconds = time.monotonic() - started
@@ -136,9 +143,9 @@ def push_host(files: Sequence[ModelFile], target: Target, *, options: SshOptions
 
 def push_model(model: Path, hosts: Sequence[Target], *, options: SshOptions, to: str | None = None,
                board_name: str | None = None, install_dir: str | None = None, log: Log | None = None,
-               max_parallel: int | None = None) -> list[HostResult]:
+               max_parallel: int | None = None, lock_timeout: float = LOCK_TIMEOUT) -> list[HostResult]:
     log = log or stderr_log()
     files = [ModelFile(p, p.stat().st_size, _sha256(p)) for p in model_files(model)]
     return run_fleet(hosts, lambda t: push_host(files, t, options=options, to=to, board_name=board_name,
-                                                install_dir=install_dir, log=log),
+                                                install_dir=install_dir, log=log, lock_timeout=lock_timeout),
                      max_parallel=max_parallel, what="push-model")

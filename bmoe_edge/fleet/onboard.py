@@ -11,7 +11,7 @@ from bmoe_edge.boards import bundle
 from bmoe_edge.engine.settings import BY_NAME
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import channel
-from bmoe_edge.fleet.commands import Board
+from bmoe_edge.fleet.commands import Board, env_argv
 from bmoe_edge.fleet.install import gates_record, run_gates
 from bmoe_edge.fleet.lock import board_lock
 from bmoe_edge.fleet.remote import SshOptions
@@ -118,8 +118,8 @@ def run_release(board: Board, rel: str, args: Sequence[str], *, what: str, timeo
     """`bmoe-edge ARGS…` through a release's launcher on the board (its profiles and fixtures), stopped
     when the connection goes away; returns fabric's Result (output captured, or streamed to `out`/`err`;
     never raises on the command's own exit code)."""
-    env = [f"{k}={v}" for k, v in release_env(rel).items()]
-    return board.sh(HANGUP, "env", *env, f"{rel}/{bundle.LAUNCHER_SCRIPT}", *args, what=what, check=False,
+    return board.sh(HANGUP, *env_argv(release_env(rel), [f"{rel}/{bundle.LAUNCHER_SCRIPT}", *args]), what=what,
+                    check=False,
                     timeout=timeout, out=out, err=err, hangup=True)
 
 

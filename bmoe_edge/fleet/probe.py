@@ -1,5 +1,6 @@
 """What the board is, asked the way the bundle's launcher will run there, checked against the bundle
-before anything is uploaded."""
+before anything is uploaded — with this checkout's profile of the board, so nothing the bundle says
+runs before its signature holds (a bundle for a board this checkout does not know is probed after)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bmoe_edge.boards import bundle
+from bmoe_edge.boards import bundle, profiles, sysroot
 from bmoe_edge.boards.checks import version_key
+from bmoe_edge.boards.profiles import BoardProfile
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet.commands import Board, tail
 from bmoe_edge.fleet.scripts import PROBE, PY_PROBE
@@ -32,18 +34,39 @@ def norm_arch(machine: str) -> str:
     return {"arm64": "aarch64", "amd64": "x86_64"}.get(m, m)
 
 
-def probe(board: Board, manifest: bundle.Manifest, exec_wrapper: Sequence[str] = ()) -> BoardFacts:
+def checkout_profile(board: str) -> BoardProfile | None:
+    """This checkout's profile of a board (shipped or the user's), or None: what a deploy probes the
+    board with and logs in with before the bundle's signature holds — never the bundle's own profile,
+    whose `exec_wrapper` or sysroot a tampered bundle would have made run its payload."""
+    try:
+        return profiles.load_profile(board)
+    except BmoeError:
+        return None
+
+
+def probe_words(profile: BoardProfile, manifest: bundle.Manifest, *, verified: bool) -> tuple[list[str], str]:
+    """(the exec wrapper, the sysroot it runs in) to probe with. From this checkout's profile, the
+    sysroot is where this machine keeps it; from a bundle's profile (`verified`: only once its signature
+    held), the sysroot the bundle was built against (its manifest says where)."""
+    wrapper = list(profile.exec_wrapper or ())
+    if not wrapper:
+        return [], ""
+    if verified:
+        extra = manifest.extra.get("sysroot")
+        return wrapper, str(extra.get("path", "")) if isinstance(extra, dict) else ""
+    try:
+        return wrapper, str(sysroot.sysroot_for(profile.arch, manifest.python).path)
+    except BmoeError:
+        return wrapper, ""
+
+
+def probe(board: Board, manifest: bundle.Manifest, exec_wrapper: Sequence[str] = (),
+          sysroot_default: str = "") -> BoardFacts:
     """Ask the board what it is, the way the bundle's launcher will run there (through the profile's
-    `exec_wrapper` on an emulated board)."""
+    `exec_wrapper` on an emulated board, `{sysroot}` standing for `sysroot_default`)."""
     wrapper = list(exec_wrapper)
     emulated = bool(wrapper)
-    sysroot_default = ""
-    if emulated:
-        extra = manifest.extra.get("sysroot")
-        sysroot_default = str(extra.get("path", "")) if isinstance(extra, dict) else ""
-        python = "{sysroot}/usr/bin/python" + manifest.python
-    else:
-        python = "python" + manifest.python
+    python = ("{sysroot}/usr/bin/python" if emulated else "python") + manifest.python
     result = board.sh(PROBE, sysroot_default, python, PY_PROBE, *wrapper, what="probing the board")
     facts: dict[str, str] = {}
     for line in result.stdout.splitlines():

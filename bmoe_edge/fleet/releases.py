@@ -11,7 +11,7 @@ from typing import Any
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import services
 from bmoe_edge.fleet.commands import Board
-from bmoe_edge.fleet.install import health_check, mark_failed, record_failure
+from bmoe_edge.fleet.install import health_check, mark_failed, record_failure, retried
 from bmoe_edge.fleet.lock import LOCK_TIMEOUT, board_lock
 from bmoe_edge.fleet.parallel import run_fleet
 from bmoe_edge.fleet.remote import SshOptions
@@ -34,19 +34,28 @@ from bmoe_edge.fleet.targets import Target
 from bmoe_edge.fleet.upload import verify_release, verify_site
 
 
+def gates_failed(state: dict[str, Any]) -> set[str]:
+    """Releases whose last recorded gate run on the board (`gates --host`, deploy --gates) failed a cell."""
+    history = state.get("releases") if isinstance(state.get("releases"), dict) else {}
+    return {rid for rid, entry in history.items()
+            if isinstance(entry, dict) and isinstance(entry.get("gates"), dict) and entry["gates"].get("failed")}
+
+
 def _previous(board: Board, layout: Layout, releases: Releases, state: dict[str, Any]) -> str:
     """The release to roll back to: the one state.json records, else the newest other complete one;
-    never one marked failed."""
+    never one marked failed, nor one whose recorded gate run failed (streamed != resident there)."""
     current = releases.current
+    bad = releases.failed | gates_failed(state)
     previous = state.get("previous") if state.get("bundle_id") == current else None
     if (not isinstance(previous, str) or previous not in releases.complete or previous == current
-            or previous in releases.failed):
-        older = [r for r in releases.good_newest_first() if r != current]
+            or previous in bad):
+        older = [r for r in releases.good_newest_first() if r != current and r not in bad]
         previous = older[0] if older else None
     if previous is None:
-        failed = sorted(releases.failed - {current})
+        failed = sorted(bad - {current})
         raise BmoeError(f"{board.label}: no previous release in {layout.install_dir} to roll back to "
-                        f"(current: {current}" + (f"; marked failed: {', '.join(failed)}" if failed else "") + ")")
+                        f"(current: {current}" + (f"; marked failed: {', '.join(failed)}" if failed
+                                                  else "") + ")")
     return previous
 
 
@@ -71,7 +80,7 @@ def rollback_host(target: Target, *, options: SshOptions, board_name: str | None
         verify_site(board, rel, signed if isinstance(signed, str) else releases.complete[previous].get("site_sha256"))
         board.sh(SWITCH, layout.install_dir, previous, what="switching current")
         try:
-            health_check(board, layout, manifest)
+            retried(lambda: health_check(board, layout, manifest))
         except BmoeError as exc:
             why = str(exc).removeprefix(f"{board.label}: ")
             mark_failed(board, rel, why)

@@ -14,7 +14,7 @@ On the board:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -27,6 +27,7 @@ from bmoe_edge.fleet.scripts import SERVICE
 from bmoe_edge.fleet.state import HEALTH_TIMEOUT, Layout, now, read_state, write_state
 from bmoe_edge.fleet.systemd import memory_max, systemd_escape
 from bmoe_edge.fleet.targets import Target
+from bmoe_edge.net import is_loopback
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class ServiceSpec:
     bind: str = "127.0.0.1"
     port: int | None = None
     api_key: str | None = None
+    allowed_hosts: tuple[str, ...] = ()   # serve's --allowed-host, each
+    cors_origins: tuple[str, ...] = ()    # serve's --cors-origin, each
+    max_connections: int | None = None    # serve's --max-connections (None: serve's default)
 
     @property
     def listen_port(self) -> int:
@@ -74,9 +78,20 @@ def kind_named(name: str) -> ServiceKind:
     return BY_NAME[name]
 
 
-def spec_for(name: str, *, model: str | None, bind: str, port: int | None, api_key: str | None) -> ServiceSpec:
+def spec_for(name: str, *, model: str | None, bind: str, port: int | None, api_key: str | None,
+             allowed_hosts: Sequence[str] = (), cors_origins: Sequence[str] = (),
+             max_connections: int | None = None) -> ServiceSpec:
     """A service as `deploy --service` describes it, checked before anything reaches a board."""
     kind = kind_named(name)
+    if kind.api_key and not api_key and not is_loopback(bind):
+        # serve refuses to listen beyond loopback without a key: the unit would only crash in a loop
+        raise BmoeError(f"--service {name} --bind {bind}: listening beyond the board's loopback needs an API key "
+                        "(--api-key-file FILE), or keep the default 127.0.0.1 and reach it with `serve --host`")
+    if (allowed_hosts or cors_origins or max_connections is not None) and kind.name != "serve":
+        raise BmoeError(f"--service {name} takes no --allowed-host, --cors-origin or --max-connections")
+    for value in (*allowed_hosts, *cors_origins):
+        if not value.strip() or any(c in value for c in "\n\r\0"):
+            raise BmoeError(f"--allowed-host/--cors-origin {value!r}: one plain name or origin each")
     if kind.needs_model and not model:
         raise BmoeError(f"--service {name} needs -m MODEL (the model's path on the board)")
     if model and not model.startswith("/"):
@@ -85,7 +100,7 @@ def spec_for(name: str, *, model: str | None, bind: str, port: int | None, api_k
         raise BmoeError(f"--service {name} takes no API key")
     if port == 0:
         raise BmoeError("--port: a service needs a fixed port")
-    return ServiceSpec(kind, model, bind, port, api_key)
+    return ServiceSpec(kind, model, bind, port, api_key, tuple(allowed_hosts), tuple(cors_origins), max_connections)
 
 
 def for_target(target: Target, asked: ServiceSpec | None) -> ServiceSpec | None:
@@ -97,6 +112,11 @@ def for_target(target: Target, asked: ServiceSpec | None) -> ServiceSpec | None:
     if port is None and asked is not None and asked.kind.name == "rpc-worker":
         port = asked.port
     return ServiceSpec(BY_NAME["rpc-worker"], port=port)
+
+
+START_LIMIT_BURST = 5        # the unit's StartLimitBurst= ...
+START_LIMIT_INTERVAL = 600   # ... within StartLimitIntervalSec= (units/bmoe-edge-service.service)
+RESTART_SEC = 5              # RestartSec=: a crash loop reaches the limit (5 x 5 s < 600 s)
 
 
 def unit_name(kind: ServiceKind) -> str:
@@ -116,6 +136,12 @@ def exec_argv(spec: ServiceSpec, layout: Layout, board_name: str) -> list[str]:
     argv += ["--bind", spec.bind, "--port", str(spec.listen_port)]
     if spec.api_key:
         argv += ["--api-key-file", f"{workdir(layout, spec.kind)}/api-key"]
+    for name in spec.allowed_hosts:
+        argv += ["--allowed-host", name]
+    for origin in spec.cors_origins:
+        argv += ["--cors-origin", origin]
+    if spec.max_connections is not None:
+        argv += ["--max-connections", str(spec.max_connections)]
     return argv
 
 
@@ -125,12 +151,17 @@ def render_unit(spec: ServiceSpec, layout: Layout, user: str, board_name: str, r
 
     template = resources.files(__package__).joinpath("units", UNIT_TEMPLATE).read_text(encoding="utf-8")
     read_only = [spec.model] if spec.model else [layout.install_dir]
+    # ProtectHome=tmpfs hides every home; the release (bin/bmoe-edge, current, releases/) and the model
+    # are bound back read-only, the service's directory writable (an install dir under /home works)
+    bind_ro = [layout.install_dir, *([spec.model] if spec.model else [])]
     fields = {
         "@DESCRIPTION@": spec.kind.description, "@KIND@": spec.kind.name, "@BOARD@": board_name,
         "@USER@": systemd_escape(user), "@WORKDIR@": _bare_path(workdir(layout, spec.kind)),
         "@WRITABLE@": word(workdir(layout, spec.kind)),
         "@EXEC_START@": " ".join(word(a) for a in exec_argv(spec, layout, board_name)),
         "@MEMORY_MAX@": memory_max(ram_mb), "@READ_ONLY@": " ".join(word(p) for p in read_only),
+        "@BIND_RO@": " ".join(word(p) for p in bind_ro),
+        "@CACHE@": word(f"{workdir(layout, spec.kind)}/cache"),
     }
     for key, value in fields.items():
         template = template.replace(key, value)
@@ -276,11 +307,24 @@ def describe(board: Board, state: Mapping[str, Any]) -> dict[str, dict[str, Any]
             if now_state.get("systemd") == "no":
                 info["state"] = "not running (the board does not run systemd)"
             else:
-                active, sub = now_state.get("ActiveState", "?"), now_state.get("SubState", "?")
-                info["state"] = f"{active} ({sub})"
-                info["active"] = active == "active"
-                restarts = now_state.get("NRestarts")
-                if restarts and restarts != "0":
-                    info["state"] += f", {restarts} restarts"
+                info["state"] = state_text(now_state, unit_name(kind))
+                info["active"] = now_state.get("ActiveState") == "active"
         out[name] = info
     return out
+
+
+def state_text(now_state: Mapping[str, str], unit: str) -> str:
+    """What `status` says of a unit (systemctl show's ActiveState, SubState, NRestarts, Result); a unit
+    stopped by its start limit (a crash loop) says so, and what to do."""
+    active, sub = now_state.get("ActiveState", "?"), now_state.get("SubState", "?")
+    text = f"{active} ({sub})"
+    restarts = now_state.get("NRestarts")
+    if restarts and restarts != "0":
+        text += f", {restarts} restarts"
+    if now_state.get("Result") == "start-limit-hit":
+        text += (f"; stopped by systemd's start limit: it crashed {START_LIMIT_BURST} times within "
+                 f"{START_LIMIT_INTERVAL // 60} min (`journalctl -u {unit}` says why; a deploy, or `systemctl "
+                 f"reset-failed {unit}` then start, runs it again)")
+    elif active == "failed" and now_state.get("Result"):
+        text += f"; result {now_state['Result']} (`journalctl -u {unit}`)"
+    return text

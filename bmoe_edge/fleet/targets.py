@@ -136,6 +136,6 @@ def load_inventory(path: Path) -> list[Target]:
 
 def check_name(value: str, what: str) -> str:
     """Board names and bundle ids become path components on the board: keep them plain."""
-    if not _NAME.match(value or "") or ".." in value:
+    if not _NAME.fullmatch(value or "") or ".." in value:     # fullmatch: `$` would let a trailing newline in
         raise BmoeError(f"{what} {value!r} is not a plain name (letters, digits, '.', '_', '+', '-')")
     return value

@@ -3,10 +3,11 @@ there, the rest uploaded; then every file verified with sha256sum."""
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bmoe_edge.boards import bundle
@@ -15,7 +16,7 @@ from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet.commands import Board
 from bmoe_edge.fleet.report import HostResult, Log, say
 from bmoe_edge.fleet.scripts import COPY, HASH, MKDIRS, REMOVE_IN, SCAN, SITE_HASH
-from bmoe_edge.fleet.state import MARKS, SITE_FACTOR, Hooks, Layout, Releases
+from bmoe_edge.fleet.state import MARKS, SITE_FACTOR, Hooks, Layout, Releases, inside
 from bmoe_edge.fleet.targets import check_name
 from bmoe_edge.units import size_text
 
@@ -104,6 +105,17 @@ class LocalBundle:
     profile: BoardProfile     # its resolved profile (profile/<board>.yaml): login and emulation facts
     signature_sha: str | None = None   # sha256 of manifest.json.sig, when the bundle is signed
     _site: str | None = None
+    # The manifest and its signature as read once (load_bundle): these bytes are what was parsed and
+    # hashed, what is verified here and what is uploaded; the files on disk are not read again.
+    manifest_bytes: bytes = field(default=b"", repr=False)
+    signature_bytes: bytes | None = field(default=None, repr=False)
+
+    def signed_bytes(self, name: str) -> bytes:
+        """manifest.json or manifest.json.sig, as read once."""
+        data = self.manifest_bytes if name == bundle.MANIFEST_NAME else self.signature_bytes
+        if data is None:
+            raise BmoeError(f"bundle {self.dir} has no {name}")
+        return data
 
     @property
     def site_sha256(self) -> str:
@@ -134,9 +146,9 @@ def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, res
     result.files_present = len(paths) - len(missing)
     # files another release on the board already has: copy them there instead of uploading
     sizes = {f.path: f.size for f in m.files}
-    sizes[bundle.MANIFEST_NAME] = (b.dir / bundle.MANIFEST_NAME).stat().st_size
-    if b.signature_sha is not None:
-        sizes[bundle.SIGNATURE_NAME] = (b.dir / bundle.SIGNATURE_NAME).stat().st_size
+    sizes[bundle.MANIFEST_NAME] = len(b.manifest_bytes)
+    if b.signature_bytes is not None:
+        sizes[bundle.SIGNATURE_NAME] = len(b.signature_bytes)
     copies: dict[str, list[str]] = {}
     remaining = [p for p in missing if p not in (bundle.MANIFEST_NAME, bundle.SIGNATURE_NAME)]
     newest_first = releases.newest_first()
@@ -169,7 +181,12 @@ def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, res
     if upload:
         total = sum(sizes[p] for p in upload)
         say(log, board.label, f"uploading {len(upload)} files ({size_text(total)})")
-        board.put_files(b.dir, [bundle.check_relpath(p) for p in upload], partial)
+        signed = [p for p in upload if p in (bundle.MANIFEST_NAME, bundle.SIGNATURE_NAME)]
+        for p in signed:    # the bytes read once (and verified), not the file again
+            board.write_bytes(inside(partial, p), b.signed_bytes(p), 0o644, durable=False)
+        files = [bundle.check_relpath(p) for p in upload if p not in signed]
+        if files:
+            board.put_files(b.dir, files, partial)
         result.files_uploaded += len(upload)
         result.bytes_uploaded += total
     else:
@@ -181,10 +198,18 @@ def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, res
 
 
 def load_bundle(bundle_dir: Path) -> LocalBundle:
-    manifest = bundle.verify_bundle(bundle_dir)
+    """The bundle, verified: its manifest read once, as bytes (parsed, hashed, later verified and
+    uploaded from those bytes), every file checked against it, its profile read once and checked."""
+    bundle_dir = Path(bundle_dir)
+    data = bundle.read_manifest_bytes(bundle_dir)
+    manifest = bundle.verify_bundle(bundle_dir, data)
     check_name(manifest.bundle_id, "bundle id")
     check_name(manifest.board, "board")
-    sig = Path(bundle_dir) / bundle.SIGNATURE_NAME
-    return LocalBundle(Path(bundle_dir), manifest, bundle.sha256_file(Path(bundle_dir) / bundle.MANIFEST_NAME),
-                       bundle.bundle_profile(bundle_dir, manifest),
-                       bundle.sha256_file(sig) if sig.is_file() and not sig.is_symlink() else None)
+    sig = bundle_dir / bundle.SIGNATURE_NAME
+    if sig.is_symlink():
+        raise BmoeError(f"{sig} is a symlink (bundles hold regular files only)")
+    signature = sig.read_bytes() if sig.is_file() else None
+    return LocalBundle(bundle_dir, manifest, hashlib.sha256(data).hexdigest(),
+                       bundle.bundle_profile(bundle_dir, manifest, checked=True),
+                       hashlib.sha256(signature).hexdigest() if signature is not None else None,
+                       manifest_bytes=data, signature_bytes=signature)

@@ -170,17 +170,23 @@ FaultInjection parse_fault(const std::string & spec, const std::string & what) {
         return f;
     }
     const size_t colon = spec.find(':');
-    const std::string nth = colon == std::string::npos ? "" : spec.substr(colon + 1);
+    std::string nth = colon == std::string::npos ? "" : spec.substr(colon + 1);
+    if (!nth.empty() && nth.back() == '+') {
+        f.onward = true;
+        nth.pop_back();
+    }
     const bool digits = !nth.empty() && nth.size() < 18 && nth.find_first_not_of("0123456789") == std::string::npos;
     if (!parse_choice(spec.substr(0, colon), f.kind) || f.kind == FaultKind::None || !digits ||
         (f.nth = std::atoll(nth.c_str())) < 1) {
-        throw Error(what + " must be corrupt:N, fail:N, short:N or hang:N with N >= 1, got '" + spec + "'");
+        throw Error(what + " must be corrupt:N, fail:N, short:N or hang:N with N >= 1 (N+: from the Nth read on), got '" +
+                    spec + "'");
     }
     return f;
 }
 
 std::string describe(const FaultInjection & f) {
-    return f.kind == FaultKind::None ? "" : std::string(to_string(f.kind)) + ":" + std::to_string(f.nth);
+    return f.kind == FaultKind::None ? ""
+                                     : std::string(to_string(f.kind)) + ":" + std::to_string(f.nth) + (f.onward ? "+" : "");
 }
 
 std::vector<std::string> parse_endpoints(const std::string & list) {

@@ -42,13 +42,17 @@ void validate(const StreamConfig & c) {
     }
 }
 
-// The config's fault, else BMOE_FAULT=<kind>:N (test-only).
+// The config's fault (an explicit field: nothing sets it but a caller that means it). BMOE_FAULT=<kind>:N
+// is honoured only in a build made for testing (BMOE_TEST_FAULTS: scripts/setup.sh's development
+// build): an environment a production engine inherits must never make it garble, fail or stall reads.
 FaultInjection fault_of(const StreamConfig & c) {
+#ifdef BMOE_TEST_FAULTS
     const char * env = std::getenv("BMOE_FAULT");
-    if (!c.fault.empty() || env == nullptr || *env == '\0') {
-        return parse_fault(c.fault, "fault");
+    if (c.fault.empty() && env != nullptr && *env != '\0') {
+        return parse_fault(env, "BMOE_FAULT");
     }
-    return parse_fault(env, "BMOE_FAULT");
+#endif
+    return parse_fault(c.fault, "fault");
 }
 
 int64_t meta_int(const llama_model * model, const std::string & key) {
@@ -97,7 +101,9 @@ int64_t experts_in_file(const detail::GgufMap & gguf, const std::string & archit
 void Engine::Impl::open(const std::string & path) {
     validate(config);
     fault = fault_of(config);
-    fault.hang_s = config.io_timeout > 0 ? static_cast<double>(config.io_timeout) + 2 : 5;
+    // A stall past the deadline; with `hang:N+` every read stalls, and just past it is enough (each
+    // stalled read holds a lane that long, closing the engine waits for the last one).
+    fault.hang_s = config.io_timeout > 0 ? static_cast<double>(config.io_timeout) + (fault.onward ? 0.5 : 2) : 5;
     // auto: on where this build has the hook and no other engine of this process holds it (process-wide)
     overlap = config.overlap == Toggle::On ||
               (config.overlap == Toggle::Auto && build_info().expert_ready_hook && !overlap_in_use());

@@ -179,7 +179,7 @@ void ReadLanes::execute(int lane, const Task & task) {
         return;  // cancelled while queued: a read-ahead the router did not confirm
     }
     const int64_t n = ++reads_;
-    const bool injected = fault_.kind != FaultKind::None && n == fault_.nth;
+    const bool injected = fault_.kind != FaultKind::None && (fault_.onward ? n >= fault_.nth : n == fault_.nth);
     const auto t0 = Batch::Clock::now();
     auto ms = [&] { return std::chrono::duration<float, std::milli>(Batch::Clock::now() - t0).count(); };
     auto failed = [&](const std::string & why) {

@@ -83,16 +83,20 @@ Streamer::Streamer(std::vector<StreamedTensor> tensors, std::vector<SliceFile *>
 Streamer::~Streamer() {
     // Never free the mirror under a lane still writing into it (an abandoned batch's stuck read
     // included: closing waits for the kernel to return it).
+    std::vector<std::shared_ptr<Batch>> left;
+    for (auto & a : abandoned_) {
+        left.push_back(std::move(a.batch));
+    }
     if (in_flight_) {
-        abandoned_.push_back(std::move(in_flight_));
+        left.push_back(std::move(in_flight_));
     }
     for (auto * ahead : {&ahead_batch_, &settle_batch_}) {
         if (*ahead) {
             (*ahead)->cancel_queued();
-            abandoned_.push_back(std::move(*ahead));
+            left.push_back(std::move(*ahead));
         }
     }
-    for (const auto & batch : abandoned_) {
+    for (const auto & batch : left) {
         try {
             batch->wait();
         } catch (...) {
@@ -221,17 +225,51 @@ void Streamer::forget(int layer, const std::vector<int> & missing) {
 // and if those went back to the pool and under another range, it would write into that one. So
 // the layer's missing slices leave the cache but keep one reference on their units for the
 // engine's life: those units are never recycled, and a later read of the same slices lands on the
-// same pages with the same bytes. The cost is one layer's slices of memory per timeout.
+// same pages with the same bytes. The cost is one layer's slices of memory per timeout, until the
+// kernel has returned every read of the batch (reap_abandoned releases them then); reads of it not
+// started yet are dropped at once.
 void Streamer::give_up(const std::shared_ptr<Batch> & batch, int layer, const std::vector<int> & missing) {
     if (!batch->timed_out()) {
         forget(layer, missing);
         return;
     }
     cache_.evict_layer(layer, missing);
-    abandoned_.push_back(batch);
+    abandon(batch, layer, missing);
+}
+
+void Streamer::abandon(const std::shared_ptr<Batch> & batch, int layer, std::vector<int> experts) {
+    batch->cancel_queued();
+    abandoned_.push_back({batch, layer, std::move(experts)});
+    ++timeouts_in_a_row_;
+}
+
+// Before a layer's reads: abandoned batches the kernel has finished give their units back, and a
+// storage that missed the deadline kHangLimit times in a row stops the engine with one line instead
+// of pinning another layer of memory per timeout (a server on a disk that keeps hanging would grow
+// until the OOM killer came). It stays stopped: the model has to be opened again.
+void Streamer::reap_abandoned() {
+    auto kept = abandoned_.begin();
+    for (auto & a : abandoned_) {
+        if (a.batch->done()) {
+            for (int e : a.experts) {
+                for_each_slice(a.layer, e, false);
+            }
+        } else {
+            *kept++ = std::move(a);
+        }
+    }
+    abandoned_.erase(kept, abandoned_.end());
+    if (timeouts_in_a_row_ >= kHangLimit) {
+        throw Error("the storage keeps hanging: " + std::to_string(timeouts_in_a_row_) +
+                    " reads in a row missed the I/O deadline of " + std::to_string(static_cast<int>(io_timeout_s_)) +
+                    " s (--io-timeout), " + std::to_string(abandoned_.size()) +
+                    " still stuck in the kernel; the engine stops rather than hold more memory: check the storage, "
+                    "then open the model again");
+    }
 }
 
 void Streamer::add_batch_counters(const Batch & batch) {
+    timeouts_in_a_row_ = 0;  // a batch that landed: the storage answers again
     counters_.io_ms += batch.io_ms();
     counters_.storage_bytes += batch.storage_bytes();
     counters_.copy_bytes += batch.copy_bytes();
@@ -242,6 +280,7 @@ void Streamer::make_resident(int layer, const std::vector<int> & routed) {
     if (layer < 0 || layer >= n_layers() || by_layer_[static_cast<size_t>(layer)].empty()) {
         return;  // a layer without streamed experts (the dense layers of a mixed model)
     }
+    reap_abandoned();
     std::vector<int> experts;
     std::vector<int> adopted;
     const std::vector<int> missing = admit(layer, routed, experts, adopted);
@@ -311,6 +350,7 @@ void Streamer::publish(int layer, const std::vector<int> & routed) {
     if (layer < 0 || layer >= n_layers() || by_layer_[static_cast<size_t>(layer)].empty()) {
         return;
     }
+    reap_abandoned();
     std::vector<int> experts;
     std::vector<int> adopted;
     const std::vector<int> missing = admit(layer, routed, experts, adopted);

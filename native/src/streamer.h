@@ -157,7 +157,19 @@ private:
     StreamCounters counters_;
     int compute_threads_ = 1;
     double io_timeout_s_ = 0;
-    std::vector<std::shared_ptr<Batch>> abandoned_;  // timed out, a lane may still be in their reads
+    // Batches timed out on the I/O deadline: a lane may still be in their reads, so the slices whose
+    // units they hold (`experts` of `layer`) are released only once the kernel returned every read
+    // (reap_abandoned). After kHangLimit deadlines in a row the engine stops (the storage keeps hanging).
+    struct Abandoned {
+        std::shared_ptr<Batch> batch;
+        int layer = -1;
+        std::vector<int> experts;
+    };
+    static constexpr int kHangLimit = 3;
+    void abandon(const std::shared_ptr<Batch> & batch, int layer, std::vector<int> experts);
+    void reap_abandoned();
+    std::vector<Abandoned> abandoned_;
+    int timeouts_in_a_row_ = 0;
 
     // Overlap state. Readiness per (tensor, expert) carries the generation of the batch that made
     // it resident, so flags are reused across layers and tokens without clearing.

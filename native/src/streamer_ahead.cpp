@@ -130,9 +130,11 @@ void Streamer::settle_ahead() {
     }
     try {
         batch->wait(io_timeout_s_, false);
-    } catch (...) {  // the deadline: nothing of it may be recycled (see give_up)
+    } catch (...) {  // the deadline: nothing of it may be recycled until the kernel is done (see give_up)
         cache_.evict_layer(layer, adopted);
-        abandoned_.push_back(batch);
+        std::vector<int> held = adopted;
+        held.insert(held.end(), wrong.begin(), wrong.end());
+        abandon(batch, layer, std::move(held));
         throw;
     }
     counters_.storage_bytes += batch->storage_bytes();
@@ -179,7 +181,7 @@ void Streamer::retire_ahead() {
     try {
         batch->wait(io_timeout_s_, false);
     } catch (...) {
-        abandoned_.push_back(batch);  // a lane may still write into these pages: never recycle them
+        abandon(batch, layer, std::move(staged));  // a lane may still write into these pages (see give_up)
         return;
     }
     counters_.storage_bytes += batch->storage_bytes();

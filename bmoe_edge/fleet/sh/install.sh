@@ -3,4 +3,6 @@
 # the connection): what a killed install left behind (site.new.*) is removed first.
 rel=$1
 rm -rf -- "$rel"/site.new.* "$rel/site.old"
-exec env BMOE_EDGE_RELEASE="$rel" "$rel/launcher/bmoe-edge.sh" --install-site
+# exported, not `env K=V PATH`: env would take a release path holding a `=` for one more variable
+BMOE_EDGE_RELEASE=$rel; export BMOE_EDGE_RELEASE
+exec "$rel/launcher/bmoe-edge.sh" --install-site

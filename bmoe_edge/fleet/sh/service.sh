@@ -10,6 +10,7 @@ if [ "$act" = start ]; then
   $as_root install -m 0644 -- "$3" "/etc/systemd/system/$unit" || exit 1
   $as_root systemctl daemon-reload || exit 1
   $as_root systemctl enable --quiet -- "$unit" || exit 1
+  $as_root systemctl reset-failed -- "$unit" 2>/dev/null   # a unit its start limit stopped starts again
   $as_root systemctl restart -- "$unit" || exit 1
 fi
 echo "systemd=yes"

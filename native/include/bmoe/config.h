@@ -221,13 +221,14 @@ bool parse_choice(const std::string & text, T & out) {
 // engine's life). corrupt garbles 256 bytes of the slice after the read (once: a re-read gets the
 // file's bytes), fail fails the read, short reads half the slice and reports a short read, hang stalls
 // the read for hang_s seconds and then does it (the engine sets hang_s: its I/O deadline plus 2 s, or
-// 5 s without one).
+// 5 s without one). `KIND:N+` acts on every read from the Nth on (a device that keeps hanging).
 #define BMOE_FAULT_KINDS(X) X(None, "none") X(Corrupt, "corrupt") X(Fail, "fail") X(Short, "short") X(Hang, "hang")
 BMOE_CHOICE(FaultKind, BMOE_FAULT_KINDS)
 struct FaultInjection {
     FaultKind kind = FaultKind::None;
     int64_t nth = 0;
     double hang_s = 5.0;
+    bool onward = false;  // `KIND:N+`: the Nth read and every one after it
 };
 FaultInjection parse_fault(const std::string & spec, const std::string & what);  // "" -> none
 std::string describe(const FaultInjection & fault);
