@@ -56,7 +56,7 @@ def generate(model: Path, prompt: str, max_tokens: int, config: StreamConfig, sa
              arch_warning: Callable[[str], str] | None = None) -> Generation:
     """Print tokens as they come (text, or one JSON object per token), then a summary. `arch_warning`
     (architecture -> a warning or "") is said on stderr for a streamed run."""
-    with Engine(model, config) as engine:
+    with Engine(model, config, prompt_cache_kind="file") as engine:
         info = engine.run_info
         warning = arch_warning(str(info["architecture"])) if arch_warning and info["streaming"] else ""
         if warning:
@@ -68,7 +68,9 @@ def generate(model: Path, prompt: str, max_tokens: int, config: StreamConfig, sa
         csv_out = report.MetricsCsv(outputs.csv_path, info) if outputs.csv_path else None
         result = Generation([])
         try:
-            for token in engine.generate(prompt, max_tokens, sampling, result=result):
+            # With --prompt-cache FILE the context starts from the file's prompt where it fits this one.
+            for token in engine.generate(prompt, max_tokens, sampling, result=result,
+                                         reuse_kv=engine.prompt_cache is not None):
                 if outputs.as_json:
                     print(report.json_line({"type": "token", "id": token.id, "text": token.text}), file=out,
                           flush=True)

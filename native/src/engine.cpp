@@ -440,8 +440,8 @@ void Engine::Impl::size_cache() {
         file->drop_unmapped_page_cache();
     }
     detail::Footprint footprint;
-    for (const auto & [data, size] : seam->runtime_buffers()) {
-        footprint.to_touch.push_back({data, size});
+    for (const detail::RuntimeBuffer & b : seam->runtime_buffers()) {
+        (b.scratch ? footprint.scratch : footprint.to_touch).push_back({b.data, b.size});
     }
     if (config.dense == DenseMode::Mmap) {  // with dense=anon they were read into the mirror already
         for (const auto & c : seam->captured()) {

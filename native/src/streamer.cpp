@@ -157,6 +157,9 @@ std::vector<int> Streamer::admit(int layer, const std::vector<int> & routed, std
     adopted.clear();
     for (int e : experts) {
         ++counters_.lookups;
+        if (routed_.insert((static_cast<uint64_t>(layer) << 32) | static_cast<uint32_t>(e)).second) {
+            counters_.routed_bytes += bytes_per_expert(layer);
+        }
         if (cache_.touch({layer, e})) {
             ++counters_.hits;
         } else if (staged(layer, e)) {
@@ -418,6 +421,7 @@ StreamCounters Streamer::take_counters() {
     StreamCounters out = counters_;
     out.stall_ms += static_cast<double>(stall_ns_.exchange(0)) / 1e6 / compute_threads_;
     counters_ = StreamCounters{};
+    routed_.clear();
     return out;
 }
 

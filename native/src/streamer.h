@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -55,6 +56,9 @@ struct StreamCounters {
     uint64_t predicted_correct = 0;
     uint64_t ahead_bytes = 0;
     uint64_t ahead_wasted_bytes = 0;
+    // The bytes of the distinct experts routed since the last take (a prompt's ubatches route to
+    // the same experts again: what one read of each would cost).
+    uint64_t routed_bytes = 0;
 };
 
 // The lanes' view of one read-ahead batch: which (tensor, expert) each job fills, whether it
@@ -155,6 +159,7 @@ private:
     ExpertCache cache_;
     ReadLanes & lanes_;
     StreamCounters counters_;
+    std::unordered_set<uint64_t> routed_;  // (layer, expert) routed since the last take_counters
     int compute_threads_ = 1;
     double io_timeout_s_ = 0;
     std::vector<std::shared_ptr<Batch>> abandoned_;  // timed out, a lane may still be in their reads
