@@ -49,7 +49,8 @@ class Engine:
     (and fails again at once if the model file changed). A prompt is text: special-token names in
     it stay text unless the config says `parse_special`."""
 
-    def __init__(self, model_path: str | Path, config: StreamConfig | None = None, *, prompt_cache_kind: str = "") -> None:
+    def __init__(self, model_path: str | Path, config: StreamConfig | None = None, *,
+                 prompt_cache_kind: str = "") -> None:
         """`prompt_cache_kind`: how the config's prompt_cache is kept — "file" (one prompt: generate), "dir"
         (one file per long prompt; a private temporary directory where the config names none: serve), or ""
         (a directory only where the config names one)."""
