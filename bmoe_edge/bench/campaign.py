@@ -115,7 +115,7 @@ CELL_COLUMNS = (
     "stop_reason", "cell_s", "wall_s", "paired_ratio", "paired_mean_ratio", "paired_same_tokens",
     # the prompt's step (every engine cell; what the long-prompt cells are for)
     "prompt_tokens", "prompt_decoded_tokens", "prompt_ms", "prompt_tok_s", "ttft_ms", "prefill_bytes",
-    "prefill_routed_bytes", "prefill_released_bytes", "budget_after_prompt_mb", "warning", "error",
+    "prefill_routed_bytes", "prefill_released_bytes", "budget_after_prompt_mb", "ubatch", "warning", "error",
 )
 
 
@@ -123,7 +123,7 @@ def _flatten(record: dict[str, Any], model: str, repeat: int) -> dict[str, Any]:
     run = record.get("run", {})
     out = {"model": model, "repeat": repeat, **{k: v for k, v in record.items() if k != "run"}}
     for key in ("threads", "io_threads", "read_path", "overlap", "prefetch", "cache_mode", "cache_budget_mb",
-                "warning"):
+                "ubatch", "warning"):
         if key in run:
             out[key] = run[key]
     return out
