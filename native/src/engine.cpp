@@ -454,6 +454,9 @@ void Engine::Impl::size_cache() {
     for (int l = 0; l < streamer.n_layers(); ++l) {
         widest_layer = std::max(widest_layer, streamer.bytes_per_expert(l));
     }
+    footprint.expert_bytes_widest = widest_layer;
+    footprint.n_expert = info.n_expert;
+    footprint.n_expert_used = info.n_expert_used;
     const auto projections = static_cast<uint64_t>(info.streamed_tensors / std::max(1, streamer.n_layers()));
     // The layer being computed and the one being read (overlap), and with read-ahead the next
     // layer's guesses, each slice rounded out to units.

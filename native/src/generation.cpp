@@ -382,6 +382,7 @@ bool Engine::Impl::step_once(StepResult & out) {
             scratch.push_back({b.data, b.size});
         }
         const uint64_t budget = streamer.cache().budget();
+        streamer.settle();  // the layers the prompt left over their share, and the pool's spare pages
         const uint64_t after = d.memory->after_prompt(budget, streamer.pool_held_bytes(), scratch);
         if (after != budget) {
             streamer.set_budget(after);
@@ -427,7 +428,9 @@ bool Engine::Impl::step_once(StepResult & out) {
         detail::Streamer & streamer = *d.streaming.streamer;
         out.metrics.resident_expert_bytes = streamer.resident_expert_bytes();
         const uint64_t budget = streamer.cache().budget();
-        const uint64_t adapted = d.memory->adapt(budget, streamer.pool_held_bytes(), detail::major_faults() - faults0);
+        // A prompt's step was rebased just now, and its major faults are the dense weights' first reads.
+        const uint64_t adapted =
+            prompt ? budget : d.memory->adapt(budget, streamer.pool_held_bytes(), detail::major_faults() - faults0);
         if (adapted != budget) {
             streamer.set_budget(adapted);
         }

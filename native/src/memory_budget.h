@@ -29,6 +29,12 @@ struct Footprint {
     // The compute buffers: sized for the largest batch (a prompt's ubatch), written by a prompt and
     // by little else; a decode touches a small part of them.
     std::vector<Region> scratch;
+    // A batch of many tokens routes to more of a layer's experts than a decode: the layer computed and the
+    // one being read hold that many until the next layer evicts them. The widest layer's bytes per expert
+    // and the routing's counts size it.
+    uint64_t expert_bytes_widest = 0;
+    int n_expert = 0;
+    int n_expert_used = 0;
     uint64_t in_flight_bytes = 0;  // experts resident beyond the cache: the layer computed and the next
     uint64_t mappings_cap_bytes = UINT64_MAX;  // the most the cache can map under vm.max_map_count
 };

@@ -413,6 +413,11 @@ void Streamer::set_budget(uint64_t bytes) {
     }
 }
 
+void Streamer::settle() {
+    release_victims(cache_.evict_over_budget(-1));
+    pool_.trim();
+}
+
 void Streamer::set_layer_active(int layer, bool active) { release_victims(cache_.set_active(layer, active)); }
 
 uint64_t Streamer::pool_held_bytes() const { return pool_.held_units() * pool_.unit(); }

@@ -103,6 +103,9 @@ public:
     // A new cache budget; a smaller one evicts at once and returns the freed pages to the kernel.
     // Only between decodes (no batch in flight).
     void set_budget(uint64_t bytes);
+    // After a prompt: its batches routed to (nearly) every expert of a layer, and the layers last computed
+    // hold more than their share. Evict every layer down to its share and give the pool's free pages back.
+    void settle();
     // A layer that stops running (an MTP head given up on) releases its cached experts and gives its
     // share of the budget to the others; again active when it may run again. Between decodes only.
     void set_layer_active(int layer, bool active);

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import openai
@@ -26,7 +27,7 @@ from bmoe_edge.engine import Engine, StreamConfig
 
 
 def system_prompt(model: Path, n_tokens: int, salt: str) -> str:
-    with Engine(model, StreamConfig(stream=False, ctx=256)) as e:
+    with Engine(model, StreamConfig(ctx=256, batch=64, ubatch=64, cache_mb=0)) as e:  # lazy: reads no experts
         text = salt
         while len(e.tokenize(text)) < n_tokens:
             text += " " + LONG_TEXT
@@ -48,23 +49,28 @@ def start(model: Path, cache_dir: Path, cap: ramcap.MemCap) -> tuple[subprocess.
             return proc, found[1]
 
 
+def metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+        return {k: float(v) for k, v in re.findall(r"^(\w+) (\S+)$", r.read().decode(), re.M)}
+
+
 def ask(url: str, prompt: str) -> dict[str, float]:
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=900)
+    before = metrics(url)
     t0 = time.perf_counter()
     first = None
-    n = 0
-    usage = None
-    for chunk in client.completions.create(model="m", prompt=prompt, max_tokens=16, temperature=0, stream=True,
-                                           stream_options={"include_usage": True}):
+    for chunk in client.completions.create(model="m", prompt=prompt, max_tokens=16, temperature=0, stream=True):
         if chunk.choices and chunk.choices[0].text and first is None:
             first = time.perf_counter() - t0
-        if chunk.choices:
-            n += 1
-        if chunk.usage is not None:
-            usage = chunk.usage
-    cached = usage.prompt_tokens_details.cached_tokens if usage and usage.prompt_tokens_details else -1
-    return {"ttft_s": round(first or -1, 3), "total_s": round(time.perf_counter() - t0, 3),
-            "prompt_tokens": usage.prompt_tokens if usage else -1, "cached_tokens": cached}
+    total = time.perf_counter() - t0
+    after = metrics(url)
+    return {"ttft_s": round(first or -1, 3), "total_s": round(total, 3),
+            "server_ttft_s": round(after["bmoe_time_to_first_token_seconds"], 3),
+            "prompt_tokens": after["bmoe_prompt_tokens_total"] - before["bmoe_prompt_tokens_total"],
+            "cached_tokens": after["bmoe_prompt_tokens_reused_total"] - before["bmoe_prompt_tokens_reused_total"],
+            "prompt_s": round(after["bmoe_prompt_seconds_total"] - before["bmoe_prompt_seconds_total"], 3),
+            "prefill_mib": round((after["bmoe_prefill_bytes_read_total"] - before["bmoe_prefill_bytes_read_total"])
+                                 / 2**20, 1)}
 
 
 def main() -> None:
