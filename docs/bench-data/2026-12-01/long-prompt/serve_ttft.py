@@ -59,7 +59,7 @@ def ask(url: str, prompt: str) -> dict[str, float]:
     before = metrics(url)
     t0 = time.perf_counter()
     first = None
-    for chunk in client.completions.create(model="m", prompt=prompt, max_tokens=16, temperature=0, stream=True):
+    for chunk in client.completions.create(model=client.models.list().data[0].id, prompt=prompt, max_tokens=16, temperature=0, stream=True):
         if chunk.choices and chunk.choices[0].text and first is None:
             first = time.perf_counter() - t0
     total = time.perf_counter() - t0
