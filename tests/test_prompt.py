@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from bmoe_edge.engine import report
+from bmoe_edge.engine.prompt_cache import PromptCache
 from bmoe_edge.engine.session import Engine
 from bmoe_edge.engine.settings import StreamConfig
+from bmoe_edge.errors import BmoeError
 from bmoe_edge.synthetic import tinymoe
 
 from conftest import assert_clean_error, run_cli
@@ -103,3 +105,13 @@ def test_serve_restores_a_long_system_prompt_for_a_new_conversation_and_after_a_
     other = tinymoe.fixture("olmoe", "Q8_0")
     assert_clean_error(run_cli("serve", "-m", str(other), "--port", "0", "--prompt-cache", str(cache)),
                        "another model or other settings")
+
+
+@pytest.mark.parametrize("record", ['{"format": "bmoe-prompt-cache/1", "identity": "me", "tokens": "x", "digest": 1}',
+                                    '{"format": "bmoe-prompt-cache/1", "identity": "me"}', "[1]", "{", None])
+def test_a_damaged_or_missing_record_is_one_clear_refusal(tmp_path: Path, record: str | None) -> None:
+    (tmp_path / "a.state").write_bytes(b"not a state")
+    if record is not None:
+        (tmp_path / "a.state.json").write_text(record)
+    with pytest.raises(BmoeError, match=r"--prompt-cache .*(damaged|not a|no prompt-cache record)"):
+        PromptCache(tmp_path, "me")

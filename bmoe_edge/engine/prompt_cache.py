@@ -123,10 +123,15 @@ class PromptCache:
             if record["identity"] != self.identity:
                 raise BmoeError(f"--prompt-cache {self.path}: written for another model or other settings "
                                 f"({state.name}); it is not used: give another path or delete it")
-            tokens = [int(t) for t in record["tokens"]]
-            if _tokens_digest(tokens) != record["digest"]:
+            try:
+                tokens = [int(t) for t in record["tokens"]]  # type: ignore[attr-defined]
+                scope = int(record.get("scope", 0))  # type: ignore[arg-type]
+                intact = _tokens_digest(tokens) == record["digest"]
+            except (KeyError, TypeError, ValueError):
+                intact = False
+            if not intact:
                 raise BmoeError(f"--prompt-cache {state}: its record does not match its tokens (damaged); delete it")
-            self._entries.append(_Entry(state, tokens, int(record.get("scope", 0))))
+            self._entries.append(_Entry(state, tokens, scope))
 
     def _read_record(self, state: Path) -> dict[str, object]:
         try:
