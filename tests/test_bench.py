@@ -115,10 +115,11 @@ def test_bench_stream_writes_csvs_summary_and_plots(small_models: dict[str, Path
     out = tmp_path / "stream"
     usable = ramcap.memory_cgroup_v1() is not None or ramcap.cgroup_v2() is not None
     cap = "400" if usable else "0"  # MiB: the tiny model fits; the point is the cap machinery
-    cells = "resident,mmap,off-serial-od4,off-overlap-od1,cache1-overlap-od4,fullcache-serial,fullcache-paired,io-od4"
+    cells = ("resident,mmap,off-serial-od4,off-overlap-od1,cache1-overlap-od4,fullcache-serial,fullcache-paired,io-od4,"
+             "long-prompt-96")
     result = run_cli("bench", "stream", "-m", str(small_models["uniform"]), "--ram-cap", cap, "--tokens", "4",
                      "--repeats", "1", "--budgets", "1", "--cells", cells, "--io-seconds", "0.1",
-                     "--out", str(out), timeout=120)
+                     "--long-prompts", "96", "--out", str(out), timeout=120)
     assert result.returncode == 0, result.stderr
     for name in ("cells.csv", "tokens.csv", "io.csv", "run.json", "summary.md", "targets.json", "tokps.png",
                  "hitrate.png", "split.png"):
@@ -134,6 +135,10 @@ def test_bench_stream_writes_csvs_summary_and_plots(small_models: dict[str, Path
     assert float(by["off-serial-od4"]["bytes_read_per_token"]) > 0
     assert float(by["off-serial-od4"]["copy_bytes_per_token"]) == 0
     assert float(by["fullcache-serial"]["cache_hit_pct"]) == 100.0
+    # A long-prompt cell: its prompt of 96 tokens, what it read against the distinct experts it routed
+    long = by["long-prompt-96"]
+    assert int(long["prompt_tokens"]) == 96 and float(long["ttft_ms"]) >= float(long["prompt_ms"]) > 0
+    assert int(long["prefill_routed_bytes"]) > 0 and int(long["prefill_bytes"]) > 0
     # The paired cell: resident and full cache in one process, token by token, the same tokens.
     assert by["fullcache-paired"]["paired_same_tokens"] == "True"
     assert float(by["fullcache-paired"]["paired_ratio"]) > 0 and float(by["fullcache-paired"]["tok_s"]) > 0

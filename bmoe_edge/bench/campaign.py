@@ -27,10 +27,12 @@ from bmoe_edge.units import MiB
 
 def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_tokens: int, threads: int,
                   budgets_mb: Sequence[float] | None = None,
-                  defaults: Mapping[str, Any] | None = None) -> list[BenchCell]:
+                  defaults: Mapping[str, Any] | None = None,
+                  long_prompts: Mapping[int, Mapping[str, Any]] | None = None) -> list[BenchCell]:
     """The standard matrix: resident warm; mmap under the cap; streamed under the same cap (cache off,
     fixed budgets, auto; 1 vs 4 lanes; pread vs O_DIRECT; overlap on/off); full-cache streamed (P1);
-    the engine's read pattern without compute (io-only)."""
+    the engine's read pattern without compute (io-only); `long_prompts` (prompt tokens -> what `generate`
+    with no knobs does for such a prompt): the long-prompt cells, TTFT, prefill bytes and decode after it."""
     expert_mb = layout.all_expert_bytes / MiB
     ctx = ctx_for(max(tokens, mmap_tokens))
     base = {"threads": threads, "ctx": ctx, "batch": 64, "ubatch": 64}
@@ -58,6 +60,9 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
     if defaults is not None:
         # What `generate -m M -p P` does with no knobs: every setting from the machine's profile.
         cells.append(BenchCell("defaults", "stream", dict(defaults), tokens=tokens, group="stream"))
+    for n, config in (long_prompts or {}).items():
+        cells.append(BenchCell(f"long-prompt-{n}", "stream", dict(config), tokens=tokens, group="stream",
+                               prompt_tokens=n))
     cells += [
         stream("off-serial-od4"),
         stream("off-overlap-od4", overlap=True),
@@ -107,7 +112,10 @@ CELL_COLUMNS = (
     "peak_rss_bytes", "cap_method", "cap_mb", "cap_max_usage_mb", "cap_failcnt",
     "cap_oom_kills", "threads", "io_threads", "read_path", "overlap", "prefetch", "cache_mode", "cache_budget_mb",
     "process_threads", "loadavg_before", "loadavg_after", "load_s", "load_storage_bytes", "distinct_tokens",
-    "stop_reason", "cell_s", "wall_s", "paired_ratio", "paired_mean_ratio", "paired_same_tokens", "warning", "error",
+    "stop_reason", "cell_s", "wall_s", "paired_ratio", "paired_mean_ratio", "paired_same_tokens",
+    # the prompt's step (every engine cell; what the long-prompt cells are for)
+    "prompt_tokens", "prompt_decoded_tokens", "prompt_ms", "prompt_tok_s", "ttft_ms", "prefill_bytes",
+    "prefill_routed_bytes", "prefill_released_bytes", "budget_after_prompt_mb", "ubatch", "warning", "error",
 )
 
 
@@ -115,7 +123,7 @@ def _flatten(record: dict[str, Any], model: str, repeat: int) -> dict[str, Any]:
     run = record.get("run", {})
     out = {"model": model, "repeat": repeat, **{k: v for k, v in record.items() if k != "run"}}
     for key in ("threads", "io_threads", "read_path", "overlap", "prefetch", "cache_mode", "cache_budget_mb",
-                "warning"):
+                "ubatch", "warning"):
         if key in run:
             out[key] = run[key]
     return out
@@ -183,7 +191,7 @@ def stream_campaign(c: Campaign) -> dict[str, Any]:
             random.Random(c.seed * 7919 + rep).shuffle(order)
             for cell in order:
                 cap = make_cap(c.cap_bytes if cell.capped else 0, c.cap_method)
-                timeout = 120 + cell.warmup * 2 + cell.tokens * (30 if cell.kind == "mmap" else 8)
+                timeout = 120 + cell.warmup * 2 + cell.tokens * (30 if cell.kind == "mmap" else 8) + cell.prompt_tokens
                 tokens_csv = raw / f"{cell.label}-r{rep}.csv"
                 record = spawn_cell(cell, c.model, cap, tokens_csv, timeout)
                 flat = _flatten(record, c.model.name, rep)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bmoe_edge.bench.io import io_replay
-from bmoe_edge.bench.machine import PROMPT, drop_page_cache, loadavg, proc_read_bytes, proc_threads
+from bmoe_edge.bench.machine import PROMPT, drop_page_cache, loadavg, long_prompt, proc_read_bytes, proc_threads
 from bmoe_edge.bench.ramcap import MemCap
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.units import MiB
@@ -42,17 +42,20 @@ class BenchCell:
     # Engine cells: a second engine (this config) in the same process, stepped token by token in turn
     # with the cell's own; the record gets the per-token time ratio against it (see _paired_cell).
     against: dict[str, Any] = field(default_factory=dict)
+    prompt_tokens: int = 0  # a long-prompt cell: a prompt of this many tokens (machine.long_prompt), not PROMPT
 
     def spec(self, model: Path, tokens_csv: Path | None) -> dict[str, Any]:
         return {"label": self.label, "kind": self.kind, "model": str(model), "config": self.config,
                 "tokens": self.tokens, "warmup": self.warmup, "io": self.io, "prompt": PROMPT,
+                "prompt_tokens": self.prompt_tokens,
                 "against": self.against, "tokens_csv": str(tokens_csv) if tokens_csv else ""}
 
 
 TOKEN_COLUMNS = ("step", "n_tokens", "wall_ms", "io_ms", "stall_ms", "drain_ms", "compute_ms", "bytes_read",
                  "slice_bytes", "copy_bytes", "cache_lookups", "cache_hits", "evictions", "major_faults",
                  "rss_bytes", "resident_expert_bytes", "storage_bytes", "net_bytes", "read_ahead", "predicted",
-                 "predicted_correct", "ahead_bytes", "ahead_wasted_bytes")
+                 "predicted_correct", "ahead_bytes", "ahead_wasted_bytes", "routed_bytes", "released_bytes",
+                 "cache_budget_bytes")
 
 
 def _engine_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -65,17 +68,31 @@ def _engine_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, A
         info = engine.run_info
         load_s = time.perf_counter() - t0
         load_storage = proc_read_bytes() - io_load0
+        prompt = long_prompt(engine.tokenize, spec["prompt_tokens"]) if spec.get("prompt_tokens") else spec["prompt"]
         if spec["warmup"]:
-            engine.run(spec["prompt"], spec["warmup"])
+            engine.run(prompt, spec["warmup"])
         rows: list[dict[str, Any]] = []
         gen = Generation([])
         prev = proc_read_bytes()
-        for token in engine.generate(spec["prompt"], spec["tokens"], result=gen):
+        for token in engine.generate(prompt, spec["tokens"], result=gen):
             now = proc_read_bytes()
             rows.append(asdict(token.metrics) | {"storage_bytes": now - prev})
             prev = now
         threads = proc_threads()
-    return _generation_record(gen, threads, load_s, info) | {"load_storage_bytes": load_storage}, rows
+    return (_generation_record(gen, threads, load_s, info) | {"load_storage_bytes": load_storage}
+            | _prefill_record(gen, rows)), rows
+
+
+def _prefill_record(gen: Generation, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The prompt's step: tokens, time, the time to the first token, bytes read against the distinct experts
+    routed (one read of each), the compute-buffer memory given back after it and the budget then."""
+    from bmoe_edge.engine import report  # the engine's modules load the native module: in the cell's process only
+
+    out: dict[str, Any] = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in report.prefill(gen).items()}
+    out["prompt_tokens"] = len(gen.prompt_tokens)
+    out["prefill_storage_bytes"] = rows[0].get("storage_bytes", 0) if rows else 0
+    out["budget_after_prompt_mb"] = round(rows[0].get("cache_budget_bytes", 0) / MiB, 1) if rows else 0.0
+    return out
 
 
 def _generation_record(gen: Generation, threads: int, load_s: float, info: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,21 @@ from bmoe_edge.engine import info as engine_info
 from bmoe_edge.units import MiB
 
 PROMPT = "Once upon a time"
+# The long-prompt cells' prompt: this text over and over, cut to the cell's token count (a system prompt, tools
+# and a document: what chat clients send before the first answer token).
+LONG_TEXT = ("You are a helpful assistant. Answer from the document below and say when it does not say. "
+             "The document: the harbour master logs every ship that enters, its cargo, its crew and the hour. ")
+PROMPT_LENGTHS = (16, 64, 512, 2048)  # bench stream's long-prompt cells (16: the short prompt they compare to)
+
+
+def long_prompt(tokenize: Any, n_tokens: int) -> list[int]:
+    """`n_tokens` prompt ids: LONG_TEXT repeated (tokenized once, with the BOS) and cut."""
+    text = LONG_TEXT
+    ids = tokenize(text)
+    while len(ids) < n_tokens:
+        text += LONG_TEXT
+        ids = tokenize(text)
+    return ids[:n_tokens]
 
 
 def drop_page_cache(path: Path) -> None:

@@ -249,8 +249,33 @@ def summary_markdown(out: Path) -> str:
             for size in sorted({int(r["size"]) for r in io_rows}):
                 vals = [med_spread(io_bandwidth(io_rows, mode, size, n), "{:.0f}") for n in (1, 4)]
                 lines.append(f"| {mode} | {size_text(size)} | {vals[0]} | {vals[1]} |")
+    lines += _long_prompt_lines(aggs)
     lines += ["", "## Targets", "", *_targets_lines(t)]
     return "\n".join(lines) + "\n"
+
+
+def _long_prompt_lines(aggs: dict[str, Agg]) -> list[str]:
+    """The long-prompt cells: the prompt's step (medians over repeats) and decode after it against the
+    shortest prompt's decode."""
+    long = sorted((a for a in aggs.values() if a.rows[0].get("prompt_tokens") and a.label.startswith("long-prompt")),
+                  key=lambda a: (a.med("prompt_tokens"), a.label))
+    if not long:
+        return []
+    short = long[0]
+    lines = ["", "## Long prompts (medians over repeats)", "",
+             "| cell | prompt tokens | ubatch | TTFT s | prompt tok/s | prefill MiB | x distinct routed | "
+             f"released MiB | budget after MiB | decode tok/s | x {short.label} |",
+             "|" + "---|" * 11]
+    for a in long:
+        routed = a.med("prefill_routed_bytes")
+        ratio = a.med("prefill_bytes") / routed if routed else 0.0
+        decode = a.tok_s_med / short.tok_s_med if short.tok_s_med else 0.0
+        lines.append(f"| {a.label} | {a.med('prompt_tokens'):.0f} | {a.rows[0].get('ubatch', '') or '-'} | "
+                     f"{a.med('ttft_ms') / 1000:.2f} | {a.med('prompt_tok_s'):.1f} | "
+                     f"{a.med('prefill_bytes') / MiB:.0f} | {ratio:.2f} | "
+                     f"{a.med('prefill_released_bytes') / MiB:.0f} | {a.med('budget_after_prompt_mb'):.0f} | "
+                     f"{a.tok_s_med:.3g} | {decode:.3f} |")
+    return lines
 
 
 KIND_ORDER = {"resident": 0, "mmap": 1, "stream": 2, "io": 3}

@@ -30,12 +30,13 @@ def bench_io_cmd(
     typer.echo(io.io_summary(rows), nl=False)
 
 
-def _machine_defaults(tokens: int) -> dict[str, object]:
-    """The settings `generate -p PROMPT -n TOKENS` uses with no knobs on this machine, as a cell's config."""
+def _machine_defaults(tokens: int, prompt_tokens: int = 0) -> dict[str, object]:
+    """The settings `generate -p PROMPT -n TOKENS` uses with no knobs on this machine, as a cell's config
+    (with `prompt_tokens`: for a prompt of that many tokens)."""
     from bmoe_edge.bench.machine import PROMPT
     from bmoe_edge.engine import settings
 
-    config = machine_config(None, {}, (PROMPT, tokens))
+    config = machine_config(None, {}, (prompt_tokens or PROMPT, tokens))
     return {name: getattr(config, name) for name in settings.config_fields()}
 
 
@@ -54,6 +55,8 @@ def bench_stream_cmd(
     io_seconds: Annotated[float, typer.Option("--io-seconds", help="bench io per cell per repeat (0 = none).")] = 2.0,
     routing_tokens: Annotated[int, typer.Option("--routing-tokens",
                                                 help="Trace the routing first (the engine's route trace).")] = 0,
+    long_prompts: Annotated[str, typer.Option("--long-prompts", help="The long-prompt cells' prompt lengths, "
+                                              "tokens (comma list; empty: none).")] = "16,64,512,2048",
     host: Annotated[str | None, typer.Option("--host", help="Run on a board (not implemented here).")] = None,
 ) -> None:
     """Streamed vs llama.cpp mmap under a RAM cap, interleaved and repeated: CSVs, summary.md, plots."""
@@ -66,7 +69,8 @@ def bench_stream_cmd(
     matrix = campaign.default_cells(model_layout, cap, tokens=tokens, mmap_tokens=mmap_tokens or tokens,
                                     threads=threads,
                                     budgets_mb=[float(b) for b in budgets.split(",")] if budgets else None,
-                                    defaults=_machine_defaults(tokens))
+                                    defaults=_machine_defaults(tokens),
+                                    long_prompts={n: _machine_defaults(tokens, n) for n in _lengths(long_prompts)})
     if cells:
         wanted = [c.strip() for c in cells.split(",")]
         unknown = sorted(set(wanted) - {c.label for c in matrix})
@@ -76,6 +80,16 @@ def bench_stream_cmd(
     campaign.stream_campaign(campaign.Campaign(model, out, cap, cap_method, matrix, repeats, io_seconds=io_seconds,
                                          routing_tokens=routing_tokens))
     typer.echo(results.write_summary(out).read_text(), nl=False)
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        lengths = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        fail(f"--long-prompts {text!r}: a comma list of token counts")
+    if any(n < 2 for n in lengths):
+        fail(f"--long-prompts {text!r}: a prompt has at least 2 tokens")
+    return lengths
 
 
 @bench_app.command("summary")

@@ -40,6 +40,8 @@ class TokenMetrics:
     ahead_bytes: int = 0         # bytes read for guesses
     ahead_wasted_bytes: int = 0  # ... for guesses the router did not choose
     net_bytes: int = 0       # RPC: bytes sent to and received from the workers in this step
+    routed_bytes: int = 0    # bytes of the distinct experts this step routed to (each counted once)
+    released_bytes: int = 0  # a prompt's step: compute-buffer memory given back to the cache after it
 
 
 @dataclass(frozen=True)
@@ -90,3 +92,4 @@ class Generation:
     logits: list[bytes] = field(default_factory=list)
     stop_reason: str = ""  # "max_tokens", "end_of_generation", "context_full"
     reused_tokens: int = 0  # prompt tokens whose keys and values the context already held
+    ttft_ms: float = 0.0    # from the call to the first token: tokenizing, restoring, the prompt's decode

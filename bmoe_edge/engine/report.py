@@ -48,7 +48,7 @@ def summary(gen: Generation, run_info: dict[str, object]) -> dict[str, object]:
         "prompt_tokens": len(gen.prompt_tokens),
         "generated_tokens": len(gen.tokens),
         "stop_reason": gen.stop_reason,
-        "prompt_ms": gen.metrics[0].wall_ms if gen.metrics else 0.0,
+        **prefill(gen),
         "decode_tok_s": 1000.0 * n_decode / decode_ms if decode_ms > 0 else 0.0,
         "bytes_read": sum(m.bytes_read for m in gen.metrics),
         "bytes_read_per_token": sum(m.bytes_read for m in decode) / n_decode if n_decode else 0.0,
@@ -73,6 +73,33 @@ def summary(gen: Generation, run_info: dict[str, object]) -> dict[str, object]:
         "net_bytes_per_token": sum(m.net_bytes for m in decode) / n_decode if n_decode else 0.0,
         "run": run_info,
     }
+
+
+def prefill(gen: Generation) -> dict[str, float | int]:
+    """The prompt's step: what it decoded (the prompt less what the context held), how fast, what it read
+    against the distinct experts it routed to (one read of each), and the time to the first token."""
+    first = gen.metrics[0] if gen.metrics else None
+    ms = first.wall_ms if first else 0.0
+    decoded = first.n_tokens if first else 0
+    return {
+        "prompt_reused_tokens": gen.reused_tokens,
+        "prompt_decoded_tokens": decoded,
+        "prompt_ms": ms,
+        "prompt_tok_s": 1000.0 * decoded / ms if ms > 0 else 0.0,
+        "prefill_bytes": first.bytes_read if first else 0,
+        "prefill_routed_bytes": first.routed_bytes if first else 0,
+        "prefill_released_bytes": first.released_bytes if first else 0,
+        "ttft_ms": gen.ttft_ms,
+    }
+
+
+def prefill_line(s: dict[str, object]) -> str:
+    routed = int(str(s["prefill_routed_bytes"]))
+    ratio = f", {int(str(s['prefill_bytes'])) / routed:.2f}x the distinct experts routed" if routed else ""
+    return (f"prompt: {s['prompt_tokens']} tokens ({s['prompt_reused_tokens']} reused), "
+            f"{s['prompt_decoded_tokens']} decoded in {float(str(s['prompt_ms'])):.0f} ms "
+            f"({float(str(s['prompt_tok_s'])):.1f} tok/s); read {int(str(s['prefill_bytes'])) / 2**20:.1f} MiB{ratio}; "
+            f"first token after {float(str(s['ttft_ms'])):.0f} ms")
 
 
 def memory_line(run: dict[str, object]) -> str:
@@ -114,6 +141,7 @@ def summary_text(s: dict[str, object]) -> str:
         f"hit {float(s['cache_hit_pct']):.1f}%; stall {float(s['stall_ms']):.0f} ms; "
         f"peak RSS {int(s['peak_rss_bytes']) / 2**20:.0f} MiB; stop: {s['stop_reason']}",
     ]
+    lines.append(prefill_line(s))
     if int(s.get("net_bytes", 0)):
         lines.append(f"RPC network: {int(s['net_bytes']) / 2**20:.2f} MiB, "
                      f"{float(s['net_bytes_per_token']) / 2**10:.1f} KiB/token")

@@ -22,19 +22,28 @@ def _align_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-def fit_to_job(config: StreamConfig, prompt: str, max_tokens: int, fixed: Collection[str] = ()) -> StreamConfig:
+def fit_to_job(config: StreamConfig, prompt: str | int, max_tokens: int, fixed: Collection[str] = ()) -> StreamConfig:
     """`generate` is one job of a known size: a context and a batch no larger than it can use leave
     their memory to the expert cache. The KV cache is written in full when the context is made and the
     compute buffers are sized for the batch; on the 3 GB preset under a 1142 MiB cap the table's
     ctx 2048 and batch 512 took ~150 MiB that a 64-token answer never uses. A token spans at least one
     byte of the prompt, so the prompt's bytes (plus the special tokens added around it) bound its
     tokens; speculative drafts need room for one verification batch. Settings given on the command
-    line or by the board profile (`fixed`) are kept, and nothing grows past the table's value."""
-    prompt_tokens = len(prompt.encode("utf-8")) + 8
+    line or by the board profile (`fixed`) are kept, and nothing grows past the table's value. `prompt`: its
+    text, or its token count where that is known (a benchmark's prompt of N tokens).
+
+    A long prompt keeps the batch it is decoded in (up to 512): the compute buffers that batch writes go back
+    to the expert cache once the prompt is in (docs/memory.md), and fewer ubatches read the routed experts
+    fewer times."""
+    exact = isinstance(prompt, int)
+    prompt_tokens = prompt if exact else len(prompt.encode("utf-8")) + 8
     drafts = config.draft_max + 1
     sized = {}
     if "ctx" not in fixed:
-        sized["ctx"] = min(config.ctx, _align_up(prompt_tokens + max_tokens + drafts, 256))
+        # A known token count that needs more than the table's context gets it (the job asked for it); a
+        # bound from bytes does not (it can be four times the tokens, and the KV cache is written whole).
+        needed = _align_up(prompt_tokens + max_tokens + drafts, 256)
+        sized["ctx"] = needed if exact else min(config.ctx, needed)
     if "batch" not in fixed:  # never below a physical batch that was given (llama.cpp would clamp it)
         needed = max(64, _align_up(max(prompt_tokens, drafts), 64), config.ubatch if "ubatch" in fixed else 0)
         sized["batch"] = min(config.batch, needed)
@@ -56,7 +65,7 @@ def generate(model: Path, prompt: str, max_tokens: int, config: StreamConfig, sa
              arch_warning: Callable[[str], str] | None = None) -> Generation:
     """Print tokens as they come (text, or one JSON object per token), then a summary. `arch_warning`
     (architecture -> a warning or "") is said on stderr for a streamed run."""
-    with Engine(model, config) as engine:
+    with Engine(model, config, prompt_cache_kind="file") as engine:
         info = engine.run_info
         warning = arch_warning(str(info["architecture"])) if arch_warning and info["streaming"] else ""
         if warning:
@@ -68,7 +77,9 @@ def generate(model: Path, prompt: str, max_tokens: int, config: StreamConfig, sa
         csv_out = report.MetricsCsv(outputs.csv_path, info) if outputs.csv_path else None
         result = Generation([])
         try:
-            for token in engine.generate(prompt, max_tokens, sampling, result=result):
+            # With --prompt-cache FILE the context starts from the file's prompt where it fits this one.
+            for token in engine.generate(prompt, max_tokens, sampling, result=result,
+                                         reuse_kv=engine.prompt_cache is not None):
                 if outputs.as_json:
                     print(report.json_line({"type": "token", "id": token.id, "text": token.text}), file=out,
                           flush=True)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from bmoe_edge.engine import chat, checksums, native, rpc
+from bmoe_edge.engine import chat, checksums, native, prompt_cache, rpc
 from bmoe_edge.engine.generation import Generation, PositionLogprobs, Sampling, Token, TokenMetrics
 from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
@@ -48,7 +49,11 @@ class Engine:
     (and fails again at once if the model file changed). A prompt is text: special-token names in
     it stay text unless the config says `parse_special`."""
 
-    def __init__(self, model_path: str | Path, config: StreamConfig | None = None) -> None:
+    def __init__(self, model_path: str | Path, config: StreamConfig | None = None, *,
+                 prompt_cache_kind: str = "") -> None:
+        """`prompt_cache_kind`: how the config's prompt_cache is kept — "file" (one prompt: generate), "dir"
+        (one file per long prompt; a private temporary directory where the config names none: serve), or ""
+        (a directory only where the config names one)."""
         self.config = config or StreamConfig()
         n = native.load()
         if self.config.rpc:
@@ -62,6 +67,16 @@ class Engine:
         with native.engine_errors():
             self._native = n.Engine(str(model_path), native_config)
         self._step = n.StepResult
+        self.prompt_cache: prompt_cache.PromptCache | None = None
+        self.prompt_scope = 0  # whose prompts the cache may restore (serve: the tenant)
+        if self.config.prompt_cache or prompt_cache_kind == "dir":
+            try:
+                identity = prompt_cache.model_identity(Path(model_path), self.config, n.build_info().llama_commit)
+                path = Path(self.config.prompt_cache) if self.config.prompt_cache else None
+                self.prompt_cache = prompt_cache.PromptCache(path, identity, single=prompt_cache_kind == "file")
+            except BaseException:
+                self.close()
+                raise
 
     def __enter__(self) -> Engine:
         return self
@@ -75,6 +90,8 @@ class Engine:
             if self._native is not None:
                 self._native.close()
             self._native = None
+            if getattr(self, "prompt_cache", None) is not None:
+                self.prompt_cache.close()
 
     @property
     def run_info(self) -> dict[str, object]:
@@ -164,12 +181,19 @@ class Engine:
         reuse_kv: bool = False,
     ) -> Iterator[Token]:
         """Yield tokens as they are generated; `result` (if given) is filled in along the way.
-        `reuse_kv` keeps the context's longest common prefix with the prompt (decoding only the rest)."""
+        `reuse_kv` keeps the context's longest common prefix with the prompt (decoding only the rest). With a
+        prompt cache, a longer prefix it holds (in this `prompt_scope`) is restored first, and a long prompt is
+        kept there once decoded."""
+        started = time.perf_counter()
         self._live()
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         params = (sampling or Sampling()).to_native()
         out = result if result is not None else Generation(prompt_ids)
         out.prompt_tokens = prompt_ids
+        cache = self.prompt_cache
+        if cache is not None:
+            held = prompt_cache.common_prefix(self.context_tokens, prompt_ids) if reuse_kv else 0
+            reuse_kv = cache.restore(self, prompt_ids, self.prompt_scope, held) > 0 or reuse_kv
         with self._using() as engine, native.engine_errors():
             out.reused_tokens = engine.begin(prompt_ids, params, logits, reuse_kv)
         pending = b""
@@ -181,6 +205,11 @@ class Engine:
                 out.stop_reason = "context_full"
                 return
             metrics = _metrics(step.metrics)
+            if not out.metrics:
+                out.ttft_ms = 1000 * (time.perf_counter() - started)
+                if cache is not None and metrics.n_tokens >= cache.min_tokens:
+                    with self._using(), native.engine_errors():
+                        cache.store(self, prompt_ids, self.prompt_scope)
             out.metrics.append(metrics)
             if logits:
                 out.logits.append(step.logits)

@@ -27,6 +27,9 @@ PROMPTS = (
     "The quick brown fox jumps over the lazy dog. Once upon a time",
     "In a small village by the sea, an old sailor said",
 )
+# A prompt longer than the pinned batch (64): its decode runs in several ubatches, then the compute buffers
+# it wrote are given back (memory.md) and the decodes after it run in them again.
+LONG_PROMPTS = (" ".join(f"Line {i}: the fox, the dog and the sailor met by the sea." for i in range(12)),)
 STEPS = 24
 QUICK_STEPS = 12
 DRAFT_MAX = 6
@@ -46,6 +49,7 @@ class StreamCase:
     overrides: dict = field(default_factory=dict)
     generations: int = 1  # >1: several generations in one engine, the cache kept between them
     echo: bool = False  # the prompts repeat the model's own continuation (speculative drafts get accepted)
+    long_prompt: bool = False  # LONG_PROMPTS instead of PROMPTS
 
 
 CASES: dict[str, StreamCase] = {c.name: c for c in (
@@ -72,6 +76,7 @@ CASES: dict[str, StreamCase] = {c.name: c for c in (
     # Read-ahead: guesses adopted while landing (overlap, nothing cached), or waited for (serial).
     StreamCase("prefetch-overlap", overrides={"overlap": True, "prefetch": "predict"}),
     StreamCase("prefetch-serial-cache-small", cache=0.3, overrides={"prefetch": "predict"}),
+    StreamCase("long-prompt", cache=0.3, generations=2, long_prompt=True, overrides={"overlap": True}),
 )}
 
 
@@ -248,7 +253,8 @@ def check_cell(cell: GateCell, model: Path, resident: list[Generation], all_expe
              steps: int, plain: list[Generation] | None = None) -> CellResult:
     spec = cell.fixture
     result = CellResult(spec.label, spec.quant, spec.split, cell.case.name, passed=False)
-    prompts = [g.prompt_tokens for g in resident] if cell.case.echo else PROMPTS
+    prompts = [g.prompt_tokens for g in resident] if cell.case.echo else LONG_PROMPTS if cell.case.long_prompt \
+        else PROMPTS
     try:
         with Engine(model, stream_config(cell.case, all_expert_bytes)) as engine:
             streamed = _generate(engine, cell.case.generations, steps, prompts)
@@ -290,14 +296,15 @@ def run_gates(cells: Iterable[GateCell], resolve: Callable[[FixtureSpec], Path],
         model = resolve(spec)
         all_expert_bytes = info.model_summary(model).expert_bytes
         most = max(c.case.generations for c in group)
-        resident: dict[tuple[int, bool, str], list[Generation]] = {}
+        resident: dict[tuple[int, bool, str, bool], list[Generation]] = {}
 
-        def baseline(threads: int, echo: bool, speculative: str, model: Path = model, most: int = most,
-                     resident: dict = resident) -> list[Generation]:
-            """Resident runs by the knobs cases change: threads, echoed prompts, speculation."""
-            key = (threads, echo, speculative)
+        def baseline(threads: int, echo: bool, speculative: str, long_prompt: bool = False, model: Path = model,
+                     most: int = most, resident: dict = resident) -> list[Generation]:
+            """Resident runs by the knobs cases change: threads, echoed prompts, speculation, long prompts."""
+            key = (threads, echo, speculative, long_prompt)
             if key not in resident:
-                prompts = echo_prompts(baseline(threads, False, "off")) if echo else PROMPTS
+                prompts = echo_prompts(baseline(threads, False, "off")) if echo else \
+                    LONG_PROMPTS if long_prompt else PROMPTS
                 config = replace(BASE, stream=False, threads=threads, speculative=speculative)
                 with Engine(model, config) as engine:
                     resident[key] = _generate(engine, most, steps, prompts)
@@ -305,11 +312,11 @@ def run_gates(cells: Iterable[GateCell], resolve: Callable[[FixtureSpec], Path],
 
         for cell in group:
             config = stream_config(cell.case, all_expert_bytes)
-            same = baseline(config.threads, cell.case.echo, config.speculative)
+            same = baseline(config.threads, cell.case.echo, config.speculative, cell.case.long_prompt)
             # Speculation verifies drafts in batched decodes, whose float rounding may differ from one
             # token at a time: its logits are compared with a resident run that speculates too, its
             # tokens also with plain decoding.
-            plain = baseline(config.threads, cell.case.echo, "off")
+            plain = baseline(config.threads, cell.case.echo, "off", cell.case.long_prompt)
             yield check_cell(cell, model, same, all_expert_bytes, steps, plain)
 
 

@@ -110,7 +110,7 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
             "use the model")
     name = model_id or model.name
     try:
-        with Engine(model, config) as engine:
+        with Engine(model, config, prompt_cache_kind="dir") as engine:  # long prompts kept (docs/serve.md)
             worker = Worker(engine, queue_size=queue_size, template=template, parse_special=parse_special)
             native.load().set_fatal_listener(worker.fatal)
             if worker.template.note:

@@ -61,6 +61,10 @@ class Stats:
     completion_tokens: int = 0
     decode_seconds: float = 0.0
     last_tok_s: float = 0.0
+    prompt_seconds: float = 0.0     # the prompts' decodes (what the context did not hold)
+    prefill_bytes: int = 0          # bytes read while decoding prompts
+    last_prompt_tok_s: float = 0.0
+    last_ttft_seconds: float = 0.0  # from the engine taking the job to its first token
     bytes_read: int = 0
     stall_ms: float = 0.0
     cache_lookups: int = 0
@@ -73,6 +77,11 @@ class Stats:
         self.reused_tokens += reply.reused_tokens
         self.completion_tokens += reply.completion_tokens
         decode = reply.metrics[1:]  # the first step decodes the prompt
+        if reply.metrics:
+            first = reply.metrics[0]
+            self.prompt_seconds += first.wall_ms / 1000
+            self.prefill_bytes += first.bytes_read
+            self.last_prompt_tok_s = 1000 * first.n_tokens / first.wall_ms if first.wall_ms > 0 else 0.0
         if decode:
             ms = sum(m.wall_ms for m in decode)
             self.decode_seconds += ms / 1000
@@ -241,6 +250,7 @@ class Worker:
         reply = chat.Reply()
         reuse = job.request.tenant == self._context_tenant
         self._context_tenant = job.request.tenant
+        self.engine.prompt_scope = job.request.tenant  # the prompt cache restores only this tenant's prompts
         try:
             answer = self._answer(job.request, reply, reuse)
         except BmoeError as exc:  # the request itself is wrong: the client's error
@@ -250,8 +260,11 @@ class Worker:
             self.stats.failures += 1
             job.deliver(("error", (500, _fault(exc))))
             return
+        started, first = time.perf_counter(), True
         try:
             for delta in answer:
+                if first:
+                    self.stats.last_ttft_seconds, first = time.perf_counter() - started, False
                 if job.cancelled.is_set():
                     self.stats.cancelled += 1
                     job.deliver(("error", (503, "the server is shutting down") if self.closing

@@ -194,7 +194,7 @@ NB_MODULE(_native, m) {
         BMOE_RO(TokenMetrics, pool_bytes) BMOE_RO(TokenMetrics, drafted) BMOE_RO(TokenMetrics, accepted)
         BMOE_RO(TokenMetrics, dropped) BMOE_RO(TokenMetrics, read_ahead) BMOE_RO(TokenMetrics, predicted) BMOE_RO(TokenMetrics, predicted_correct)
         BMOE_RO(TokenMetrics, ahead_bytes) BMOE_RO(TokenMetrics, ahead_wasted_bytes)
-        BMOE_RO(TokenMetrics, net_bytes);
+        BMOE_RO(TokenMetrics, net_bytes) BMOE_RO(TokenMetrics, routed_bytes) BMOE_RO(TokenMetrics, released_bytes);
 
     nb::class_<bmoe::RunInfo>(m, "RunInfo")
         BMOE_RO(RunInfo, model) BMOE_RO(RunInfo, architecture) BMOE_RO(RunInfo, n_layer) BMOE_RO(RunInfo, n_expert)

@@ -446,8 +446,8 @@ void Engine::Impl::size_cache() {
         file->drop_unmapped_page_cache();
     }
     detail::Footprint footprint;
-    for (const auto & [data, size] : seam->runtime_buffers()) {
-        footprint.to_touch.push_back({data, size});
+    for (const detail::RuntimeBuffer & b : seam->runtime_buffers()) {
+        (b.scratch ? footprint.scratch : footprint.to_touch).push_back({b.data, b.size});
     }
     if (config.dense == DenseMode::Mmap) {  // with dense=anon they were read into the mirror already
         for (const auto & c : seam->captured()) {
@@ -460,6 +460,9 @@ void Engine::Impl::size_cache() {
     for (int l = 0; l < streamer.n_layers(); ++l) {
         widest_layer = std::max(widest_layer, streamer.bytes_per_expert(l));
     }
+    footprint.expert_bytes_widest = widest_layer;
+    footprint.n_expert = info.n_expert;
+    footprint.n_expert_used = info.n_expert_used;
     const auto projections = static_cast<uint64_t>(info.streamed_tensors / std::max(1, streamer.n_layers()));
     // The layer being computed and the one being read (overlap), and with read-ahead the next
     // layer's guesses, each slice rounded out to units.

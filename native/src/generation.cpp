@@ -412,7 +412,34 @@ bool Engine::Impl::step_once(StepResult & out) {
     std::vector<llama_token> batch(d.pending);
     batch.insert(batch.end(), draft.begin(), draft.end());
     out.metrics.n_tokens = static_cast<int>(batch.size());
+    // A prompt's batch writes compute buffers sized for it that no decode after it needs: room is
+    // made for them first, and they go back to the cache once the prompt is in (docs/memory.md).
+    const bool prompt = d.pending.size() > 1 && d.streaming.streamer && d.memory && !d.rpc;
+    if (prompt) {
+        detail::Streamer & streamer = *d.streaming.streamer;
+        const uint64_t budget = streamer.cache().budget();
+        const uint64_t room = d.memory->before_prompt(budget, streamer.pool_held_bytes(),
+                                                      static_cast<int>(batch.size()), d.config.ubatch);
+        if (room != budget) {
+            streamer.set_budget(room);
+        }
+        d.seam->begin_decode();
+    }
     d.decode(batch, !draft.empty());
+    if (prompt) {
+        detail::Streamer & streamer = *d.streaming.streamer;
+        std::vector<detail::Region> scratch;
+        for (const detail::RuntimeBuffer & b : d.seam->last_scratch()) {
+            scratch.push_back({b.data, b.size});
+        }
+        const uint64_t budget = streamer.cache().budget();
+        streamer.settle();  // the layers the prompt left over their share, and the pool's spare pages
+        const uint64_t after = d.memory->after_prompt(budget, streamer.pool_held_bytes(), scratch);
+        if (after != budget) {
+            streamer.set_budget(after);
+        }
+        out.metrics.released_bytes = d.memory->released_bytes();
+    }
     if (d.route_trace) {
         d.route_trace->end_step();
     }
@@ -446,10 +473,13 @@ bool Engine::Impl::step_once(StepResult & out) {
         out.metrics.predicted_correct = c.predicted_correct;
         out.metrics.ahead_bytes = c.ahead_bytes;
         out.metrics.ahead_wasted_bytes = c.ahead_wasted_bytes;
+        out.metrics.routed_bytes = c.routed_bytes;
         detail::Streamer & streamer = *d.streaming.streamer;
         out.metrics.resident_expert_bytes = streamer.resident_expert_bytes();
         const uint64_t budget = streamer.cache().budget();
-        const uint64_t adapted = d.memory->adapt(budget, streamer.pool_held_bytes(), detail::major_faults() - faults0);
+        // A prompt's step was rebased just now, and its major faults are the dense weights' first reads.
+        const uint64_t adapted =
+            prompt ? budget : d.memory->adapt(budget, streamer.pool_held_bytes(), detail::major_faults() - faults0);
         if (adapted != budget) {
             streamer.set_budget(adapted);
         }

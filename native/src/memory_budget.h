@@ -25,7 +25,16 @@ struct Region {
 };
 
 struct Footprint {
-    std::vector<Region> to_touch;  // runtime buffers and (dense=mmap) dense weights
+    std::vector<Region> to_touch;  // the KV cache and (dense=mmap) dense weights
+    // The compute buffers: sized for the largest batch (a prompt's ubatch), written by a prompt and
+    // by little else; a decode touches a small part of them.
+    std::vector<Region> scratch;
+    // A batch of many tokens routes to more of a layer's experts than a decode: the layer computed and the
+    // one being read hold that many until the next layer evicts them. The widest layer's bytes per expert
+    // and the routing's counts size it.
+    uint64_t expert_bytes_widest = 0;
+    int n_expert = 0;
+    int n_expert_used = 0;
     uint64_t in_flight_bytes = 0;  // experts resident beyond the cache: the layer computed and the next
     uint64_t mappings_cap_bytes = UINT64_MAX;  // the most the cache can map under vm.max_map_count
 };
@@ -68,6 +77,12 @@ public:
     uint64_t adapt(uint64_t current, uint64_t pool_held, uint64_t step_major_faults, const MemoryReading & reading,
                    uint64_t pending, Clock::time_point now);
 
+    // The budget the memory affords now, without adapt's hysteresis or its wait: for the engine's
+    // own foreseen moves (a prompt's compute buffers about to be written, or just given back), which
+    // are not pressure. `current` where the budget does not adapt (the cache is off).
+    uint64_t rebase(uint64_t current, uint64_t pool_held, const MemoryReading & reading, uint64_t pending,
+                    Clock::time_point now);
+
     bool adaptive() const { return adaptive_; }
 
     // What a cgroup could still give this process: its limit less its usage, plus the page cache the
@@ -101,6 +116,15 @@ public:
     BudgetReport initial(const MemoryReading & reading);
     // While running (call once per token; it reads memory at most every few hundred ms).
     uint64_t adapt(uint64_t current, uint64_t pool_held, uint64_t step_major_faults);
+    // Around a prompt of `n_tokens` (a batch of more than one token, physical batch `ubatch`): before,
+    // the budget leaves room for the share of the compute buffers such a batch writes (at open they
+    // are counted whole); after, the compute buffers' pages the last graph ran in (`scratch`, the
+    // seam's) are given back to the kernel and the budget takes them at once. A prompt's ubatch of
+    // 512 tokens wrote ~200 MiB there on the 3 GB preset that the decodes after it never touch again.
+    uint64_t before_prompt(uint64_t current, uint64_t pool_held, int n_tokens, int ubatch);
+    uint64_t after_prompt(uint64_t current, uint64_t pool_held, const std::vector<Region> & scratch);
+    // Bytes given back by the last after_prompt.
+    uint64_t released_bytes() const { return released_; }
 
     bool adaptive() const { return policy_.adaptive(); }
 
@@ -109,6 +133,8 @@ private:
 
     Footprint footprint_;
     BudgetPolicy policy_;
+    double scratch_share_ = 1.0;  // of the compute buffers' untouched bytes, what the next graph may write
+    uint64_t released_ = 0;
 };
 
 std::string mib(uint64_t bytes);

@@ -56,7 +56,11 @@ bool Seam::on_ask(ggml_tensor * t) {
             capture_sources(t);
             return warm_up_hint_ && starts_with(t->name, kTopkPrefix);  // otherwise observe only
         case Mode::Stream:
-            return starts_with(t->name, kTopkPrefix) && streams_layer(t->name);
+            if (starts_with(t->name, kTopkPrefix) && streams_layer(t->name)) {
+                note_scratch(t);
+                return true;
+            }
+            return false;
         case Mode::Off:
             return false;
     }
@@ -79,12 +83,29 @@ void Seam::note_runtime_buffer(const ggml_tensor * t) {
         return;
     }
     const void * base = ggml_backend_buffer_get_base(buffer);
-    for (const auto & [known, size] : runtime_buffers_) {
-        if (known == base) {
+    for (const RuntimeBuffer & known : runtime_buffers_) {
+        if (known.data == base) {
             return;
         }
     }
-    runtime_buffers_.emplace_back(base, ggml_backend_buffer_get_size(buffer));
+    runtime_buffers_.push_back({base, ggml_backend_buffer_get_size(buffer),
+                                ggml_backend_buffer_get_usage(buffer) == GGML_BACKEND_BUFFER_USAGE_COMPUTE});
+}
+
+void Seam::note_scratch(const ggml_tensor * t) {
+    const ggml_tensor * owner = t->view_src != nullptr ? t->view_src : t;
+    ggml_backend_buffer_t buffer = owner->buffer;
+    if (buffer == nullptr || !ggml_backend_buffer_is_host(buffer) ||
+        ggml_backend_buffer_get_usage(buffer) != GGML_BACKEND_BUFFER_USAGE_COMPUTE) {
+        return;
+    }
+    const void * base = ggml_backend_buffer_get_base(buffer);
+    for (const RuntimeBuffer & known : last_scratch_) {
+        if (known.data == base) {
+            return;
+        }
+    }
+    last_scratch_.push_back({base, ggml_backend_buffer_get_size(buffer), true});
 }
 
 void Seam::capture_sources(ggml_tensor * node) {

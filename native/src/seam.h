@@ -36,6 +36,14 @@ struct CapturedTensor {
     bool host = true;            // in this process's memory; false: on an RPC worker (never streamed)
 };
 
+// A host buffer the graph computes in besides the weights. `scratch`: one of the scheduler's compute
+// buffers (what a graph writes and the next one overwrites), as opposed to the KV cache.
+struct RuntimeBuffer {
+    const void * data = nullptr;
+    uint64_t size = 0;
+    bool scratch = false;
+};
+
 class NextLayerPredictor;
 class ColdDropper;
 
@@ -79,9 +87,14 @@ public:
     std::string take_error();
 
     const std::vector<CapturedTensor> & captured() const { return captured_; }
-    // The host buffers the graph computes in besides the weights (KV cache, compute buffers),
-    // as (base, bytes): memory the process holds even where the warm-up has not touched it yet.
-    const std::vector<std::pair<const void *, uint64_t>> & runtime_buffers() const { return runtime_buffers_; }
+    // The host buffers the graph computes in besides the weights (KV cache, compute buffers), seen in
+    // the warm-up: memory the process holds even where the warm-up has not touched it yet.
+    const std::vector<RuntimeBuffer> & runtime_buffers() const { return runtime_buffers_; }
+    // The compute buffers the last streamed decode's graph ran in (noted at its routers; cleared by
+    // begin_decode). Only these may be given back after a prompt: a buffer llama.cpp reallocated
+    // since the warm-up is freed memory, and the graph that just ran proves these are live.
+    void begin_decode() { last_scratch_.clear(); }
+    const std::vector<RuntimeBuffer> & last_scratch() const { return last_scratch_; }
     const Recipe & recipe() const { return recipe_; }
 
     // Throws bmoe::Error unless the tensor sits in llama.cpp's plain CPU buffer with exactly the
@@ -96,6 +109,7 @@ private:
     void capture_sources(ggml_tensor * t);
     bool adopt_expert_name(CapturedTensor & c);
     void note_runtime_buffer(const ggml_tensor * t);
+    void note_scratch(const ggml_tensor * t);
     // ids_ = the routed ids of a computed ffn_moe_topk node; throws bmoe::Error where unreadable.
     int read_ids(ggml_tensor * t);
 
@@ -106,7 +120,8 @@ private:
     std::string error_;
     std::vector<CapturedTensor> captured_;
     std::unordered_map<const ggml_tensor *, size_t> seen_;
-    std::vector<std::pair<const void *, uint64_t>> runtime_buffers_;
+    std::vector<RuntimeBuffer> runtime_buffers_;
+    std::vector<RuntimeBuffer> last_scratch_;
     std::vector<int> ids_;
     ReadAhead read_ahead_;
     std::unique_ptr<NextLayerPredictor> predictor_;

@@ -161,6 +161,9 @@ std::vector<int> Streamer::admit(int layer, const std::vector<int> & routed, std
     adopted.clear();
     for (int e : experts) {
         ++counters_.lookups;
+        if (routed_.insert((static_cast<uint64_t>(layer) << 32) | static_cast<uint32_t>(e)).second) {
+            counters_.routed_bytes += bytes_per_expert(layer);
+        }
         if (cache_.touch({layer, e})) {
             ++counters_.hits;
         } else if (staged(layer, e)) {
@@ -450,6 +453,11 @@ void Streamer::set_budget(uint64_t bytes) {
     }
 }
 
+void Streamer::settle() {
+    release_victims(cache_.evict_over_budget(-1));
+    pool_.trim();
+}
+
 void Streamer::set_layer_active(int layer, bool active) { release_victims(cache_.set_active(layer, active)); }
 
 uint64_t Streamer::pool_held_bytes() const { return pool_.held_units() * pool_.unit(); }
@@ -458,6 +466,7 @@ StreamCounters Streamer::take_counters() {
     StreamCounters out = counters_;
     out.stall_ms += static_cast<double>(stall_ns_.exchange(0)) / 1e6 / compute_threads_;
     counters_ = StreamCounters{};
+    routed_.clear();
     return out;
 }
 

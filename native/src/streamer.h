@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -55,6 +56,9 @@ struct StreamCounters {
     uint64_t predicted_correct = 0;
     uint64_t ahead_bytes = 0;
     uint64_t ahead_wasted_bytes = 0;
+    // The bytes of the distinct experts routed since the last take (a prompt's ubatches route to
+    // the same experts again: what one read of each would cost).
+    uint64_t routed_bytes = 0;
 };
 
 // The lanes' view of one read-ahead batch: which (tensor, expert) each job fills, whether it
@@ -99,6 +103,9 @@ public:
     // A new cache budget; a smaller one evicts at once and returns the freed pages to the kernel.
     // Only between decodes (no batch in flight).
     void set_budget(uint64_t bytes);
+    // After a prompt: its batches routed to (nearly) every expert of a layer, and the layers last computed
+    // hold more than their share. Evict every layer down to its share and give the pool's free pages back.
+    void settle();
     // A layer that stops running (an MTP head given up on) releases its cached experts and gives its
     // share of the budget to the others; again active when it may run again. Between decodes only.
     void set_layer_active(int layer, bool active);
@@ -155,6 +162,7 @@ private:
     ExpertCache cache_;
     ReadLanes & lanes_;
     StreamCounters counters_;
+    std::unordered_set<uint64_t> routed_;  // (layer, expert) routed since the last take_counters
     int compute_threads_ = 1;
     double io_timeout_s_ = 0;
     // Batches timed out on the I/O deadline: a lane may still be in their reads, so the slices whose

@@ -224,3 +224,24 @@ POLICY_TEST(budget_the_pool_s_own_pages_are_the_cache_s) {
     // 2000 + 658 pool - 100 dense - 1024 floor - 250 - 64 = 1220
     CHECK_EQ(q.adapt(2658 * MiB, 658 * MiB, 0, low, kPending, t0 + std::chrono::seconds(1)), 1220 * MiB);
 }
+
+POLICY_TEST(budget_rebase_takes_a_prompt_s_compute_buffers_at_once_and_gives_them_back) {
+    // A prompt's compute buffers (200 MiB of the pending bytes at open) are written, then given back:
+    // rebase follows both moves at once, without adapt's 2 s wait or its noise band, up to the cap.
+    BudgetPolicy p = policy(config());
+    const BudgetReport r = p.initial(cgroup(1314, 0), kPending, t0);  // 1314 - 200 - 50 - 64
+    CHECK_EQ(r.budget, 1000 * MiB);
+    // After the prompt: its buffers are no longer pending and their pages are back (usage unchanged).
+    CHECK_EQ(p.rebase(r.budget, 0, cgroup(1314, 0), 0, t0 + milliseconds(10)), 1200 * MiB);
+    // adapt would have waited: a shrink 10 ms ago is no pressure, but growth waits for calm
+    CHECK_EQ(p.adapt(1000 * MiB, 0, 0, cgroup(1314, 0), 0, t0 + milliseconds(300)), 1000 * MiB);
+    // Before the next prompt, 120 MiB of them are to be written again: the budget makes room first.
+    CHECK_EQ(p.rebase(1200 * MiB, 0, cgroup(1314, 0), 120 * MiB, t0 + milliseconds(20)), 1080 * MiB);
+    // A fixed request stays the most it may hold; with the cache off nothing moves.
+    BudgetPolicy fixed = policy(config(600));
+    fixed.initial(cgroup(1314, 0), kPending, t0);
+    CHECK_EQ(fixed.rebase(600 * MiB, 0, cgroup(1314, 0), 0, t0 + milliseconds(10)), 600 * MiB);
+    BudgetPolicy off = policy(config(0));
+    off.initial(cgroup(1314, 0), kPending, t0);
+    CHECK_EQ(off.rebase(0, 0, cgroup(1314, 0), 0, t0 + milliseconds(10)), 0);
+}

@@ -108,6 +108,10 @@ BMOE_CHOICE(Toggle, BMOE_TOGGLES)
     X(bool, verify_slices, false, 0, 0, Rule::Plain, Profile::Optional, kFlag,                                        \
       "Check every slice read against the model's checksums (written once by `bmoe-edge verify-model`); a "          \
       "mismatch is read again, then fails.")                                                                          \
+    X(std::string, prompt_cache, "", 0, 0, Rule::Plain, Profile::None, kFlag,                                         \
+      "Keep the KV of long prompts (a system prompt, tools) in llama.cpp state files, checked against the model "    \
+      "and its settings: a directory (serve, chat: one file per prompt) or a file (generate). Another model's is "   \
+      "refused.")                                                                                                     \
     X(bool, parse_special, false, 0, 0, Rule::Plain, Profile::None, kFlag,                                            \
       "Let prompt text name control tokens (e.g. </s>); off: a prompt is text.")                                      \
     X(std::string, fault, "", 0, 0, Rule::FaultSpec, Profile::None, kNoFlag,                                          \

@@ -36,6 +36,8 @@ struct TokenMetrics {
     uint64_t ahead_bytes = 0;            // bytes read for guesses
     uint64_t ahead_wasted_bytes = 0;     // ... for guesses the router did not choose
     uint64_t net_bytes = 0;              // RPC: bytes sent to and received from the workers in this step
+    uint64_t routed_bytes = 0;           // bytes of the distinct experts this step routed to (once each)
+    uint64_t released_bytes = 0;         // a prompt's step: compute-buffer memory given back after it
 };
 
 struct RunInfo {
