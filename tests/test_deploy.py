@@ -352,10 +352,19 @@ def host_b(host_a: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def host_deployed(board: emulated_board.EmulatedBoard, host_a: Path, lab: Path) -> Path:
-    """The host bundle A deployed with --gates to its own install dir on the main board; that dir."""
-    inst = board.dir / "host-install"
-    result = run_cli("deploy", "--bundle", str(host_a), "--host", board.target, "--install-dir", str(inst),
+def host_board(lab: Path):
+    """A second emulated board for the host bundle: a board is one machine with one default release
+    (`generate --host`, `status` without --install-dir use it), so the main board keeps qemu-arm64's."""
+    b = emulated_board.start(lab, "host-board")
+    yield b
+    emulated_board.stop(lab, "host-board")
+
+
+@pytest.fixture(scope="module")
+def host_deployed(host_board: emulated_board.EmulatedBoard, host_a: Path, lab: Path) -> Path:
+    """The host bundle A deployed with --gates to the host board; its install dir."""
+    inst = host_board.install_dir
+    result = run_cli("deploy", "--bundle", str(host_a), "--host", host_board.target, "--install-dir", str(inst),
                      "--gates", "--json", env=_env(lab), timeout=1200)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
     return inst
@@ -502,8 +511,9 @@ def test_no_change_redeploy_uploads_nothing(deployed: dict, board, bundle_a: Pat
 
 @pytest.mark.slow
 @pytest.mark.emulated
-def test_changed_bundle_moves_one_file_then_rollback(host_deployed: Path, board, host_a: Path, host_b: Path,
+def test_changed_bundle_moves_one_file_then_rollback(host_deployed: Path, host_board, host_a: Path, host_b: Path,
                                                      lab: Path) -> None:
+    board = host_board
     bundle_a, bundle_b = host_a, host_b
     a, b = bundle.load_manifest(bundle_a), bundle.load_manifest(bundle_b)
     assert a.bundle_id != b.bundle_id
@@ -733,8 +743,9 @@ def test_hostile_prompts_and_paths_pass_through_unharmed(deployed: dict, board, 
 @pytest.mark.slow
 @pytest.mark.emulated
 @pytest.mark.parametrize("stage", [pytest.param("uploaded", marks=pytest.mark.full_campaign), "before_switch"])
-def test_tampered_file_on_the_board_is_refused(host_deployed: Path, board, host_a: Path, host_b: Path,
+def test_tampered_file_on_the_board_is_refused(host_deployed: Path, host_board, host_a: Path, host_b: Path,
                                                tmp_path: Path, stage: str) -> None:
+    board = host_board
     bundle_a, bundle_b = host_a, host_b
     a_id = bundle.load_manifest(bundle_a).bundle_id
     inst = _tree_with(host_deployed / "releases" / a_id, tmp_path / "inst")
@@ -786,9 +797,10 @@ def _processes_mentioning(text: str) -> list[int]:
 @pytest.mark.emulated
 @pytest.mark.parametrize("stage", [pytest.param("upload", marks=pytest.mark.full_campaign),
                                    pytest.param("install", marks=pytest.mark.full_campaign), "gates"])
-def test_killed_deploy_leaves_current_valid_and_a_rerun_finishes(host_deployed: Path, board, host_a: Path,
+def test_killed_deploy_leaves_current_valid_and_a_rerun_finishes(host_deployed: Path, host_board, host_a: Path,
                                                                   host_b: Path, lab: Path, tmp_path: Path,
                                                                   stage: str) -> None:
+    board = host_board
     bundle_a, bundle_b = host_a, host_b
     a_id = bundle.load_manifest(bundle_a).bundle_id
     b_id = bundle.load_manifest(bundle_b).bundle_id
