@@ -141,7 +141,7 @@ def test_chat_streamed_equals_chat_whole_and_greedy_equals_generate(server: Serv
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     # Greedy: the answer is `generate` on the prompt the template renders.
     with Engine(model, StreamConfig(threads=1)) as e:
-        prompt = chat.render(chat.template_for(e), [chat.as_message(m) for m in messages])
+        prompt = chat.render(chat.template_for(e), [chat.as_message(m) for m in messages]).prompt
         assert e.run(e.tokenize(prompt), 12, Sampling(temp=0.0)).text == text
 
 

@@ -27,7 +27,8 @@ def test_the_python_table_is_the_native_declaration_row_for_row() -> None:
     rows = _rows(CONFIG_H.read_text())
     assert rows == [s.name for s in settings.SETTINGS]
     assert len(rows) == len(set(rows)) >= 30
-    assert {s.name for s in settings.SAMPLING_SETTINGS} == {"temp", "top_k", "top_p", "min_p", "seed", "grammar"}
+    assert {s.name for s in settings.SAMPLING_SETTINGS} == {"temp", "top_k", "top_p", "min_p", "seed", "grammar",
+                                                              "grammar_triggers", "grammar_prefill"}
 
 
 def _typer_flags(call: ast.Call) -> set[str]:

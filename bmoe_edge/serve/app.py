@@ -21,7 +21,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from bmoe_edge.engine import chat, tools
+from bmoe_edge.engine import chat
 from bmoe_edge.serve import metrics, openai_api
 from bmoe_edge.serve.gate import Gate
 from bmoe_edge.serve.openai_api import ApiError
@@ -135,7 +135,6 @@ class Server:
         self.api_keys = tuple(f"Bearer {k}".encode() for k in api_keys)
         self.created = int(time.time())
         self.rejected = 0
-        self.tool_style = tools.tool_style(worker.jinja)
 
     def tenant(self, request: HttpRequest) -> int | None:
         """Which key the request carries (its index: the tenant), 0 when the server has none; None when
@@ -221,7 +220,7 @@ class Server:
 
     async def chat_completions(self, request: HttpRequest) -> Response:
         body = await _body(request, self.body_timeout_s)
-        req = openai_api.parse_chat(body, self.model_id, self.tool_style)
+        req = openai_api.parse_chat(body, self.model_id)
         job, events = self._enqueue(req, request)
         with _cancelled_unless_answered(job):
             rid = request_id("chatcmpl")
@@ -230,11 +229,8 @@ class Server:
                 return JSONResponse(openai_api.chat_completion(rid, self.model_id, reply))
             with_usage = openai_api.include_usage(body)
 
-            calls = [0]   # tool calls streamed so far: each call's index
-
             def chunk(d: chat.Delta) -> dict[str, Any] | None:
-                fields = openai_api.delta_fields(d, calls[0])
-                calls[0] += len(d.tool_calls)
+                fields = openai_api.delta_fields(d)
                 return openai_api.chat_chunk(rid, self.model_id, fields) if fields else None
 
             def last(reply: chat.Reply) -> list[dict[str, Any]]:

@@ -133,7 +133,13 @@ BMOE_CHOICE(Toggle, BMOE_TOGGLES)
     X(int64_t, seed, kAuto, 0, 4294967294.0, Rule::Auto, Profile::None, kFlag,                                        \
       "Sampling seed: the same seed, prompt and settings give the same text (auto = a random one each run).")        \
     X(std::string, grammar, "", 0, 0, Rule::Plain, Profile::None, kNoFlag,                                            \
-      "GBNF with a `root` rule: only tokens it allows are sampled (empty = unconstrained).")
+      "GBNF with a `root` rule: only tokens it allows are sampled (empty = unconstrained).")                          \
+    X(std::string, grammar_triggers, "", 0, 0, Rule::Plain, Profile::None, kNoFlag,                                   \
+      "With a grammar: regexes, one a line; the grammar holds from the first match on (a tool call's opening), "     \
+      "the text before it is free (empty = from the first token).")                                                   \
+    X(std::string, grammar_prefill, "", 0, 0, Rule::Plain, Profile::None, kNoFlag,                                    \
+      "With a grammar: text it has already seen, fed to it first (the template's opening of the answer, which a "   \
+      "chat format's grammar starts with).")
 
 constexpr double kConversationTemp = 0.8;  // llama-server's; OpenAI's 1.0 is for far larger models
 
