@@ -241,7 +241,7 @@ def prompt_tokens(engine: ChatEngine, prompt: Any, messages: Sequence[Message | 
                   parse_special: bool = False) -> list[int]:
     """Tokenize a rendered prompt. The template's own markers are control tokens; text a user wrote that
     spells one (e.g. "<|im_end|>") is refused unless `parse_special`, so nobody can forge a turn."""
-    check_text(engine, [as_message(m) if isinstance(m, Message) else _plain(m) for m in messages], parse_special)
+    check_text(engine, [_plain(m) if isinstance(m, Mapping) else m for m in messages], parse_special)
     return engine.tokenize(prompt.prompt, True, True)
 
 
@@ -396,6 +396,7 @@ def reply(engine: ChatEngine, messages: Sequence[Message | Mapping[str, Any]], m
     prefix with the rendered conversation, so a conversation's next turn decodes only its new tokens.
     `prompt`, `prompt_ids`: the conversation already rendered (`render`) and tokenized (`prompt_tokens`)."""
     if prompt is None:
+        messages = [as_message(m) for m in messages]
         tmpl = template if isinstance(template, Template) else template_for(engine, template)
         prompt = render(tmpl, messages, Turn(think=think))
     if prompt_ids is None:

@@ -93,11 +93,63 @@ struct ChatTemplates::Impl {
         const common_chat_params free = common_chat_templates_apply(templates.get(), to_common(lazy, tools));
         for (const auto & t : free.grammar_triggers) {
             if (t.type == COMMON_GRAMMAR_TRIGGER_TYPE_WORD && !t.value.empty()) {
-                p.prompt += t.value;
-                p.generation_prompt += t.value;
+                // A template that opens the reasoning itself (MiniMax-M2: "<think>\n") gets it closed first:
+                // the call is the answer, after an empty reasoning.
+                std::string opening;
+                const std::string & gen = p.generation_prompt;
+                const size_t start = p.thinking_start_tag.empty() ? std::string::npos : gen.rfind(p.thinking_start_tag);
+                if (start != std::string::npos && !p.thinking_end_tags.empty() &&
+                    gen.find(p.thinking_end_tags[0], start) == std::string::npos) {
+                    opening = p.thinking_end_tags[0] + "\n";
+                }
+                p.prompt += opening + t.value;
+                p.generation_prompt += opening + t.value;
                 return;
             }
         }
+        // No word starts a call (gpt-oss's Harmony, bare-JSON formats): the template's own rendering of a
+        // call says what comes before its name; written after the assistant turn's opening, the grammar
+        // (which follows the same template) goes on from there.
+        if (tools.empty()) {
+            return;
+        }
+        const std::string name = in.tool_name.empty() ? tools[0]["function"].value("name", "") : in.tool_name;
+        common_json messages = common_json::parse(in.messages_json);
+        common_json call = common_json::object();
+        call["id"] = "abcdefghi";  // Mistral's templates take 9 letters and digits only
+        call["type"] = "function";
+        call["function"] = common_json::object();
+        call["function"]["name"] = name;
+        call["function"]["arguments"] = "{}";
+        common_json turn_msg = common_json::object();
+        turn_msg["role"] = "assistant";
+        turn_msg["content"] = "";
+        turn_msg["tool_calls"] = common_json::array();
+        turn_msg["tool_calls"].push_back(call);
+        messages.push_back(turn_msg);
+        ChatInputs past = lazy;
+        past.messages_json = messages.dump();
+        past.add_generation_prompt = false;
+        const std::string with_call = common_chat_templates_apply(templates.get(), to_common(past, tools)).prompt;
+        const std::string base = p.prompt.substr(0, p.prompt.size() - p.generation_prompt.size());
+        if (with_call.compare(0, base.size(), base) != 0) {
+            return;
+        }
+        const std::string turn = with_call.substr(base.size());
+        const size_t at = turn.find(name);
+        if (turn.compare(0, p.generation_prompt.size(), p.generation_prompt) != 0 || at == std::string::npos ||
+            at < p.generation_prompt.size()) {
+            return;
+        }
+        // A named call is written up to its arguments (the rendered "{}"): its header is the template's too.
+        size_t end = at;
+        if (!in.tool_name.empty()) {
+            const size_t args = turn.find("{}", at + name.size());
+            end = args == std::string::npos ? at : args;
+        }
+        const std::string opening = turn.substr(p.generation_prompt.size(), end - p.generation_prompt.size());
+        p.prompt += opening;
+        p.generation_prompt += opening;
     }
 };
 

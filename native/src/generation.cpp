@@ -95,7 +95,24 @@ std::vector<llama_token> prefill_tokens(const llama_vocab * vocab, const std::ve
             break;
         }
     }
-    return {};
+    // Byte by byte (text a tokenizer rewrites, e.g. SPM's "▁", which it reads as a space): the tokens whose
+    // piece is one byte, which byte-fallback and byte-level vocabularies have for every byte.
+    std::vector<llama_token> by_byte(256, LLAMA_TOKEN_NULL);
+    for (llama_token t = llama_vocab_n_tokens(vocab) - 1; t >= 0; --t) {
+        const std::string piece = piece_of(vocab, t);
+        if (piece.size() == 1) {
+            by_byte[static_cast<unsigned char>(piece[0])] = t;
+        }
+    }
+    tokens.clear();
+    for (char c : text) {
+        const llama_token t = by_byte[static_cast<unsigned char>(c)];
+        if (t == LLAMA_TOKEN_NULL) {
+            return {};
+        }
+        tokens.push_back(t);
+    }
+    return tokens;
 }
 
 llama_sampler * grammar_sampler(const llama_vocab * vocab, const SamplingParams & s,
