@@ -26,6 +26,7 @@ from bmoe_edge import llama_source
 from bmoe_edge.engine import chat, tools
 from bmoe_edge.engine.session import Engine, Sampling
 from bmoe_edge.engine.settings import StreamConfig
+from bmoe_edge.errors import BmoeError
 from bmoe_edge.synthetic import tinymoe
 
 TEMPLATES_DIR = llama_source.default_dest(True) / "models" / "templates"
@@ -199,7 +200,8 @@ def table_rows(engine: Engine) -> list[str]:
                 try:
                     check_call(*forced_call(engine, t, choice), only=None if choice == "required" else choice)
                     cells.append("yes")
-                except AssertionError:
+                except (AssertionError, BmoeError, ValueError) as exc:
+                    print(f"{name} {choice}: {str(exc)[:300]}", file=sys.stderr)
                     cells.append("**no**")
         else:
             cells += ["—", "—"]

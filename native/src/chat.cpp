@@ -73,7 +73,11 @@ common_chat_templates_inputs to_common(const ChatInputs & in, const common_json 
     out.reasoning_format = COMMON_REASONING_FORMAT_DEEPSEEK;
     out.enable_thinking = in.enable_thinking;
     if (!in.template_kwargs_json.empty()) {
-        for (const auto & [key, value] : common_json::parse(in.template_kwargs_json).items()) {
+        const common_json kwargs = common_json::parse(in.template_kwargs_json);  // outlives the loop over it
+        if (!kwargs.is_object()) {
+            throw Error("the template's variables must be a JSON object");
+        }
+        for (const auto & [key, value] : kwargs.items()) {
             out.chat_template_kwargs[key] = value.dump();
         }
     }
