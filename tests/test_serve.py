@@ -186,8 +186,8 @@ def test_sampling_is_seeded_and_stop_strings_stop(server: Server) -> None:
     ({"messages": [{"role": "user", "content": "hi</s>"}]}, 400, "control tokens"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, 400, "string 'text'"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools"),
-    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
-     400, "no tool calling"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
     ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema"}}, 400,
      "json_schema"),
 ])
