@@ -48,7 +48,10 @@ QUESTION = [{"role": "system", "content": "You are terse."}, {"role": "user", "c
 RESULT = "4 C, rain"
 CALL_ID = tools.call_id()   # as the server makes them (Mistral's templates take 9 letters and digits only)
 MAX_CALL_TOKENS = 160
-SAMPLED = 6   # templates that generate a forced call in the default suite (all of them in the full campaign)
+# The default suite's share (the CI budget): the flagship rows' `required` calls, two named ones, one row
+# through `serve` (test_structured.py serves Qwen3's template too); a full campaign runs every row and choice.
+DEFAULT_NAMED = {("moonshotai-Kimi-K2.jinja", "get_time"), ("openai-gpt-oss-120b.jinja", "get_time")}
+SERVED = ("deepseek-ai-DeepSeek-V3.1.jinja",)
 
 
 def follows(name: str, args: Any) -> bool:
@@ -124,30 +127,52 @@ def test_every_template_renders_chat_thinking_and_a_tool_round(engine: Engine, n
     assert RESULT in chat.render(t, second, chat.Turn(tools=(WEATHER,))).prompt
 
 
+# Forced calls that do not come out valid from the random-weight fixture at this pin, and why (where it
+# was looked into). Strict: a pin whose common fixes one fails here until its row goes. The table in
+# docs/serve.md says the same (docs/bench-data/2026-12-01/chat-common/).
+NOT_FORCED = {
+    ("GLM-4.6.jinja", "required"): "common's grammar allows a space before </tool_call> that its parser refuses",
+    ("GLM-4.6.jinja", "get_time"): "common's grammar allows a space before </tool_call> that its parser refuses",
+    ("openai-gpt-oss-120b.jinja", "required"): "Harmony's header grammar allows an unbounded word after the channel "
+                                               "name; a random model never leaves it (named calls work: the "
+                                               "template writes the header)",
+    **{(n, c): "not looked into: see docs/bench-data/2026-12-01/chat-common/templates-failures.txt"
+       for n in ("Cohere2MoE.jinja", "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "Kimi-K3.jinja",
+                 "LFM2.5-8B-A1B.jinja", "google-gemma-4-31B-it-interleaved.jinja", "google-gemma-4-31B-it.jinja",
+                 "muse-glimmer.jinja", "openbmb-MiniCPM5-1B.jinja")
+       for c in ("required", "get_time")},
+}
+
+
 def _generating() -> list[Any]:
-    """The templates a forced call is generated for: the flagship rows and a sample (all, in a full run)."""
-    names = [n for n in TEMPLATES if n not in FLAGSHIP]
-    step = max(1, len(names) // SAMPLED)
-    sample = set(FLAGSHIP) | set(names[::step][:SAMPLED])
-    return [n if n in sample else pytest.param(n, marks=pytest.mark.full_campaign) for n in TEMPLATES]
+    """(template, tool_choice) a forced call is generated for: the flagship rows in the default suite, every
+    template in a full campaign; the known failures strictly expected to fail."""
+    out = []
+    for n in TEMPLATES:
+        for choice in ("required", "get_time"):
+            default = (n in FLAGSHIP and choice == "required") or (n, choice) in DEFAULT_NAMED
+            marks = [] if default and (n, choice) not in NOT_FORCED else [pytest.mark.full_campaign]
+            if (n, choice) in NOT_FORCED:
+                marks.append(pytest.mark.xfail(reason=NOT_FORCED[n, choice], strict=True))
+            out.append(pytest.param(n, choice, marks=marks, id=f"{n}-{choice}"))
+    return out
 
 
-@pytest.mark.parametrize("name", _generating())
-def test_a_forced_tool_call_is_valid_streamed_or_not(engine: Engine, name: str) -> None:
+@pytest.mark.parametrize("name, choice", _generating())
+def test_a_forced_tool_call_is_valid_streamed_or_not(engine: Engine, name: str, choice: str) -> None:
     t = template(engine, name)
     if not uses_tools(t):
         pytest.skip("the template renders no tool calls")
-    reply, deltas = forced_call(engine, t, "required")
-    check_call(reply, deltas)
-    reply, deltas = forced_call(engine, t, "get_time")
-    check_call(reply, deltas, only="get_time")
+    reply, deltas = forced_call(engine, t, choice)
+    check_call(reply, deltas, only=None if choice == "required" else choice)
 
 
 # ---------------------------------------------------------------------------------------------------
 # The six rows of issue 28 through `serve`, with OpenAI's client.
 
 
-@pytest.fixture(scope="module", params=FLAGSHIP)
+@pytest.fixture(scope="module", params=[p if p in SERVED else pytest.param(p, marks=pytest.mark.full_campaign)
+                                        for p in FLAGSHIP])
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from test_serve import start, stop
 
@@ -162,7 +187,11 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 def test_the_flagship_rows_return_a_forced_call_streamed_and_not(served: Any) -> None:
     client = served.client()
+    row = Path(served.model_id).stem.removeprefix("tiny-") + ".jinja"
+    done = []
     for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+        if (row, "required" if choice == "required" else "get_time") in NOT_FORCED:
+            continue
         kw = {"model": served.model_id, "messages": QUESTION, "tools": [WEATHER, CLOCK], "tool_choice": choice,
               "max_tokens": MAX_CALL_TOKENS, "temperature": 0}
         whole = client.chat.completions.create(**kw).choices[0]
@@ -174,6 +203,10 @@ def test_the_flagship_rows_return_a_forced_call_streamed_and_not(served: Any) ->
         assert pieces[0].id and pieces[0].function.name == call.function.name
         assert "".join(p.function.arguments or "" for p in pieces if p.index == 0) == call.function.arguments
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        done.append(call)
+    if not done:
+        pytest.xfail(NOT_FORCED[row, "required"])
+    call = done[-1]
     follow = client.chat.completions.create(model=served.model_id, max_tokens=2, temperature=0, tools=[WEATHER],
                                             messages=[*QUESTION,
                                                       {"role": "assistant", "content": None,
