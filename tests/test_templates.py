@@ -144,6 +144,12 @@ NOT_FORCED = {
 }
 
 
+def test_continue_final_message_goes_on_from_the_assistant_text(engine: Engine) -> None:
+    t = template(engine, "Qwen-Qwen3-0.6B.jinja")
+    prompt = chat.render(t, [*QUESTION, {"role": "assistant", "content": "It is"}], chat.Turn(continue_final=True))
+    assert prompt.prompt.rstrip().endswith("It is")
+
+
 def _generating() -> list[Any]:
     """(template, tool_choice) a forced call is generated for: the flagship rows in the default suite, every
     template in a full campaign; the known failures strictly expected to fail."""

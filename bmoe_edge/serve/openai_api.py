@@ -184,9 +184,14 @@ def parse_chat(body: Any, model_id: str) -> Request:
     if choice not in ("auto", "none") and common["json_schema"] is not None:
         raise ApiError(400, "a forced tool call (tool_choice) and a JSON response_format cannot be combined",
                        param="tool_choice")
+    continue_final = body.get("continue_final_message", False)
+    if not isinstance(continue_final, bool) or (continue_final and rendered[-1]["role"] != "assistant"):
+        raise ApiError(400, "'continue_final_message' must be true or false, true only after an assistant message",
+                       param="continue_final_message")
     plain = tuple(chat.Message(m["role"], m["content"]) for m in rendered)   # for the control-token check
     return Request(messages=plain, think=_think(body), tools=tuple(given), tool_choice=choice,
-                   template_messages=rendered, reasoning_effort=_effort(body), **common)
+                   template_messages=rendered, reasoning_effort=_effort(body), continue_final=continue_final,
+                   **common)
 
 
 def parse_completion(body: Any, model_id: str) -> Request:

@@ -34,6 +34,7 @@ class Request:
     template_messages: tuple[dict[str, Any], ...] = ()  # the messages as the template takes them
     reasoning_effort: str | None = None  # gpt-oss's template switch (low, medium, high)
     json_schema: Any = None  # response_format: the answer follows this JSON schema
+    continue_final: bool = False  # llama-server's continue_final_message: the last assistant message goes on
     tenant: int = 0  # which API key sent it: the context's prefix is reused only for the same tenant
 
 
@@ -276,7 +277,7 @@ class Worker:
         chat.check_text(self.engine, r.messages, self.parse_special)
         chat.check_strings(self.engine, tools.template_inputs(messages, r.tools), self.parse_special)
         turn = chat.Turn(tools=r.tools if r.tool_choice != "none" else (), tool_choice=r.tool_choice,
-                         json_schema=r.json_schema, think=r.think,
+                         json_schema=r.json_schema, think=r.think, continue_final=r.continue_final,
                          kwargs={"reasoning_effort": r.reasoning_effort} if r.reasoning_effort else {})
         prompt = chat.render(self.template, messages, turn)
         ids = self.engine.tokenize(prompt.prompt, True, True)

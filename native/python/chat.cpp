@@ -15,7 +15,8 @@ void bind_chat(nb::module_ & m) {
     nb::class_<bmoe::ChatInputs>(m, "ChatInputs")
         .def(nb::init<>())
         BMOE_RW(ChatInputs, messages_json) BMOE_RW(ChatInputs, tools_json) BMOE_RW(ChatInputs, tool_choice)
-        BMOE_RW(ChatInputs, tool_name) BMOE_RW(ChatInputs, start_with_call) BMOE_RW(ChatInputs, json_schema) BMOE_RW(ChatInputs, enable_thinking)
+        BMOE_RW(ChatInputs, tool_name) BMOE_RW(ChatInputs, start_with_call) BMOE_RW(ChatInputs, json_schema)
+        BMOE_RW(ChatInputs, enable_thinking)
         BMOE_RW(ChatInputs, parallel_tool_calls) BMOE_RW(ChatInputs, add_generation_prompt)
         BMOE_RW(ChatInputs, continue_final_message) BMOE_RW(ChatInputs, template_kwargs_json);
     nb::class_<bmoe::ChatPrompt>(m, "ChatPrompt")
@@ -24,7 +25,8 @@ void bind_chat(nb::module_ & m) {
         BMOE_RO(ChatPrompt, preserved_tokens) BMOE_RO(ChatPrompt, additional_stops)
         BMOE_RO(ChatPrompt, supports_thinking) BMOE_RO(ChatPrompt, parser);
     nb::class_<bmoe::ChatTemplates>(m, "ChatTemplates")
-        .def(nb::init<const bmoe::Engine &, const std::string &>(), nb::arg("engine"), nb::arg("source") = "")  // the model is read once: no reference kept
+        // the model is read once, when the templates are made: no reference to the engine is kept
+        .def(nb::init<const bmoe::Engine &, const std::string &>(), nb::arg("engine"), nb::arg("source") = "")
         .def(nb::init<const std::string &, const std::string &, const std::string &>(), nb::arg("source"),
              nb::arg("bos"), nb::arg("eos"))
         .def("apply", &bmoe::ChatTemplates::apply, nb::arg("inputs"), nb::call_guard<nb::gil_scoped_release>())

@@ -67,7 +67,8 @@ common_chat_templates_inputs to_common(const ChatInputs & in, const common_json 
     out.tool_choice = tool_choice(in.tool_choice);
     out.json_schema = in.json_schema;
     out.add_generation_prompt = in.add_generation_prompt && !in.continue_final_message;
-    out.continue_final_message = in.continue_final_message ? COMMON_CHAT_CONTINUATION_AUTO : COMMON_CHAT_CONTINUATION_NONE;
+    out.continue_final_message =
+        in.continue_final_message ? COMMON_CHAT_CONTINUATION_AUTO : COMMON_CHAT_CONTINUATION_NONE;
     out.parallel_tool_calls = in.parallel_tool_calls;
     // Reasoning is always read apart from the answer (reasoning_content), never left in the text.
     out.reasoning_format = COMMON_REASONING_FORMAT_DEEPSEEK;
