@@ -119,6 +119,17 @@ def test_no_grammar_leaves_greedy_unchanged_and_a_bad_grammar_is_one_line(engine
         assert [t.id for t in resident.generate(prompt, 12, Sampling())] == before
 
 
+def test_a_lazy_grammar_holds_from_its_trigger_on(engine: Engine) -> None:
+    """grammar_triggers: the text before the trigger is the model's own; from it on, the grammar's."""
+    prompt = engine.tokenize("The quick brown fox")
+    free = [t.text for t in engine.generate(prompt, 8, Sampling())]
+    word = free[3].strip()
+    assert word
+    lazy = Sampling(grammar=f'root ::= "{word}" "!!!"', grammar_triggers=re.escape(word))
+    text = "".join(t.text for t in engine.generate(prompt, 20, lazy))
+    assert text.startswith("".join(free[:3])) and text.endswith(f"{word}!!!"), (free, text)
+
+
 def test_schemas_the_old_converter_refused_are_followed(engine: Engine) -> None:
     """common's converter covers more of JSON Schema (patterns, bounds, open objects) than the hand-written
     one did: what it refused by name is now followed."""
