@@ -140,6 +140,7 @@ class Turn:
     think: bool | None = None  # None: the template's default
     kwargs: Mapping[str, Any] = field(default_factory=dict)  # the template's own switches (reasoning_effort)
     continue_final: bool = False  # the last (assistant) message is continued
+    parallel: bool = False  # several tool calls in one answer; else the answer ends after its first call
 
 
 def _source(given: str) -> str:
@@ -231,6 +232,7 @@ def render(template: Template, messages: Sequence[Message | Mapping[str, Any]], 
     # alone would let text come first, for as long as the model likes)
     inputs.start_with_call = bool(turn.tools) and turn.tool_choice not in ("auto", "none") and think is False
     inputs.continue_final_message = turn.continue_final
+    inputs.parallel_tool_calls = turn.parallel
     if turn.kwargs:
         inputs.template_kwargs_json = json.dumps(dict(turn.kwargs), ensure_ascii=False)
     with native.engine_errors():
@@ -365,14 +367,21 @@ class AnswerReader:
     """The answer as it streams, read by common's parser for the prompt's format: each update's pieces
     (reasoning, content, tool-call pieces), and the reply they add up to."""
 
-    def __init__(self, prompt: Any, out: Reply) -> None:
+    def __init__(self, prompt: Any, out: Reply, *, parallel: bool = True) -> None:
         self.parser = native.load().ChatParser(prompt)
         self.out = out
         self.ids: list[str] = []  # each tool call's id, the same streamed or not
+        self.max_calls = None if parallel else 1
+        self.done = False  # a call past max_calls began: the answer is complete without it
 
     def feed(self, text: str, token: Token | None, last: bool = False) -> Delta:
         reasoning, content, calls = "", "", []
         for d in self.parser.update(text, last):
+            if self.done:
+                continue
+            if d.tool_index >= 0 and self.max_calls is not None and d.tool_index >= self.max_calls:
+                self.done = True   # common's grammar allows more calls than were asked for
+                continue
             reasoning += d.reasoning
             content += d.content
             if d.tool_index >= 0:
@@ -382,19 +391,21 @@ class AnswerReader:
                                            d.arguments))
         self.out.reasoning += reasoning
         self.out.content += content
-        if last:
+        if last or self.done:
             self.out.tool_calls = [ToolCall(self.ids[i], c.name, c.arguments)
-                                   for i, c in enumerate(self.parser.tool_calls)]
+                                   for i, c in enumerate(self.parser.tool_calls[: len(self.ids)])]
         return Delta(content, reasoning, token, tuple(calls))
 
 
 def reply(engine: ChatEngine, messages: Sequence[Message | Mapping[str, Any]], max_tokens: int,
           sampling: Sampling | None = None, *, think: bool | None = None, template: str | Template | None = None,
           stop: Sequence[str] = (), parse_special: bool = False, result: Reply | None = None,
-          prompt: Any = None, prompt_ids: Sequence[int] | None = None, reuse_kv: bool = True) -> Iterator[Delta]:
+          prompt: Any = None, prompt_ids: Sequence[int] | None = None, reuse_kv: bool = True,
+          parallel: bool = False) -> Iterator[Delta]:
     """Answer the conversation, yielding the answer as it comes. The context keeps its longest common
     prefix with the rendered conversation, so a conversation's next turn decodes only its new tokens.
-    `prompt`, `prompt_ids`: the conversation already rendered (`render`) and tokenized (`prompt_tokens`)."""
+    `prompt`, `prompt_ids`: the conversation already rendered (`render`) and tokenized (`prompt_tokens`).
+    `parallel`: several tool calls may come; else the answer ends when a second one begins (without it)."""
     if prompt is None:
         messages = [as_message(m) for m in messages]
         tmpl = template if isinstance(template, Template) else template_for(engine, template)
@@ -406,20 +417,22 @@ def reply(engine: ChatEngine, messages: Sequence[Message | Mapping[str, Any]], m
     out.prompt_tokens = len(ids)
     gen = Generation(ids)
     stops = StopStrings([*stop, *prompt.additional_stops])
-    reader = AnswerReader(prompt, out)
+    reader = AnswerReader(prompt, out, parallel=parallel)
     for token in engine.generate(ids, max_tokens, constrained(sampling, prompt), result=gen, reuse_kv=reuse_kv):
         out.completion_tokens += 1
         out.reused_tokens = gen.reused_tokens
         out.metrics.append(token.metrics)
         yield reader.feed(stops.feed(token.text), token)
-        if stops.stopped:
+        if stops.stopped or reader.done:
             break
     out.reused_tokens = gen.reused_tokens
-    last = reader.feed("" if stops.stopped else stops.flush(), None, last=True)
-    if last.content or last.reasoning or last.tool_calls:
-        yield last
-    out.finish_reason = "stop" if stops.stopped or gen.stop_reason == "end_of_generation" else "length"
-    if out.tool_calls:
+    if not reader.done:
+        last = reader.feed("" if stops.stopped else stops.flush(), None, last=True)
+        if last.content or last.reasoning or last.tool_calls:
+            yield last
+    ended = stops.stopped or reader.done or gen.stop_reason == "end_of_generation"
+    out.finish_reason = "stop" if ended else "length"
+    if out.tool_calls and ended:   # a call cut by max_tokens is not a call to make: "length"
         out.finish_reason = "tool_calls"
 
 

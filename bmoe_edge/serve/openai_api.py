@@ -188,10 +188,13 @@ def parse_chat(body: Any, model_id: str) -> Request:
     if not isinstance(continue_final, bool) or (continue_final and rendered[-1]["role"] != "assistant"):
         raise ApiError(400, "'continue_final_message' must be true or false, true only after an assistant message",
                        param="continue_final_message")
+    parallel = body.get("parallel_tool_calls", False)
+    if not isinstance(parallel, bool):
+        raise ApiError(400, "'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
     plain = tuple(chat.Message(m["role"], m["content"]) for m in rendered)   # for the control-token check
     return Request(messages=plain, think=_think(body), tools=tuple(given), tool_choice=choice,
                    template_messages=rendered, reasoning_effort=_effort(body), continue_final=continue_final,
-                   **common)
+                   parallel_tool_calls=parallel, **common)
 
 
 def parse_completion(body: Any, model_id: str) -> Request:

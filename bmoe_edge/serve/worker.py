@@ -35,6 +35,7 @@ class Request:
     reasoning_effort: str | None = None  # gpt-oss's template switch (low, medium, high)
     json_schema: Any = None  # response_format: the answer follows this JSON schema
     continue_final: bool = False  # llama-server's continue_final_message: the last assistant message goes on
+    parallel_tool_calls: bool = False  # OpenAI's: several calls in one answer (default here: one, then it ends)
     tenant: int = 0  # which API key sent it: the context's prefix is reused only for the same tenant
 
 
@@ -278,12 +279,13 @@ class Worker:
         chat.check_strings(self.engine, tools.template_inputs(messages, r.tools), self.parse_special)
         turn = chat.Turn(tools=r.tools if r.tool_choice != "none" else (), tool_choice=r.tool_choice,
                          json_schema=r.json_schema, think=r.think, continue_final=r.continue_final,
+                         parallel=r.parallel_tool_calls,
                          kwargs={"reasoning_effort": r.reasoning_effort} if r.reasoning_effort else {})
         prompt = chat.render(self.template, messages, turn)
         ids = self.engine.tokenize(prompt.prompt, True, True)
         self._fits(len(ids), r.max_tokens)
         return chat.reply(self.engine, messages, r.max_tokens, r.sampling, stop=r.stop, result=reply,
-                          prompt=prompt, prompt_ids=ids, reuse_kv=reuse_kv)
+                          prompt=prompt, prompt_ids=ids, reuse_kv=reuse_kv, parallel=r.parallel_tool_calls)
 
     def _fits(self, n_prompt: int, max_tokens: int) -> None:
         if n_prompt >= self.ctx:
