@@ -372,15 +372,13 @@ class AnswerReader:
         self.out = out
         self.ids: list[str] = []  # each tool call's id, the same streamed or not
         self.max_calls = None if parallel else 1
-        self.done = False  # a call past max_calls began: the answer is complete without it
+        self.done = False  # the answer is complete: its call is whole, or one call too many began
+        self.extra = False  # ... the latter (the text read last is not part of the answer)
 
     def feed(self, text: str, token: Token | None, last: bool = False) -> Delta:
         reasoning, content, calls = "", "", []
         for d in self.parser.update(text, last):
-            if self.done:
-                continue
             if d.tool_index >= 0 and self.max_calls is not None and d.tool_index >= self.max_calls:
-                self.done = True   # common's grammar allows more calls than were asked for
                 continue
             reasoning += d.reasoning
             content += d.content
@@ -389,9 +387,12 @@ class AnswerReader:
                     self.ids.append(d.id or call_id())
                 calls.append(ToolCallDelta(d.tool_index, self.ids[d.tool_index] if d.name else "", d.name,
                                            d.arguments))
+        # common's grammars allow more calls than were asked for: one more beginning ends the answer
+        if self.max_calls is not None and not last:
+            self.extra = self.done = self.parser.calls_begun > self.max_calls
         self.out.reasoning += reasoning
         self.out.content += content
-        if last or self.done:
+        if last or self.extra:
             self.out.tool_calls = [ToolCall(self.ids[i], c.name, c.arguments)
                                    for i, c in enumerate(self.parser.tool_calls[: len(self.ids)])]
         return Delta(content, reasoning, token, tuple(calls))
@@ -426,14 +427,23 @@ def reply(engine: ChatEngine, messages: Sequence[Message | Mapping[str, Any]], m
         if stops.stopped or reader.done:
             break
     out.reused_tokens = gen.reused_tokens
-    if not reader.done:
+    if not reader.extra:
         last = reader.feed("" if stops.stopped else stops.flush(), None, last=True)
         if last.content or last.reasoning or last.tool_calls:
             yield last
     ended = stops.stopped or reader.done or gen.stop_reason == "end_of_generation"
     out.finish_reason = "stop" if ended else "length"
-    if out.tool_calls and ended:   # a call cut by max_tokens is not a call to make: "length"
+    # a call cut by max_tokens (its arguments not whole JSON) is not a call to make: "length"
+    if out.tool_calls and (ended or all(_whole_json(c.arguments) for c in out.tool_calls)):
         out.finish_reason = "tool_calls"
+
+
+def _whole_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 class Session:

@@ -44,6 +44,7 @@ void bind_chat(nb::module_ & m) {
         .def("update", &bmoe::ChatParser::update, nb::arg("text"), nb::arg("last") = false)
         .def_prop_ro("content", &bmoe::ChatParser::content)
         .def_prop_ro("reasoning", &bmoe::ChatParser::reasoning)
-        .def_prop_ro("tool_calls", &bmoe::ChatParser::tool_calls);
+        .def_prop_ro("tool_calls", &bmoe::ChatParser::tool_calls)
+        .def_prop_ro("calls_begun", &bmoe::ChatParser::calls_begun);
     m.def("json_schema_grammar", &bmoe::json_schema_grammar, nb::arg("schema_json"));
 }

@@ -340,6 +340,8 @@ std::vector<ChatToolCall> ChatParser::tool_calls() const {
     return out;
 }
 
+size_t ChatParser::calls_begun() const { return impl_->msg.tool_calls.size(); }
+
 std::string json_schema_grammar(const std::string & schema_json) {
     return refused("the JSON schema cannot be turned into a grammar",
                    [&] { return json_schema_to_grammar(common_json::parse(schema_json)); });

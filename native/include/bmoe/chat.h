@@ -96,6 +96,7 @@ public:
     std::string content() const;
     std::string reasoning() const;
     std::vector<ChatToolCall> tool_calls() const;
+    size_t calls_begun() const;  // tool calls the parse has seen begin (also one whose name is not whole yet)
 
 private:
     struct Impl;
