@@ -48,7 +48,6 @@ def test_stock_upstream_build_succeeds_without_the_hook(tmp_path: Path) -> None:
          "-w", str(tmp_path / "wheel"),
          f"-Cbuild-dir={build_dir}",
          "-Ccmake.define.BMOE_LLAMA_PATCHES=OFF",
-         "-Ccmake.define.BMOE_WITH_COMMON=OFF",
          str(REPO)],
         check=True, env=env, capture_output=True, text=True, timeout=1500,
     )

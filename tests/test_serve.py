@@ -141,7 +141,7 @@ def test_chat_streamed_equals_chat_whole_and_greedy_equals_generate(server: Serv
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     # Greedy: the answer is `generate` on the prompt the template renders.
     with Engine(model, StreamConfig(threads=1)) as e:
-        prompt = chat.render(chat.template_for(e), [chat.as_message(m) for m in messages])
+        prompt = chat.render(chat.template_for(e), [chat.as_message(m) for m in messages]).prompt
         assert e.run(e.tokenize(prompt), 12, Sampling(temp=0.0)).text == text
 
 
@@ -186,8 +186,8 @@ def test_sampling_is_seeded_and_stop_strings_stop(server: Server) -> None:
     ({"messages": [{"role": "user", "content": "hi</s>"}]}, 400, "control tokens"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, 400, "string 'text'"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools"),
-    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
-     400, "no tool calling"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
     ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema"}}, 400,
      "json_schema"),
 ])

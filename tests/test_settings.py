@@ -28,8 +28,8 @@ def test_the_python_table_is_the_native_declaration_row_for_row() -> None:
     assert rows == [s.name for s in settings.SETTINGS]
     assert len(rows) == len(set(rows)) >= 30
     assert {s.name for s in settings.SAMPLING_SETTINGS} == {
-        "temp", "top_k", "top_p", "min_p", "seed", "grammar", "logit_bias", "repeat_penalty", "presence_penalty",
-        "frequency_penalty", "penalty_last_n", "logprobs"}
+        "temp", "top_k", "top_p", "min_p", "seed", "grammar", "grammar_triggers", "grammar_prefill", "logit_bias",
+        "repeat_penalty", "presence_penalty", "frequency_penalty", "penalty_last_n", "logprobs"}
 
 
 def _typer_flags(call: ast.Call) -> set[str]:

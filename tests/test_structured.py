@@ -1,10 +1,12 @@
 """Structured output and tools: grammar-constrained sampling (`response_format` json_object/json_schema, a
-forced tool call) in the engine's sampler chain, and tool calls rendered by a model's own Jinja template
-(a gguf carrying Qwen3's real template) and parsed back into OpenAI's `tool_calls` — with the real
-engine on a tiny random-weight model, and OpenAI's own client against a real server process."""
+forced tool call) in the engine's sampler chain with llama.cpp common's grammars, and tool calls rendered
+by a model's own template (a gguf carrying Qwen3's real template) and parsed back into OpenAI's
+`tool_calls` by common — with the real engine on a tiny random-weight model, and OpenAI's own client
+against a real server process. Every other vendored template: test_templates.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -16,7 +18,7 @@ import openai
 import pytest
 
 from bmoe_edge import llama_source
-from bmoe_edge.engine import chat, grammar, tools
+from bmoe_edge.engine import chat
 from bmoe_edge.engine.session import Engine, Sampling
 from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
@@ -86,7 +88,7 @@ def qwen3_model(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("temp, seed", [(0.0, 0), (0.8, 1), (0.8, 2), (1.5, 3)])
 def test_schema_output_parses_and_follows_the_schema(engine: Engine, temp: float, seed: int) -> None:
-    g = grammar.from_schema(SCHEMA)
+    g = chat.schema_grammar(SCHEMA)
     text = "".join(t.text for t in engine.generate(engine.tokenize("The quick brown fox"), 200,
                                                    Sampling(temp=temp, seed=seed, grammar=g)))
     assert follows(json.loads(text)), text
@@ -94,9 +96,10 @@ def test_schema_output_parses_and_follows_the_schema(engine: Engine, temp: float
 
 def test_json_object_answers_that_end_are_json_objects(engine: Engine) -> None:
     ended = 0
+    any_object = chat.schema_grammar({"type": "object"})
     for seed in range(6):
         gen_tokens = list(engine.generate(engine.tokenize("Hello"), 64,
-                                          Sampling(temp=0.8, seed=seed, grammar=grammar.json_object())))
+                                          Sampling(temp=0.8, seed=seed, grammar=any_object)))
         text = "".join(t.text for t in gen_tokens)
         assert text.startswith("{"), text
         if len(gen_tokens) < 64:       # ended by the model (the grammar allows only the end then)
@@ -108,7 +111,7 @@ def test_json_object_answers_that_end_are_json_objects(engine: Engine) -> None:
 def test_no_grammar_leaves_greedy_unchanged_and_a_bad_grammar_is_one_line(engine: Engine, model: Path) -> None:
     prompt = engine.tokenize("The quick brown fox")
     before = [t.id for t in engine.generate(prompt, 12, Sampling())]
-    list(engine.generate(prompt, 8, Sampling(grammar=grammar.from_schema(SCHEMA))))
+    list(engine.generate(prompt, 8, Sampling(grammar=chat.schema_grammar(SCHEMA))))
     with pytest.raises(BmoeError, match="the grammar does not parse"):
         list(engine.generate(prompt, 4, Sampling(grammar="root ::= nothing-here")))
     assert [t.id for t in engine.generate(prompt, 12, Sampling())] == before
@@ -116,16 +119,36 @@ def test_no_grammar_leaves_greedy_unchanged_and_a_bad_grammar_is_one_line(engine
         assert [t.id for t in resident.generate(prompt, 12, Sampling())] == before
 
 
+def test_a_lazy_grammar_holds_from_its_trigger_on(engine: Engine) -> None:
+    """grammar_triggers: the text before the trigger is the model's own; from it on, the grammar's."""
+    prompt = engine.tokenize("The quick brown fox")
+    free = [t.text for t in engine.generate(prompt, 8, Sampling())]
+    word = free[3].strip()
+    assert word
+    lazy = Sampling(grammar=f'root ::= "{word}" "!!!"', grammar_triggers=re.escape(word))
+    text = "".join(t.text for t in engine.generate(prompt, 20, lazy))
+    assert text.startswith("".join(free[:3])) and text.endswith(f"{word}!!!"), (free, text)
+
+
+def test_schemas_the_old_converter_refused_are_followed(engine: Engine) -> None:
+    """common's converter covers more of JSON Schema (patterns, bounds, open objects) than the hand-written
+    one did: what it refused by name is now followed."""
+    cases = [({"type": "string", "pattern": "^a{2,4}b$"}, lambda v: re.fullmatch("a{2,4}b", v)),
+             ({"type": "object", "properties": {"a": {"type": "integer", "minimum": 3, "maximum": 9}},
+               "required": ["a"]}, lambda v: 3 <= v["a"] <= 9)]
+    for schema, holds in cases:
+        text = "".join(t.text for t in engine.generate(engine.tokenize("Go"), 60,
+                                                       Sampling(grammar=chat.schema_grammar(schema))))
+        assert holds(json.loads(text)), text
+
+
 @pytest.mark.parametrize("schema, needle", [
-    ({"type": "string", "pattern": "^a+$"}, "pattern"),
-    ({"type": "object", "properties": {"a": {"type": "integer", "minimum": 3}}}, "minimum"),
-    ({"type": "object", "properties": {"a": {}}, "additionalProperties": True}, "additionalProperties"),
-    ({"$ref": "https://example.com/s.json"}, "only local references"),
-    ({"type": "tuple"}, "unknown JSON schema type"),
+    ({"$ref": "https://example.com/s.json"}, "schema"),
+    ({"type": "tuple"}, "schema"),
 ])
-def test_unsupported_schemas_are_refused_by_name(schema: dict, needle: str) -> None:
-    with pytest.raises(grammar.UnsupportedSchema, match=needle):
-        grammar.from_schema(schema)
+def test_unsupported_schemas_are_refused_in_one_line(schema: dict, needle: str) -> None:
+    with pytest.raises(BmoeError, match=needle):
+        chat.schema_grammar(schema)
 
 
 def test_recursive_refs_and_optional_members(engine: Engine) -> None:
@@ -133,7 +156,7 @@ def test_recursive_refs_and_optional_members(engine: Engine) -> None:
         "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
         "required": ["v"], "additionalProperties": False}}, "$ref": "#/$defs/node"}
     for seed in range(3):
-        sampling = Sampling(temp=0.7, seed=seed, grammar=grammar.from_schema(tree))
+        sampling = Sampling(temp=0.7, seed=seed, grammar=chat.schema_grammar(tree))
         text = "".join(t.text for t in engine.generate(engine.tokenize("Tree"), 300, sampling))
         try:
             value = json.loads(text)
@@ -146,37 +169,38 @@ def test_recursive_refs_and_optional_members(engine: Engine) -> None:
 # Tool calls: the template, the parser.
 
 
-def test_qwen3s_own_template_renders_tools_calls_and_results() -> None:
-    source = QWEN3_TEMPLATE.read_text()
-    style = tools.tool_style(source)
-    assert style is not None and style.name == "hermes"
-    messages = [tools.message_dict(m) for m in [
+def test_qwen3s_own_template_renders_tools_calls_and_results(engine: Engine) -> None:
+    t = chat.template_for(engine, str(QWEN3_TEMPLATE))
+    messages = [
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
             "name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "21 C"},
-    ]]
-    text = tools.render(source, messages, tools=[WEATHER], think=False)
-    assert text.startswith("<|im_start|>system\n# Tools") and json.dumps(WEATHER["function"]["parameters"]) in text
+    ]
+    text = chat.render(t, messages, chat.Turn(tools=(WEATHER,), think=False)).prompt
+    assert text.startswith("<|im_start|>system\n# Tools") and '"get_weather"' in text
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>' in text
     assert "<|im_start|>user\n<tool_response>\n21 C\n</tool_response><|im_end|>" in text
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    assert tools.tool_style(chat.FALLBACK_TEMPLATE) is None
 
 
 @pytest.mark.parametrize("cut", [1, 3, 7, 1000])
-def test_tool_calls_are_split_out_of_streamed_text(cut: int) -> None:
+def test_tool_calls_are_read_out_of_streamed_text(engine: Engine, cut: int) -> None:
+    t = chat.template_for(engine, str(QWEN3_TEMPLATE))
+    prompt = chat.render(t, [{"role": "user", "content": "Oslo?"}], chat.Turn(tools=(WEATHER, CLOCK), think=False))
     answer = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
-              '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>then <tool_call>not json</tool_call>')
-    split = tools.ToolCallSplit(tools.TOOL_STYLES[0])
-    text, calls = "", []
-    for i in range(0, len(answer), cut):
-        t, c = split.feed(answer[i:i + cut])
-        text, calls = text + t, calls + c
-    t, c = split.flush()
-    text, calls = text + t, calls + c
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Oslo"}), ("get_time", {})]
-    assert text == "Let me check.\nthen <tool_call>not json</tool_call>"
+              '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    out = chat.Reply()
+    reader = chat.AnswerReader(prompt, out)
+    deltas = [reader.feed(answer[i:i + cut], None) for i in range(0, len(answer), cut)]
+    deltas.append(reader.feed("", None, last=True))
+    assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [("get_weather", {"city": "Oslo"}),
+                                                                          ("get_time", {})]
+    assert out.content.strip() == "Let me check."
+    pieces = [c for d in deltas for c in d.tool_calls]
+    for i, call in enumerate(out.tool_calls):
+        assert "".join(p.arguments for p in pieces if p.index == i) == call.arguments
+        assert [p.id for p in pieces if p.index == i and p.name] == [call.id]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -205,9 +229,9 @@ def test_response_format_json_schema_and_json_object(server: Server) -> None:
     completion = client.completions.create(model=server.model_id, prompt="A fox:", max_tokens=120, temperature=0,
                                            extra_body={"response_format": fmt})
     assert follows(json.loads(completion.choices[0].text))
-    with pytest.raises(openai.BadRequestError, match="pattern"):
+    with pytest.raises(openai.BadRequestError, match="schema"):
         client.chat.completions.create(response_format={"type": "json_schema", "json_schema": {
-            "name": "x", "schema": {"type": "string", "pattern": "a+"}}}, **kw)
+            "name": "x", "schema": {"$ref": "https://example.com/s.json"}}}, **kw)
     with pytest.raises(openai.BadRequestError, match="response_format"):
         client.chat.completions.create(response_format={"type": "yaml"}, **kw)   # type: ignore[arg-type]
 
@@ -219,16 +243,17 @@ def test_a_required_tool_call_comes_back_as_tool_calls_streamed_or_not(server: S
     reply = client.chat.completions.create(**kw)
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
-    [call] = choice.message.tool_calls
+    [call] = choice.message.tool_calls   # parallel_tool_calls is off by default: one call, then the answer ends
     args = json.loads(call.function.arguments)
-    assert call.type == "function" and call.id.startswith("call_")
+    assert call.type == "function" and len(call.id) == 9 and call.id.isalnum()
     assert (call.function.name == "get_weather" and set(args) == {"city", "unit"}) or \
         (call.function.name == "get_time" and args["zone"] in ("utc", "local"))
     chunks = list(client.chat.completions.create(stream=True, **kw))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     streamed = [tc for d in deltas for tc in (d.tool_calls or [])]
-    assert [(tc.index, tc.function.name, tc.function.arguments) for tc in streamed] == \
-        [(0, call.function.name, call.function.arguments)]
+    assert [tc.function.name for tc in streamed if tc.function.name] == \
+        [c.function.name for c in choice.message.tool_calls] and all(tc.id for tc in streamed if tc.function.name)
+    assert "".join(tc.function.arguments for tc in streamed if tc.index == 0) == call.function.arguments
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     # a named function: that one
     named = client.chat.completions.create(**{**kw, "tool_choice": {"type": "function",
@@ -240,7 +265,7 @@ def test_a_required_tool_call_comes_back_as_tool_calls_streamed_or_not(server: S
         {"role": "user", "content": "Weather in Oslo?"},
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": "4 C, rain"}])
-    assert follow.usage.completion_tokens >= 1 and follow.usage.prompt_tokens > reply.usage.prompt_tokens
+    assert follow.usage.completion_tokens >= 1
     with pytest.raises(openai.BadRequestError, match="tool_choice"):
         client.chat.completions.create(**{**kw, "tool_choice": {"type": "function", "function": {"name": "nope"}}})
 
@@ -251,23 +276,23 @@ def test_a_required_tool_call_comes_back_as_tool_calls_streamed_or_not(server: S
 GPT_OSS_TEMPLATE = llama_source.default_dest(True) / "models" / "templates" / "openai-gpt-oss-120b.jinja"
 
 
-def test_gpt_oss_template_takes_the_reasoning_effort() -> None:
-    source = GPT_OSS_TEMPLATE.read_text()
-    messages = [tools.message_dict({"role": "user", "content": "Hi"})]
-    high = tools.render(source, messages, tools=None, variables={"reasoning_effort": "high"})
+def test_gpt_oss_template_takes_the_reasoning_effort(engine: Engine) -> None:
+    t = chat.template_for(engine, str(GPT_OSS_TEMPLATE))
+    messages = [{"role": "user", "content": "Hi"}]
+    high = chat.render(t, messages, chat.Turn(kwargs={"reasoning_effort": "high"})).prompt
     assert "Reasoning: high\n" in high and high.endswith("<|start|>user<|message|>Hi<|end|><|start|>assistant")
-    assert "Reasoning: medium\n" in tools.render(source, messages, tools=None)     # the template's default
-    assert tools.tool_style(source) is None    # Harmony calls (commentary channel) are not parsed: 400 for tools
+    assert "Reasoning: medium\n" in chat.render(t, messages).prompt     # the template's default
 
 
 def test_harmony_channels_split_reasoning_from_the_answer(engine: Engine) -> None:
-    assert chat.harmony_ids(engine) is None    # the fixture's vocabulary has no Harmony tokens: text as before
-    ids = {"<|start|>": 1, "<|channel|>": 2, "<|message|>": 3, "<|end|>": 4}
-    split = chat.HarmonySplit(ids)
-    stream = [(2, ""), (10, "analysis"), (3, ""), (11, "Think "), (12, "hard."), (4, ""), (1, ""), (13, "assistant"),
-              (2, ""), (14, "final"), (3, ""), (15, "Hi"), (16, "!"), (None, "")]
-    pieces = [split.feed(i, t) for i, t in stream]
-    assert "".join(r for r, _ in pieces) == "Think hard." and "".join(a for _, a in pieces) == "Hi!"
+    t = chat.template_for(engine, str(GPT_OSS_TEMPLATE))
+    out = chat.Reply()
+    reader = chat.AnswerReader(chat.render(t, [{"role": "user", "content": "Hi"}]), out)
+    for piece in ["<|channel|>analysis<|message|>Think ", "hard.<|end|><|start|>assistant", "<|channel|>final",
+                  "<|message|>Hi", "!"]:
+        reader.feed(piece, None)
+    reader.feed("", None, last=True)
+    assert out.reasoning == "Think hard." and out.content == "Hi!"
 
 
 def test_a_reasoning_effort_needs_a_template_that_takes_it(server: Server) -> None:
@@ -281,14 +306,12 @@ def test_a_reasoning_effort_needs_a_template_that_takes_it(server: Server) -> No
 
 
 @pytest.mark.parametrize("parameters, needle", [
-    ({"type": "object", "properties": {"a": {}}, "required": [[1]], "additionalProperties": False}, "required"),
     ({"type": "object", "$defs": [], "properties": {"a": {"$ref": "#/$defs/x"}}, "additionalProperties": False},
      "$defs"),
     ({"type": "object", "properties": [1]}, "properties"),
     ({"type": "object", "properties": {"a": {"type": "array", "items": {"enum": 3}}}, "additionalProperties": False},
      "enum"),
     ({"$ref": "#/$defs/a", "$defs": {"a": {"type": {"x": 1}}}}, "schema"),
-    ({"type": "object", "properties": {"n": {"type": []}}, "additionalProperties": False}, "at least one type"),
 ])
 def test_a_forced_call_with_a_bad_schema_is_a_400_and_the_server_goes_on(server: Server, parameters: dict,
                                                                         needle: str) -> None:
@@ -302,21 +325,23 @@ def test_a_forced_call_with_a_bad_schema_is_a_400_and_the_server_goes_on(server:
 
 
 def test_bad_schemas_never_crash_the_converter() -> None:
+    """Each is refused in one line or turned into a grammar; none ends the process."""
     for schema in ({"required": [[1]], "properties": {}}, {"$defs": [], "$ref": "#/$defs/a"},
                    {"$defs": {"a": {"type": 3}}, "$ref": "#/$defs/a"},
                    {"type": "array", "items": [1]}, {"anyOf": [{"type": "string"}, 5]},
                    {"$ref": "#/$defs/a", "$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}},
                    {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}):
-        with pytest.raises(grammar.UnsupportedSchema):
-            grammar.from_schema(schema)
+        with contextlib.suppress(BmoeError):
+            assert "root" in chat.schema_grammar(schema)
 
 
-def test_a_tool_call_nested_past_the_recursion_limit_stays_text() -> None:
-    deep = '{"name": "f", "arguments": ' + "[" * 100000 + "]" * 100000 + "}"
-    assert tools.parse_call(deep) is None
-    split = tools.ToolCallSplit(tools.TOOL_STYLES[0])
-    text, calls = split.feed(f"<tool_call>\n{deep}\n</tool_call>")
-    assert calls == [] and text.startswith("<tool_call>")
+def test_a_tool_call_nested_deep_is_read_without_crashing(engine: Engine) -> None:
+    t = chat.template_for(engine, str(QWEN3_TEMPLATE))
+    prompt = chat.render(t, [{"role": "user", "content": "x"}], chat.Turn(tools=(WEATHER,), think=False))
+    deep = '{"name": "get_weather", "arguments": ' + "[" * 2000 + "]" * 2000 + "}"
+    out = chat.Reply()
+    chat.AnswerReader(prompt, out).feed(f"<tool_call>\n{deep}\n</tool_call>", None, last=True)
+    assert out.tool_calls or out.content
 
 
 FORGED = "</s>"   # a control token of the fixture's vocabulary

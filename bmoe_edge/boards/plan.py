@@ -94,7 +94,6 @@ def plan_build(profile: BoardProfile, out: Path = Path("dist"), jobs: int | None
                         f"Python {host_python()}: build with a {py} virtualenv")
     root = sysroot.sysroot_for(profile.arch, py) if cross else None
     defines = {
-        "BMOE_WITH_COMMON": "OFF",   # as the CMake default (native/CMakeLists.txt): the engine does not link it
         "BMOE_HOST_NATIVE": "OFF",
         "BMOE_LLAMA_PATCHES": "ON",
         "CMAKE_EXPORT_COMPILE_COMMANDS": "ON",

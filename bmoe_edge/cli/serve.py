@@ -32,8 +32,8 @@ ModelOpt = Annotated[Path, typer.Option("-m", "--model", help="The gguf model (f
 BoardOpt = Annotated[str | None, typer.Option("--board", help="Take the defaults from this board profile "
                                               "(default: this machine's: the deployed board's, else host).")]
 TemplateOpt = Annotated[str | None, typer.Option(
-    "--chat-template", help="A llama.cpp built-in template name (chatml, llama3, gpt-oss, ...) or a file with a "
-    "model's Jinja template (default: the model's own; ChatML when it has none).")]
+    "--chat-template", help="A file with a model's Jinja template (any of llama.cpp's models/templates), or "
+    "chatml (default: the model's own; ChatML when it has none).")]
 
 
 @app.command("chat")

@@ -1,9 +1,14 @@
-"""Conversations on the engine: the model's chat template rendered by llama.cpp's own template engine,
-thinking control, the reasoning kept apart from the answer, stop strings, and the context kept from
-one turn to the next so that only what is new gets decoded (docs/chat.md)."""
+"""Conversations on the engine through llama.cpp's own chat layer (`common`, native/src/chat.cpp): the
+model's template rendered by its Jinja engine (tools, earlier tool calls and results, thinking on or off,
+the template's own switches), the grammar a forced tool call or a response_format needs, and the answer
+read back into reasoning, content and tool calls as it streams, for each of the formats common knows.
+Here: stop strings, the control-token rule, and the context kept from one turn to the next so that only
+what is new gets decoded (docs/serve.md)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -12,11 +17,11 @@ from typing import Any, Protocol
 
 from bmoe_edge.engine import native
 from bmoe_edge.engine.generation import Generation, PositionLogprobs, Sampling, Token, TokenMetrics
-from bmoe_edge.engine.tools import ToolCall, ToolCallSplit, ToolStyle, text_parts
+from bmoe_edge.engine.tools import ToolCall, call_id, text_parts
 from bmoe_edge.errors import BmoeError
 
 ROLES = ("system", "user", "assistant", "tool")
-FALLBACK_TEMPLATE = "chatml"  # a llama.cpp built-in: what a model without a template gets
+FALLBACK_TEMPLATE = "chatml"  # common's own ChatML: what a model without a template gets
 
 
 class ChatEngine(Protocol):
@@ -25,6 +30,8 @@ class ChatEngine(Protocol):
 
     @property
     def chat_template(self) -> str: ...
+
+    def chat_templates(self, source: str = "") -> Any: ...
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool | None = None) -> list[int]: ...
 
@@ -43,47 +50,70 @@ class ChatEngine(Protocol):
 class Message:
     role: str
     content: str
-    reasoning: str = ""  # an answer's reasoning, kept for the user; templates do not send it back
+    reasoning: str = ""  # an answer's reasoning, kept for the user; not sent back to the template
 
-
-@dataclass(frozen=True)
-class ThinkingStyle:
-    """How a template family marks reasoning, and how (if at all) it is switched off."""
-
-    name: str
-    marker: str  # found in a template's source: this family
-    start: str
-    end: str
-    off_suffix: str = ""  # appended to the assistant's opening to answer without reasoning; "" = no switch
-
-
-# The first row whose marker the template contains wins.
-THINKING_STYLES = (
-    # Qwen3's template: `enable_thinking=false` writes an empty reasoning block into the assistant's turn.
-    ThinkingStyle("qwen3", marker="enable_thinking", start="<think>", end="</think>",
-                  off_suffix="<think>\n\n</think>\n\n"),
-    # DeepSeek-R1, GLM-4.5, MiniMax-M2 and others reason in <think> tags without a switch.
-    ThinkingStyle("think-tags", marker="<think>", start="<think>", end="</think>"),
-)
+    def openai(self) -> dict[str, Any]:
+        return {"role": self.role, "content": self.content}
 
 
 @dataclass(frozen=True)
 class Template:
-    source: str  # a Jinja source as a gguf stores it, or a llama.cpp built-in name
+    native: Any  # native.ChatTemplates
     origin: str  # "model", "given" or "fallback"
-    thinking: ThinkingStyle | None
     note: str = ""  # what the user should hear once (why the fallback)
+
+    @property
+    def source(self) -> str:
+        return self.native.source
+
+    @functools.cached_property
+    def reasons(self) -> bool:
+        """The template's answers reason (in the markers common found for it)."""
+        return bool(self.native.supports_thinking)
+
+    @functools.cached_property
+    def thinking(self) -> bool:
+        """The template has a switch for reasoning: enable_thinking changes what it renders."""
+        n = native.load()
+        rendered = []
+        for on in (True, False):
+            inputs = n.ChatInputs()
+            inputs.messages_json = '[{"role": "user", "content": "x"}]'
+            inputs.tool_choice = "none"
+            inputs.enable_thinking = on
+            with native.engine_errors():
+                rendered.append(self.native.apply(inputs).prompt)
+        return rendered[0] != rendered[1]
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of one tool call as it streams (OpenAI's `delta.tool_calls[i]`): the first carries its id
+    and name, the rest more of its arguments."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+    def openai(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": self.index}
+        if self.name:
+            out |= {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        else:
+            out["function"] = {"arguments": self.arguments}
+        return out
 
 
 @dataclass(frozen=True)
 class Delta:
-    """A piece of an answer as it arrives: text of the answer, text of the reasoning, or neither (a
-    token still held back, e.g. the start of a possible stop string)."""
+    """A piece of an answer as it arrives: text of the answer, text of the reasoning, pieces of tool calls,
+    or none of them (a token still held back, e.g. the start of a possible stop string)."""
 
     content: str = ""
     reasoning: str = ""
     token: Token | None = None
-    tool_calls: tuple[ToolCall, ...] = ()  # calls that closed with this piece (engine/tools.py)
+    tool_calls: tuple[ToolCallDelta, ...] = ()
     # The log-probabilities of the tokens behind a piece that is not one generated token (serve's echo of
     # a prompt); a generated token's are its own (token.logprobs).
     logprobs: tuple[PositionLogprobs, ...] = ()
@@ -95,7 +125,7 @@ class Reply:
 
     content: str = ""
     reasoning: str = ""
-    finish_reason: str = ""  # "stop" or "length" (OpenAI's words)
+    finish_reason: str = ""  # "stop", "length" or "tool_calls" (OpenAI's words)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reused_tokens: int = 0  # prompt tokens whose keys and values the context already held
@@ -103,41 +133,61 @@ class Reply:
     tool_calls: list[ToolCall] = field(default_factory=list)
 
 
-def thinking_style(source: str) -> ThinkingStyle | None:
-    return next((s for s in THINKING_STYLES if s.marker in source), None)
+@dataclass(frozen=True)
+class Turn:
+    """What a conversation asks of the template beyond its messages (OpenAI's request fields)."""
+
+    tools: tuple[Mapping[str, Any], ...] = ()
+    tool_choice: str = "auto"  # "auto", "none", "required" or one tool's name
+    json_schema: Mapping[str, Any] | None = None  # response_format: the answer is JSON following it
+    think: bool | None = None  # None: the template's default
+    kwargs: Mapping[str, Any] = field(default_factory=dict)  # the template's own switches (reasoning_effort)
+    continue_final: bool = False  # the last (assistant) message is continued
+    parallel: bool = False  # several tool calls in one answer; else the answer ends after its first call
 
 
-def builtin_templates() -> list[str]:
-    return list(native.load().builtin_chat_templates())
+def _source(given: str) -> str:
+    path = Path(given)
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    if given == FALLBACK_TEMPLATE or "{{" in given or "{%" in given:
+        return given
+    raise BmoeError(f"the chat template {given!r} is neither a file with a model's Jinja template nor "
+                    f"{FALLBACK_TEMPLATE!r}")
 
 
-def _recognised(source: str) -> bool:
-    n = native.load()
+def _renders(templates: Any) -> str:
+    """Why the template cannot render a plain conversation ("" when it can)."""
     try:
-        n.apply_chat_template(source, [n.ChatMessage("user", "x")], True)
-    except n.EngineError:
-        return False
-    return True
+        render(Template(templates, "check"), [{"role": "user", "content": "x"}])
+    except BmoeError as exc:
+        return str(exc)
+    return ""
 
 
 def template_for(engine: ChatEngine, given: str | None = None) -> Template:
-    """The template a conversation uses: `given` (a built-in name or a Jinja file), else the model's,
+    """The template a conversation uses: `given` (a Jinja file or source, or "chatml"), else the model's,
     else ChatML with a note saying why."""
     if given:
-        source = Path(given).read_text(encoding="utf-8") if Path(given).is_file() else given
-        if not _recognised(source):
-            raise BmoeError(f"llama.cpp does not recognise the chat template {given!r}: give one of "
-                            f"{', '.join(builtin_templates())} or a file with a model's template")
-        return Template(source, "given", thinking_style(source))
-    own = engine.chat_template
-    if not own:
-        return Template(FALLBACK_TEMPLATE, "fallback", None,
+        with native.engine_errors():
+            templates = engine.chat_templates(_source(given))
+        why = _renders(templates)
+        if why:
+            raise BmoeError(f"the chat template {given!r} does not work: {why}")
+        return Template(templates, "given")
+    if not engine.chat_template:
+        return Template(engine.chat_templates(FALLBACK_TEMPLATE), "fallback",
                         note="the model has no chat template (tokenizer.chat_template): using ChatML")
-    if not _recognised(own):
-        return Template(FALLBACK_TEMPLATE, "fallback", None,
-                        note="llama.cpp does not recognise the model's chat template: using ChatML "
+    try:
+        templates = engine.chat_templates()
+        why = _renders(templates)
+    except BmoeError as exc:
+        why = str(exc)
+    if why:
+        return Template(engine.chat_templates(FALLBACK_TEMPLATE), "fallback",
+                        note=f"the model's chat template does not work here ({why[:200]}): using ChatML "
                              "(--chat-template picks another)")
-    return Template(own, "model", thinking_style(own))
+    return Template(templates, "model")
 
 
 def as_message(m: Message | Mapping[str, Any]) -> Message:
@@ -153,27 +203,58 @@ def as_message(m: Message | Mapping[str, Any]) -> Message:
     return Message(role, content)
 
 
-def render(template: Template, messages: Sequence[Message], *, think: bool | None = None) -> str:
-    """The prompt text for the assistant's next turn."""
+def _openai(m: Message | Mapping[str, Any]) -> Mapping[str, Any]:
+    return m.openai() if isinstance(m, Message) else m
+
+
+def render(template: Template, messages: Sequence[Message | Mapping[str, Any]], turn: Turn = Turn()) -> Any:
+    """The prompt for the assistant's next turn, and how to sample and read the answer (a native
+    ChatPrompt: text, grammar, lazy triggers, the answer's parser)."""
     if not messages:
         raise BmoeError("a conversation needs at least one message")
     n = native.load()
+    inputs = n.ChatInputs()
+    inputs.messages_json = json.dumps([_openai(m) for m in messages], ensure_ascii=False)
+    if turn.tools:
+        inputs.tools_json = json.dumps(list(turn.tools), ensure_ascii=False)
+        named = turn.tool_choice not in ("auto", "none", "required")
+        inputs.tool_choice = "required" if named else turn.tool_choice
+        inputs.tool_name = turn.tool_choice if named else ""
+    else:
+        inputs.tool_choice = "none"
+    if turn.json_schema is not None:
+        inputs.json_schema = json.dumps(turn.json_schema, ensure_ascii=False)
+    think = turn.think
+    forced = (turn.tools and turn.tool_choice not in ("auto", "none")) or turn.json_schema is not None
+    if think is None and forced:   # the grammar from the first token: no open-ended reasoning before it
+        think = False
+    if think is False and not template.thinking and not forced:
+        raise BmoeError("this model's chat template has no switch for reasoning (thinking): drop --no-think")
+    inputs.enable_thinking = think is not False
+    # a forced call without reasoning starts right away: the answer opens with the call (common's grammar
+    # alone would let text come first, for as long as the model likes)
+    inputs.start_with_call = bool(turn.tools) and turn.tool_choice not in ("auto", "none") and think is False
+    inputs.continue_final_message = turn.continue_final
+    inputs.parallel_tool_calls = turn.parallel
+    if turn.kwargs:
+        inputs.template_kwargs_json = json.dumps(dict(turn.kwargs), ensure_ascii=False)
     with native.engine_errors():
-        text = n.apply_chat_template(template.source, [n.ChatMessage(m.role, m.content) for m in messages], True)
-    if think is False:
-        style = template.thinking
-        if style is None or not style.off_suffix:
-            raise BmoeError("this model's chat template has no switch for reasoning (thinking): drop --no-think")
-        text += style.off_suffix
-    return text
+        return template.native.apply(inputs)
 
 
-def prompt_tokens(engine: ChatEngine, template: Template, messages: Sequence[Message], *, think: bool | None = None,
+def prompt_tokens(engine: ChatEngine, prompt: Any, messages: Sequence[Message | Mapping[str, Any]],
                   parse_special: bool = False) -> list[int]:
-    """Render and tokenize. The template's own markers are control tokens; text a user wrote that spells
-    one (e.g. "<|im_end|>") is refused unless `parse_special`, so nobody can forge a turn."""
-    check_text(engine, messages, parse_special)
-    return engine.tokenize(render(template, messages, think=think), True, True)
+    """Tokenize a rendered prompt. The template's own markers are control tokens; text a user wrote that
+    spells one (e.g. "<|im_end|>") is refused unless `parse_special`, so nobody can forge a turn."""
+    check_text(engine, [_plain(m) if isinstance(m, Mapping) else m for m in messages], parse_special)
+    return engine.tokenize(prompt.prompt, True, True)
+
+
+def _plain(m: Mapping[str, Any]) -> Message:
+    content = m.get("content")
+    if isinstance(content, list):
+        content = text_parts(content, str(m.get("role")))
+    return Message(str(m.get("role")), content if isinstance(content, str) else "")
 
 
 def check_text(engine: ChatEngine, messages: Sequence[Message], parse_special: bool = False) -> None:
@@ -203,46 +284,25 @@ def check_strings(engine: ChatEngine, fields: Sequence[tuple[str, str]], parse_s
                     "(or allow it with --parse-special)")
 
 
-HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")  # gpt-oss's message framing (control tokens)
-HARMONY_REASONING = ("analysis",)  # channels whose text is reasoning; final/commentary are the answer
+def schema_grammar(schema: Any) -> str:
+    """GBNF for a JSON schema (common's json_schema_to_grammar), for text that is not a chat."""
+    with native.engine_errors():
+        return native.load().json_schema_grammar(json.dumps(schema, ensure_ascii=False))
 
 
-def harmony_ids(engine: ChatEngine) -> dict[str, int] | None:
-    """The ids of gpt-oss's Harmony control tokens, when the model's vocabulary has them all (its
-    answer then arrives as channels: the engine prints no control token, so they are told apart by id)."""
-    ids = {}
-    for marker in HARMONY:
-        found = engine.tokenize(marker, False, True)
-        if len(found) != 1 or found == engine.tokenize(marker, False, False):
-            return None
-        ids[marker] = found[0]
-    return ids
-
-
-class HarmonySplit:
-    """gpt-oss's answer as it streams: `<|channel|>NAME<|message|>TEXT<|end|>`, repeated (each new message
-    opened by `<|start|>assistant`); the analysis channel is reasoning, the rest the answer."""
-
-    def __init__(self, ids: Mapping[str, int]) -> None:
-        self.by_id = {v: k for k, v in ids.items()}
-        self.part = "header"   # header (role, channel name) | body
-        self.channel = ""
-
-    def feed(self, token_id: int | None, text: str) -> tuple[str, str]:
-        """(reasoning, answer) text of this token."""
-        marker = self.by_id.get(token_id) if token_id is not None else None
-        if marker == "<|channel|>":
-            self.part, self.channel = "channel", ""
-        elif marker == "<|message|>":
-            self.part = "body"
-        elif marker in ("<|end|>", "<|start|>"):
-            self.part = "header"
-        elif self.part == "channel":
-            self.channel += text
-        elif self.part == "body":
-            reasoning = self.channel.split(" ")[0].strip() in HARMONY_REASONING
-            return (text, "") if reasoning else ("", text)
-        return "", ""
+def constrained(sampling: Sampling | None, prompt: Any) -> Sampling:
+    """`sampling` with the prompt's grammar: lazy (from a tool call's opening on) or from the first token
+    (fed the assistant turn's opening first, which a chat format's grammar starts with)."""
+    sampling = sampling or Sampling()
+    if not prompt.grammar:
+        return sampling
+    if sampling.grammar:
+        raise BmoeError("a grammar of the request and a tool call's or response_format's grammar cannot be combined")
+    if prompt.grammar_lazy:
+        if not prompt.triggers:
+            return sampling
+        return dataclasses.replace(sampling, grammar=prompt.grammar, grammar_triggers="\n".join(prompt.triggers))
+    return dataclasses.replace(sampling, grammar=prompt.grammar, grammar_prefill=prompt.generation_prompt)
 
 
 class StopStrings:
@@ -306,117 +366,87 @@ def _kmp_failure(s: str) -> list[int]:
     return fail
 
 
-class ReasoningSplit:
-    """Splits the generated text into reasoning and answer as it streams (a style's start/end markers)."""
+class AnswerReader:
+    """The answer as it streams, read by common's parser for the prompt's format: each update's pieces
+    (reasoning, content, tool-call pieces), and the reply they add up to."""
 
-    def __init__(self, style: ThinkingStyle | None) -> None:
-        self.style = style
-        self.state = "start" if style else "answer"
-        self.held = ""
+    def __init__(self, prompt: Any, out: Reply, *, parallel: bool = True) -> None:
+        self.parser = native.load().ChatParser(prompt)
+        self.out = out
+        self.ids: list[str] = []  # each tool call's id, the same streamed or not
+        self.max_calls = None if parallel else 1
+        self.done = False  # the answer is complete: its call is whole, or one call too many began
+        self.extra = False  # ... the latter (the text read last is not part of the answer)
 
-    def feed(self, text: str) -> tuple[str, str]:
-        """(reasoning, answer) text that is certain now."""
-        self.held += text
-        if self.state == "start":
-            assert self.style is not None
-            head = self.held.lstrip()
-            if head.startswith(self.style.start):
-                self.state, self.held = "reasoning", head[len(self.style.start):]
-            elif not self.style.start.startswith(head):
-                self.state = "answer"
-            else:
-                return "", ""  # still possibly the opening marker
-        if self.state == "reasoning":
-            assert self.style is not None
-            end = self.held.find(self.style.end)
-            if end < 0:
-                keep = max((k for k in range(1, len(self.style.end)) if self.held.endswith(self.style.end[:k])),
-                           default=0)
-                out, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep:]
-                return out, ""
-            reasoning, self.held = self.held[:end], self.held[end + len(self.style.end):].lstrip()
-            self.state = "after"
-            return reasoning, self._answer()
-        return "", self._answer()
-
-    def _answer(self) -> str:
-        if self.state == "after":  # the blank lines between the reasoning and the answer
-            self.held = self.held.lstrip()
-            if not self.held:
-                return ""
-            self.state = "answer"
-        out, self.held = self.held, ""
-        return out
-
-    def flush(self) -> tuple[str, str]:
-        out, self.held = self.held, ""
-        return (out, "") if self.state == "reasoning" else ("", out)
+    def feed(self, text: str, token: Token | None, last: bool = False) -> Delta:
+        reasoning, content, calls = "", "", []
+        for d in self.parser.update(text, last):
+            if d.tool_index >= 0 and self.max_calls is not None and d.tool_index >= self.max_calls:
+                continue
+            reasoning += d.reasoning
+            content += d.content
+            if d.tool_index >= 0:
+                if d.tool_index >= len(self.ids):
+                    self.ids.append(d.id or call_id())
+                calls.append(ToolCallDelta(d.tool_index, self.ids[d.tool_index] if d.name else "", d.name,
+                                           d.arguments))
+        # common's grammars allow more calls than were asked for: one more beginning ends the answer
+        if self.max_calls is not None and not last:
+            self.extra = self.done = self.parser.calls_begun > self.max_calls
+        self.out.reasoning += reasoning
+        self.out.content += content
+        if last or self.extra:
+            self.out.tool_calls = [ToolCall(self.ids[i], c.name, c.arguments)
+                                   for i, c in enumerate(self.parser.tool_calls[: len(self.ids)])]
+        return Delta(content, reasoning, token, tuple(calls))
 
 
 def reply(engine: ChatEngine, messages: Sequence[Message | Mapping[str, Any]], max_tokens: int,
           sampling: Sampling | None = None, *, think: bool | None = None, template: str | Template | None = None,
           stop: Sequence[str] = (), parse_special: bool = False, result: Reply | None = None,
-          prompt_ids: Sequence[int] | None = None, tool_style: ToolStyle | None = None,
-          reuse_kv: bool = True) -> Iterator[Delta]:
+          prompt: Any = None, prompt_ids: Sequence[int] | None = None, reuse_kv: bool = True,
+          parallel: bool = False) -> Iterator[Delta]:
     """Answer the conversation, yielding the answer as it comes. The context keeps its longest common
     prefix with the rendered conversation, so a conversation's next turn decodes only its new tokens.
-    `prompt_ids`: the conversation already rendered and tokenized (`prompt_tokens`), not done again.
-    `tool_style`: the answer's tool calls are taken out of its text (Delta/Reply.tool_calls)."""
-    tmpl = template if isinstance(template, Template) else template_for(engine, template)
+    `prompt`, `prompt_ids`: the conversation already rendered (`render`) and tokenized (`prompt_tokens`).
+    `parallel`: several tool calls may come; else the answer ends when a second one begins (without it)."""
+    if prompt is None:
+        messages = [as_message(m) for m in messages]
+        tmpl = template if isinstance(template, Template) else template_for(engine, template)
+        prompt = render(tmpl, messages, Turn(think=think))
     if prompt_ids is None:
-        msgs = [as_message(m) for m in messages]
-        prompt_ids = prompt_tokens(engine, tmpl, msgs, think=think, parse_special=parse_special)
+        prompt_ids = prompt_tokens(engine, prompt, messages, parse_special)
     ids = list(prompt_ids)
     out = result if result is not None else Reply()
     out.prompt_tokens = len(ids)
     gen = Generation(ids)
-    stops = StopStrings(stop)
-    split = ReasoningSplit(tmpl.thinking)
-    harmony = harmony_ids(engine) if tmpl.thinking is None else None   # a gpt-oss vocabulary
-    channels = HarmonySplit(harmony) if harmony else None
-    calls = None
-    if tool_style is not None:
-        calls = ToolCallSplit(tool_style)
-
-    def answer(content: str, last: bool = False) -> tuple[str, tuple[ToolCall, ...]]:
-        if calls is None:
-            return content, ()
-        text, found = calls.feed(content)
-        if last:
-            tail, more = calls.flush()
-            text, found = text + tail, found + more
-        out.tool_calls += found
-        return text, tuple(found)
-
-    def emit(text: str, token: Token | None) -> Delta:
-        if channels is not None:
-            reasoning, content = channels.feed(token.id if token is not None else None, text)
-        else:
-            reasoning, content = split.feed(text)
-        content, found = answer(content)
-        out.reasoning += reasoning
-        out.content += content
-        return Delta(content, reasoning, token, found)
-
-    for token in engine.generate(ids, max_tokens, sampling, result=gen, reuse_kv=reuse_kv):
+    stops = StopStrings([*stop, *prompt.additional_stops])
+    reader = AnswerReader(prompt, out, parallel=parallel)
+    for token in engine.generate(ids, max_tokens, constrained(sampling, prompt), result=gen, reuse_kv=reuse_kv):
         out.completion_tokens += 1
         out.reused_tokens = gen.reused_tokens
         out.metrics.append(token.metrics)
-        yield emit(stops.feed(token.text), token)
-        if stops.stopped:
+        yield reader.feed(stops.feed(token.text), token)
+        if stops.stopped or reader.done:
             break
     out.reused_tokens = gen.reused_tokens
-    if not stops.stopped:
-        yield emit(stops.flush(), None)
-    reasoning, content = split.flush()
-    content, found = answer(content, last=True)
-    out.reasoning += reasoning
-    out.content += content
-    if reasoning or content or found:
-        yield Delta(content, reasoning, None, found)
-    out.finish_reason = "stop" if stops.stopped or gen.stop_reason == "end_of_generation" else "length"
-    if out.tool_calls:
+    if not reader.extra:
+        last = reader.feed("" if stops.stopped else stops.flush(), None, last=True)
+        if last.content or last.reasoning or last.tool_calls:
+            yield last
+    ended = stops.stopped or reader.done or gen.stop_reason == "end_of_generation"
+    out.finish_reason = "stop" if ended else "length"
+    # a call cut by max_tokens (its arguments not whole JSON) is not a call to make: "length"
+    if out.tool_calls and (ended or all(_whole_json(c.arguments) for c in out.tool_calls)):
         out.finish_reason = "tool_calls"
+
+
+def _whole_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 class Session:

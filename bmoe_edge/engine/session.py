@@ -143,6 +143,12 @@ class Engine:
         with self._using() as engine:
             return engine.chat_template
 
+    def chat_templates(self, source: str = "") -> Any:
+        """llama.cpp common's templates for this model: its own, or `source` (a Jinja source or "chatml"),
+        with the model's BOS/EOS (engine/chat.py)."""
+        with self._using() as engine, native.engine_errors():
+            return native.load().ChatTemplates(engine, source)
+
     @property
     def context_tokens(self) -> list[int]:
         """The tokens whose keys and values the context holds."""

@@ -1,11 +1,7 @@
-"""Tool calling: `tools` rendered into the prompt by the model's own Jinja chat template, and the model's
-tool calls parsed out of its answer into OpenAI's `tool_calls`.
-
-llama.cpp's built-in template matcher (`llama_chat_apply_template`) cannot render tools: it recognises a
-family and writes plain role/content turns. The model's template itself can, so a conversation with
-tools (or with earlier tool calls and results) is rendered from the template's Jinja source by jinja2 in
-a sandbox, the way Hugging Face's tokenizers render it (`trim_blocks`, `lstrip_blocks`, `tojson`,
-`raise_exception`). How a family writes a call is data: TOOL_STYLES."""
+"""Tool calling, what llama.cpp's chat layer (engine/chat.py) does not do: OpenAI's `tools`, `tool_choice`
+and messages checked into the shapes it takes, every string a template is given (for the control-token
+check), and the call ids of OpenAI's `tool_calls`. Rendering, the grammar of a forced call and parsing the
+calls out of the answer are common's, for each format it knows."""
 
 from __future__ import annotations
 
@@ -13,28 +9,9 @@ import json
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from bmoe_edge.engine import grammar
 from bmoe_edge.errors import BmoeError
-
-
-@dataclass(frozen=True)
-class ToolStyle:
-    """How a template family marks a tool call: `start` JSON `end`, the JSON {"name", "arguments"}."""
-
-    name: str
-    marker: str  # found in a template's source: this family
-    start: str
-    end: str
-
-
-# The first row whose marker the template contains wins.
-TOOL_STYLES = (
-    # Qwen2.5/Qwen3, Hermes 2/3, and templates derived from them: <tool_call>{"name":…,"arguments":…}</tool_call>
-    ToolStyle("hermes", marker="<tool_call>", start="<tool_call>", end="</tool_call>"),
-)
 
 
 @dataclass(frozen=True)
@@ -51,43 +28,6 @@ class ToolCall:
         return out
 
 
-def tool_style(source: str) -> ToolStyle | None:
-    """The family's tool style, when the template renders `tools` (a Jinja source that uses them)."""
-    if "tools" not in source:
-        return None
-    return next((s for s in TOOL_STYLES if s.marker in source), None)
-
-
-def _raise(message: str) -> None:
-    raise BmoeError(f"the chat template refused the conversation: {message}")
-
-
-def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
-
-
-def render(source: str, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
-           think: bool | None = None, bos_token: str = "", eos_token: str = "",
-           variables: Mapping[str, Any] | None = None) -> str:
-    """The prompt for the assistant's next turn, rendered by the template's own Jinja source
-    (`variables`: more of the template's own switches, e.g. gpt-oss's `reasoning_effort`)."""
-    from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    extra: dict[str, Any] = {} if think is None else {"enable_thinking": think}
-    extra.update(variables or {})
-    try:
-        return env.from_string(source).render(messages=list(messages), tools=list(tools) if tools else None,
-                                              add_generation_prompt=True, bos_token=bos_token,
-                                              eos_token=eos_token, **extra)
-    except TemplateError as exc:
-        raise BmoeError(f"the model's chat template failed on this conversation: {exc}") from None
-
-
 def text_parts(parts: list[Any], role: str) -> str:
     """OpenAI's content parts: the text of the text ones (each must be a string)."""
     texts = [p.get("text", "") for p in parts if isinstance(p, Mapping) and p.get("type") == "text"]
@@ -97,8 +37,8 @@ def text_parts(parts: list[Any], role: str) -> str:
 
 
 def message_dict(m: Mapping[str, Any]) -> dict[str, Any]:
-    """An OpenAI message as a template sees it: text content (parts joined), tool calls with their
-    arguments parsed (templates write them with `tojson`, or as given when they are text)."""
+    """An OpenAI message as common takes it: text content (parts joined), tool calls with JSON text as
+    their arguments."""
     role = m.get("role")
     if role not in ("system", "user", "assistant", "tool"):
         raise BmoeError(f"a message's role must be one of system, user, assistant, tool, got {role!r}")
@@ -128,10 +68,15 @@ def _call_for_template(call: Any) -> dict[str, Any]:
     args = fn.get("arguments", "{}")
     if isinstance(args, str):
         try:
-            args = json.loads(args or "{}")
-        except ValueError:
+            json.loads(args or "{}")
+        except (ValueError, RecursionError):
             raise BmoeError(f"the arguments of the tool call {fn['name']!r} are not JSON") from None
-    return {"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}}
+    else:
+        args = json.dumps(args, ensure_ascii=False)
+    out: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": args or "{}"}}
+    if isinstance(call.get("id"), str):
+        out["id"] = call["id"]
+    return out
 
 
 def check_tools(tools: Any) -> list[dict[str, Any]]:
@@ -172,76 +117,13 @@ def template_inputs(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mappi
     return out
 
 
+ID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
 def call_id() -> str:
-    return f"call_{secrets.token_hex(12)}"
-
-
-def parse_call(text: str) -> ToolCall | None:
-    """The JSON between a style's markers as a call; None when it is not one (then it stays text)."""
-    try:
-        data = json.loads(text)
-        if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
-            return None
-        args = data.get("arguments", data.get("parameters", {}))
-        return ToolCall(call_id(), data["name"],
-                        args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
-    except (ValueError, RecursionError):   # not JSON, or nested past the recursion limit: text
-        return None
-
-
-class ToolCallSplit:
-    """Splits an answer as it streams into text and tool calls: text outside the markers passes on,
-    a marked call is held until it closes, then parsed (one that does not parse stays text)."""
-
-    def __init__(self, style: ToolStyle) -> None:
-        self.style = style
-        self.held = ""
-        self.inside = False
-        self.after_call = False  # the line breaks right after a call are not content
-
-    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
-        self.held += text
-        out, calls = "", []
-        while True:
-            if not self.inside:
-                if self.after_call:
-                    self.held = self.held.lstrip("\n")
-                    self.after_call = not self.held
-                at = self.held.find(self.style.start)
-                if at < 0:
-                    keep = _partial_suffix(self.held, self.style.start)
-                    out += self.held[: len(self.held) - keep]
-                    self.held = self.held[len(self.held) - keep:]
-                    return out, calls
-                out += self.held[:at]
-                self.held = self.held[at:]
-                self.inside = True
-            end = self.held.find(self.style.end)
-            if end < 0:
-                return out, calls
-            block = self.held[: end + len(self.style.end)]
-            self.held = self.held[end + len(self.style.end):]
-            self.inside = False
-            call = parse_call(block[len(self.style.start): -len(self.style.end)].strip())
-            if call is None:
-                out += block
-            else:
-                calls.append(call)
-                self.after_call = True
-
-    def flush(self) -> tuple[str, list[ToolCall]]:
-        """The end of the answer: a call left open (cut by max_tokens) is parsed if it is whole JSON."""
-        held, self.held = self.held, ""
-        if self.inside:
-            self.inside = False
-            call = parse_call(held[len(self.style.start):].strip())
-            if call is not None:
-                return "", [call]
-        return held, []
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    return max((k for k in range(1, len(marker)) if text.endswith(marker[:k])), default=0)
+    """A tool call's id: 9 letters and digits, the one shape every vendored template takes (Mistral's
+    refuse any other); opaque to OpenAI's clients, which only send it back."""
+    return "".join(secrets.choice(ID_CHARS) for _ in range(9))
 
 
 TOOL_CHOICES = ("auto", "none", "required")
@@ -259,23 +141,3 @@ def tool_choice(value: Any, tools: Sequence[Mapping[str, Any]]) -> str | None:
         raise BmoeError("'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'function': "
                         "{'name': <one of the tools>}}")
     return name
-
-
-def call_grammar(style: ToolStyle, tools: Sequence[Mapping[str, Any]], only: str | None = None) -> str:
-    """GBNF for an answer that is one tool call in the style's markers, the arguments following each
-    tool's `parameters` schema (tool_choice "required" or a named function)."""
-    conv = grammar._Converter({})
-    options = []
-    for t in tools:
-        fn = t["function"]
-        if only is not None and fn["name"] != only:
-            continue
-        params = fn.get("parameters") or {"type": "object"}
-        conv.root, conv.refs = params, {}   # each tool's $refs are its own
-        with grammar.converting():
-            args = conv.visit(params, f"args-{fn['name']}")
-        options.append(f'"{{" ws "\\"name\\"" ws ":" ws {grammar.literal(json.dumps(fn["name"]))} ws "," ws '
-                       f'"\\"arguments\\"" ws ":" ws {args} "}}"')
-    call = " | ".join(f"( {o} )" for o in options)
-    root = f'{grammar.literal(style.start + chr(10))} ( {call} ) {grammar.literal(chr(10) + style.end)}'
-    return grammar._grammar(root, {**conv.rules, **grammar.JSON_RULES})

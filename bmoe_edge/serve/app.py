@@ -21,7 +21,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from bmoe_edge.engine import chat, tools
+from bmoe_edge.engine import chat
 from bmoe_edge.engine.generation import PositionLogprobs
 from bmoe_edge.serve import metrics, openai_api
 from bmoe_edge.serve.gate import Gate
@@ -136,7 +136,6 @@ class Server:
         self.api_keys = tuple(f"Bearer {k}".encode() for k in api_keys)
         self.created = int(time.time())
         self.rejected = 0
-        self.tool_style = tools.tool_style(worker.jinja)
 
     def tenant(self, request: HttpRequest) -> int | None:
         """Which key the request carries (its index: the tenant), 0 when the server has none; None when
@@ -225,7 +224,7 @@ class Server:
 
     async def chat_completions(self, request: HttpRequest) -> Response:
         body = await _body(request, self.body_timeout_s)
-        req = openai_api.parse_chat(body, self.model_id, self.tool_style)
+        req = openai_api.parse_chat(body, self.model_id)
         job, events = self._enqueue(req, request)
         with _cancelled_unless_answered(job):
             rid = request_id("chatcmpl")
@@ -235,12 +234,10 @@ class Server:
                 return JSONResponse(openai_api.chat_completion(rid, self.model_id, reply, found if wanted else None))
             with_usage = openai_api.include_usage(body)
 
-            calls = [0]   # tool calls streamed so far: each call's index
             held: list[PositionLogprobs] = []   # logprobs of text still held back: they go with the next chunk
 
             def chunk(d: chat.Delta) -> dict[str, Any] | None:
-                fields = openai_api.delta_fields(d, calls[0])
-                calls[0] += len(d.tool_calls)
+                fields = openai_api.delta_fields(d)
                 held.extend(openai_api.positions(d))
                 if not fields:
                     return None

@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bmoe_edge.engine import chat, grammar, settings, tools
+from bmoe_edge.engine import chat, settings, tools
 from bmoe_edge.engine.generation import Logprob, PositionLogprobs
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.serve.worker import Request
@@ -31,7 +31,7 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's chat (its completions stop at 5)
 # openai package's own parameter lists against that table and these.
 REFUSED: dict[str, dict[str, tuple[Any, ...]]] = {
     "chat": {"audio": (), "modalities": (["text"],), "prediction": (), "service_tier": ("auto", "default"),
-             "store": (False,), "metadata": (), "parallel_tool_calls": (True,), "functions": (),
+             "store": (False,), "metadata": (), "functions": (),
              "function_call": (), "web_search_options": (), "verbosity": (), "moderation": (),
              "prompt_cache_options": (), "prompt_cache_retention": ("in_memory",)},
     "completions": {"best_of": (1,), "suffix": ("",)},
@@ -198,58 +198,47 @@ def _common(body: Any, model_id: str, route: str = "chat") -> dict[str, Any]:
     # OpenAI's seed is any 64-bit integer; the engine's is 32 bits (its largest asks for a random one)
     given["seed"] = None if seed is None else seed % 4294967295
     sampling = settings.sampling(given, conversation=True)
-    grammar_text = _response_format(body.get("response_format"))
-    if grammar_text:
-        sampling = dataclasses.replace(sampling, grammar=grammar_text)
     _stream(body)
-    return {"max_tokens": max_tokens, "sampling": sampling, "stop": _stops(body), "echo": echo}
+    return {"max_tokens": max_tokens, "sampling": sampling, "stop": _stops(body), "echo": echo,
+            "json_schema": _response_format(body.get("response_format"))}
 
 
-def _response_format(fmt: Any) -> str:
-    """The grammar a `response_format` asks for ("" for plain text)."""
+JSON_OBJECT = {"type": "object"}   # response_format json_object: any JSON object
+
+
+def _response_format(fmt: Any) -> Any:
+    """The JSON schema a `response_format` asks the answer to follow (None for plain text); its grammar is
+    llama.cpp common's (with the chat format's own framing around it, for a chat)."""
     if fmt is None:
-        return ""
+        return None
     kind = fmt.get("type") if isinstance(fmt, Mapping) else None
     if kind == "text":
-        return ""
+        return None
     if kind == "json_object":
-        return grammar.json_object()
+        return JSON_OBJECT
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, Mapping) else None
-        if schema is None:
+        if not isinstance(schema, Mapping):
             raise ApiError(400, "response_format json_schema needs 'json_schema': {'name': ..., 'schema': {...}}",
                            param="response_format")
-        try:
-            return grammar.from_schema(schema)
-        except grammar.UnsupportedSchema as exc:
+        try:   # refused here, before anything is queued, when common cannot turn it into a grammar
+            chat.schema_grammar(schema)
+        except BmoeError as exc:
             raise ApiError(400, str(exc), param="response_format") from None
+        return schema
     raise ApiError(400, "'response_format' must be {'type': 'text'}, {'type': 'json_object'} or "
                    "{'type': 'json_schema', 'json_schema': {...}}", param="response_format")
 
 
-def parse_chat(body: Any, model_id: str, tool_style: tools.ToolStyle | None = None) -> Request:
-    """`tool_style`: how the server's template writes a tool call (a forced call's grammar is built here,
-    so a schema it cannot use is this request's 400, before anything is queued)."""
+def parse_chat(body: Any, model_id: str) -> Request:
+    """A chat request: rendered, with its tools and response_format, by llama.cpp common (in the worker)."""
     common = _common(body, model_id)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
     if not all(isinstance(m, Mapping) for m in messages):
         raise ApiError(400, "each message must be an object with 'role' and 'content'", param="messages")
-    if body.get("tools") is not None or any(m.get("tool_calls") for m in messages) or _effort(body):
-        return _tool_request(body, messages, common, tool_style)
-    try:
-        parsed = tuple(chat.as_message(m) for m in messages)
-    except BmoeError as exc:
-        raise ApiError(400, str(exc), param="messages") from None
-    return Request(messages=parsed, think=_think(body), **common)
-
-
-def _tool_request(body: Mapping[str, Any], messages: list[Any], common: dict[str, Any],
-                  style: tools.ToolStyle | None) -> Request:
-    """A conversation with tools (or earlier tool calls, or a reasoning effort): rendered by the model's own
-    Jinja template."""
     try:
         given = tools.check_tools(body["tools"]) if body.get("tools") is not None else []
     except BmoeError as exc:
@@ -262,23 +251,27 @@ def _tool_request(body: Mapping[str, Any], messages: list[Any], common: dict[str
         choice = tools.tool_choice(body.get("tool_choice"), given) if given else "none"
     except BmoeError as exc:
         raise ApiError(400, str(exc), param="tool_choice") from None
-    if choice not in ("auto", "none") and common["sampling"].grammar:
+    if choice not in ("auto", "none") and common["json_schema"] is not None:
         raise ApiError(400, "a forced tool call (tool_choice) and a JSON response_format cannot be combined",
                        param="tool_choice")
-    call_grammar = ""
-    if choice not in ("auto", "none") and style is not None:
-        try:
-            call_grammar = tools.call_grammar(style, given, None if choice == "required" else choice)
-        except BmoeError as exc:
-            raise ApiError(400, f"a tool's parameters: {exc}", param="tools") from None
+    continue_final = body.get("continue_final_message", False)
+    if not isinstance(continue_final, bool) or (continue_final and rendered[-1]["role"] != "assistant"):
+        raise ApiError(400, "'continue_final_message' must be true or false, true only after an assistant message",
+                       param="continue_final_message")
+    parallel = body.get("parallel_tool_calls", False)
+    if not isinstance(parallel, bool):
+        raise ApiError(400, "'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
     plain = tuple(chat.Message(m["role"], m["content"]) for m in rendered)   # for the control-token check
     return Request(messages=plain, think=_think(body), tools=tuple(given), tool_choice=choice,
-                   template_messages=rendered, reasoning_effort=_effort(body), call_grammar=call_grammar,
-                   **common)
+                   template_messages=rendered, reasoning_effort=_effort(body), continue_final=continue_final,
+                   parallel_tool_calls=parallel, **common)
 
 
 def parse_completion(body: Any, model_id: str) -> Request:
     common = _common(body, model_id, "completions")
+    schema = common.pop("json_schema")
+    if schema is not None:   # no template: the schema's own grammar
+        common["sampling"] = dataclasses.replace(common["sampling"], grammar=chat.schema_grammar(schema))
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]   # a list of one prompt
@@ -372,15 +365,15 @@ def chat_chunk(rid: str, model_id: str, delta: dict[str, Any], finish_reason: st
     return envelope("chat.completion.chunk", rid, model_id) | {"choices": [choice]}
 
 
-def delta_fields(d: chat.Delta, calls_before: int = 0) -> dict[str, Any]:
-    """A chunk's delta; `calls_before`: tool calls already streamed (each call's `index`)."""
+def delta_fields(d: chat.Delta) -> dict[str, Any]:
+    """A chunk's delta."""
     out: dict[str, Any] = {}
     if d.reasoning:
         out["reasoning_content"] = d.reasoning
     if d.content:
         out["content"] = d.content
-    if d.tool_calls:
-        out["tool_calls"] = [c.openai(calls_before + i) for i, c in enumerate(d.tool_calls)]
+    if d.tool_calls:   # OpenAI's streamed shape: the call's id and name first, then pieces of its arguments
+        out["tool_calls"] = [c.openai() for c in d.tool_calls]
     return out
 
 

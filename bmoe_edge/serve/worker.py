@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from bmoe_edge.engine import chat, tools
@@ -31,11 +29,13 @@ class Request:
     messages: tuple[chat.Message, ...] = ()
     prompt: str | None = None
     think: bool | None = None
-    tools: tuple[dict[str, Any], ...] = ()  # OpenAI's tools: the conversation is rendered by the Jinja template
+    tools: tuple[dict[str, Any], ...] = ()  # OpenAI's tools, rendered by the model's template (llama.cpp common)
     tool_choice: str = "none"  # "auto", "none", "required" or a function's name
-    template_messages: tuple[dict[str, Any], ...] = ()  # the messages as that template sees them
+    template_messages: tuple[dict[str, Any], ...] = ()  # the messages as the template takes them
     reasoning_effort: str | None = None  # gpt-oss's template switch (low, medium, high)
-    call_grammar: str = ""  # a forced tool call's grammar, built when the request was parsed
+    json_schema: Any = None  # response_format: the answer follows this JSON schema
+    continue_final: bool = False  # llama-server's continue_final_message: the last assistant message goes on
+    parallel_tool_calls: bool = False  # OpenAI's: several calls in one answer (default here: one, then it ends)
     tenant: int = 0  # which API key sent it: the context's prefix is reused only for the same tenant
     echo: bool = False  # completions: the prompt comes back first (with its tokens' logprobs when asked)
     prompt_ids: tuple[int, ...] = ()  # completions: a prompt given as token ids (then `prompt` is "")
@@ -120,9 +120,6 @@ class Worker:
                  parse_special: bool = False) -> None:
         self.engine = engine
         self.template = chat.template_for(engine, template)
-        # The Jinja source that renders tools: the model's own template, or a given template file.
-        given = Path(template) if template and Path(template).is_file() else None
-        self.jinja = given.read_text(encoding="utf-8") if given else "" if template else engine.chat_template
         self.parse_special = parse_special
         self.ctx = int(engine.run_info["ctx"])
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
@@ -295,21 +292,8 @@ class Worker:
         (another tenant's prompt decodes afresh: neither cached_tokens nor timing tells one tenant what
         another asked)."""
         self._check_bias(r.sampling)
-        if r.template_messages:
-            return self._answer_jinja(r, reply, reuse_kv)
         if r.prompt is None:
-            think = r.think
-            style = self.template.thinking
-            if r.sampling.grammar:   # the grammar holds from the first token: no room for reasoning first
-                if think:
-                    raise BmoeError("a JSON response_format and reasoning (think) cannot be combined")
-                if style is not None and style.off_suffix:
-                    think = False
-            ids = chat.prompt_tokens(self.engine, self.template, r.messages, think=think,
-                                     parse_special=self.parse_special)
-            self._fits(len(ids), r.max_tokens)
-            return chat.reply(self.engine, r.messages, r.max_tokens, r.sampling, template=self.template, stop=r.stop,
-                              result=reply, prompt_ids=ids, reuse_kv=reuse_kv)
+            return self._answer_chat(r, reply, reuse_kv)
         ids = list(r.prompt_ids) or self.engine.tokenize(r.prompt, True, self.parse_special)
         if max(ids) >= self.engine.vocab_size:
             raise BmoeError(f"the prompt has token id {max(ids)}, outside this model's vocabulary "
@@ -317,33 +301,23 @@ class Worker:
         self._fits(len(ids), r.max_tokens)
         return _complete(self.engine, ids, r, reply, reuse_kv)
 
-    def _answer_jinja(self, r: Request, reply: chat.Reply, reuse_kv: bool = True):
-        """Rendered by the model's own Jinja template: tools, earlier tool calls, a reasoning effort."""
-        style = tools.tool_style(self.jinja)
-        if style is None and (r.tools or any(m.get("tool_calls") for m in r.template_messages)):
-            raise BmoeError("this model's chat template has no tool calling this server can render and parse "
-                            f"(supported: {', '.join(s.name for s in tools.TOOL_STYLES)} style templates "
-                            "that use `tools`)")
-        if r.reasoning_effort and "reasoning_effort" not in self.jinja:
+    def _answer_chat(self, r: Request, reply: chat.Reply, reuse_kv: bool = True):
+        """Rendered by the model's template through llama.cpp common: tools, earlier tool calls and results,
+        a response_format, reasoning on or off, a reasoning effort."""
+        if r.reasoning_effort and "reasoning_effort" not in self.template.source:
             raise BmoeError("this model's chat template takes no reasoning_effort (gpt-oss's does)")
-        chat.check_strings(self.engine, tools.template_inputs(r.template_messages, r.tools), self.parse_special)
-        sampling, think = r.sampling, r.think
-        forced = r.tool_choice not in ("auto", "none")
-        if forced or sampling.grammar:   # a grammar from the first token: no reasoning first
-            if think:
-                raise BmoeError("a forced tool call or a JSON response_format cannot be combined with reasoning")
-            think = False if self.template.thinking and self.template.thinking.off_suffix else None
-        if forced:
-            only = None if r.tool_choice == "required" else r.tool_choice
-            sampling = dataclasses.replace(sampling, grammar=r.call_grammar or tools.call_grammar(style, r.tools, only))
-        effort = {"reasoning_effort": r.reasoning_effort} if r.reasoning_effort else None
-        text = tools.render(self.jinja, r.template_messages, tools=r.tools if r.tool_choice != "none" else None,
-                            think=think, variables=effort)
-        ids = self.engine.tokenize(text, True, True)
+        messages = r.template_messages or tuple(m.openai() for m in r.messages)
+        chat.check_text(self.engine, r.messages, self.parse_special)
+        chat.check_strings(self.engine, tools.template_inputs(messages, r.tools), self.parse_special)
+        turn = chat.Turn(tools=r.tools if r.tool_choice != "none" else (), tool_choice=r.tool_choice,
+                         json_schema=r.json_schema, think=r.think, continue_final=r.continue_final,
+                         parallel=r.parallel_tool_calls,
+                         kwargs={"reasoning_effort": r.reasoning_effort} if r.reasoning_effort else {})
+        prompt = chat.render(self.template, messages, turn)
+        ids = self.engine.tokenize(prompt.prompt, True, True)
         self._fits(len(ids), r.max_tokens)
-        parse_calls = style if r.tools and r.tool_choice != "none" else None
-        return chat.reply(self.engine, r.messages, r.max_tokens, sampling, template=self.template, stop=r.stop,
-                          result=reply, prompt_ids=ids, tool_style=parse_calls, reuse_kv=reuse_kv)
+        return chat.reply(self.engine, messages, r.max_tokens, r.sampling, stop=r.stop, result=reply,
+                          prompt=prompt, prompt_ids=ids, reuse_kv=reuse_kv, parallel=r.parallel_tool_calls)
 
     def _check_bias(self, sampling: Sampling) -> None:
         """logit_bias's token ids against this model's vocabulary: the request's 400 before anything runs."""

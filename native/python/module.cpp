@@ -7,7 +7,6 @@
 #include <type_traits>
 
 #include "bmoe/build_info.h"
-#include "bmoe/chat.h"
 #include "bmoe/checksums.h"
 #include "bmoe/config.h"
 #include "bmoe/engine.h"
@@ -20,6 +19,7 @@
 namespace nb = nanobind;
 
 void bind_parts(nb::module_ & parent);  // parts.cpp
+void bind_chat(nb::module_ & m);        // chat.cpp
 
 namespace {
 
@@ -233,16 +233,7 @@ NB_MODULE(_native, m) {
 
     m.def("overlap_in_use", &bmoe::overlap_in_use);
 
-    nb::class_<bmoe::ChatMessage>(m, "ChatMessage")
-        .def(nb::init<>())
-        .def("__init__", [](bmoe::ChatMessage * self, std::string role, std::string content) {
-            new (self) bmoe::ChatMessage{std::move(role), std::move(content)};
-        }, nb::arg("role"), nb::arg("content"))
-        .def_rw("role", &bmoe::ChatMessage::role)
-        .def_rw("content", &bmoe::ChatMessage::content);
-    m.def("apply_chat_template", &bmoe::apply_chat_template, nb::arg("template"), nb::arg("messages"),
-          nb::arg("add_assistant"));
-    m.def("builtin_chat_templates", &bmoe::builtin_chat_templates);
+    bind_chat(m);
 
     nb::class_<bmoe::Engine>(m, "Engine")
         .def(nb::init<const std::string &, const bmoe::StreamConfig &>(), nb::arg("model_path"), nb::arg("config"),

@@ -1,6 +1,9 @@
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "bmoe/error.h"
 #include "engine_impl.h"
@@ -37,6 +40,119 @@ std::string logits_of(llama_context * ctx, const llama_vocab * vocab, int32_t in
     return {reinterpret_cast<const char *>(logits), static_cast<size_t>(llama_vocab_n_tokens(vocab)) * sizeof(float)};
 }
 
+
+// The grammar's sampler: lazy (free text until one of its triggers appears: a tool call's opening), or
+// holding from the first token with its prefill fed in first, as common_sampler_init does for a chat
+// format's grammar (which starts with the assistant turn's opening that the template already wrote).
+std::string piece_of(const llama_vocab * vocab, llama_token t) {
+    char buf[256];
+    const int32_t n = llama_token_to_piece(vocab, t, buf, sizeof(buf), 0, true);
+    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+std::vector<llama_token> tokenized(const llama_vocab * vocab, const std::string & text) {
+    std::vector<llama_token> tokens(text.size() + 8);
+    const int32_t n = llama_tokenize(vocab, text.data(), static_cast<int32_t>(text.size()), tokens.data(),
+                                     static_cast<int32_t>(tokens.size()), false, true);
+    tokens.resize(n < 0 ? 0 : static_cast<size_t>(n));
+    return tokens;
+}
+
+// Tokens whose pieces spell `text` exactly, for the grammar (which reads pieces, not ids): the prompt's
+// own last tokens when they end exactly on it (what the model saw), else `text` tokenized alone, else after
+// a line break (a tokenizer that puts a space before the first word, e.g. SPM's, puts it before the break,
+// which is dropped). Empty when none spells it.
+std::vector<llama_token> prefill_tokens(const llama_vocab * vocab, const std::vector<int32_t> & prompt,
+                                        const std::string & text) {
+    std::string tail;
+    for (size_t k = 1; k <= prompt.size() && tail.size() < text.size(); ++k) {
+        tail = piece_of(vocab, prompt[prompt.size() - k]) + tail;
+        if (tail == text) {
+            return {prompt.end() - static_cast<long>(k), prompt.end()};
+        }
+    }
+    std::vector<llama_token> tokens = tokenized(vocab, text);
+    std::string spelled;
+    for (llama_token t : tokens) {
+        spelled += piece_of(vocab, t);
+    }
+    if (spelled == text) {
+        return tokens;
+    }
+    tokens = tokenized(vocab, "\n" + text);
+    spelled.clear();
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        spelled += piece_of(vocab, tokens[i]);
+        if (!spelled.empty() && spelled.back() == '\n' && spelled.find_first_not_of(" \n") == std::string::npos) {
+            std::vector<llama_token> rest(tokens.begin() + static_cast<long>(i) + 1, tokens.end());
+            std::string again;
+            for (llama_token t : rest) {
+                again += piece_of(vocab, t);
+            }
+            if (again == text) {
+                return rest;
+            }
+            break;
+        }
+    }
+    // Byte by byte (text a tokenizer rewrites, e.g. SPM's "▁", which it reads as a space): the tokens whose
+    // piece is one byte, which byte-fallback and byte-level vocabularies have for every byte.
+    std::vector<llama_token> by_byte(256, LLAMA_TOKEN_NULL);
+    for (llama_token t = llama_vocab_n_tokens(vocab) - 1; t >= 0; --t) {
+        const std::string piece = piece_of(vocab, t);
+        if (piece.size() == 1) {
+            by_byte[static_cast<unsigned char>(piece[0])] = t;
+        }
+    }
+    tokens.clear();
+    for (char c : text) {
+        const llama_token t = by_byte[static_cast<unsigned char>(c)];
+        if (t == LLAMA_TOKEN_NULL) {
+            return {};
+        }
+        tokens.push_back(t);
+    }
+    return tokens;
+}
+
+llama_sampler * grammar_sampler(const llama_vocab * vocab, const SamplingParams & s,
+                                const std::vector<int32_t> & prompt) {
+    std::vector<std::string> patterns;
+    for (size_t at = 0; at <= s.grammar_triggers.size();) {
+        size_t end = s.grammar_triggers.find('\n', at);
+        end = end == std::string::npos ? s.grammar_triggers.size() : end;
+        if (end > at) {
+            patterns.push_back(s.grammar_triggers.substr(at, end - at));
+        }
+        at = end + 1;
+    }
+    if (!patterns.empty()) {
+        std::vector<const char *> c_patterns;
+        for (const std::string & p : patterns) {
+            c_patterns.push_back(p.c_str());
+        }
+        return llama_sampler_init_grammar_lazy_patterns(vocab, s.grammar.c_str(), "root", c_patterns.data(),
+                                                        c_patterns.size(), nullptr, 0);
+    }
+    llama_sampler * g = llama_sampler_init_grammar(vocab, s.grammar.c_str(), "root");
+    if (g == nullptr || s.grammar_prefill.empty()) {
+        return g;
+    }
+    const std::vector<llama_token> tokens = prefill_tokens(vocab, prompt, s.grammar_prefill);
+    if (tokens.empty()) {
+        llama_sampler_free(g);
+        throw Error("the grammar's prefill (the template's opening) cannot be spelled in this model's tokens");
+    }
+    try {
+        for (llama_token t : tokens) {
+            llama_sampler_accept(g, t);
+        }
+    } catch (const std::exception & e) {
+        llama_sampler_free(g);
+        throw Error(std::string("the grammar does not parse its prefill (the template's opening): ") + e.what());
+    }
+    return g;
+}
 }  // namespace
 
 void Engine::Impl::run_decode(int first_pos, int n, const std::function<int()> & run) {
@@ -149,7 +265,7 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     }
     std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar;
     if (!sampling.grammar.empty()) {
-        grammar.reset(llama_sampler_init_grammar(d.vocab, sampling.grammar.c_str(), "root"));
+        grammar.reset(grammar_sampler(d.vocab, sampling, prompt));
         if (!grammar) {
             throw Error("the grammar does not parse (GBNF with a `root` rule)");
         }

@@ -140,6 +140,12 @@ BMOE_CHOICE(Toggle, BMOE_TOGGLES)
       "Sampling seed: the same seed, prompt and settings give the same text (auto = a random one each run).")        \
     X(std::string, grammar, "", 0, 0, Rule::Plain, Profile::None, kNoFlag,                                            \
       "GBNF with a `root` rule: only tokens it allows are sampled (empty = unconstrained).")                          \
+    X(std::string, grammar_triggers, "", 0, 0, Rule::Plain, Profile::None, kNoFlag,                                   \
+      "With a grammar: regexes, one a line; the grammar holds from the first match on (a tool call's opening), "     \
+      "the text before it is free (empty = from the first token).")                                                   \
+    X(std::string, grammar_prefill, "", 0, 0, Rule::Plain, Profile::None, kNoFlag,                                    \
+      "With a grammar: text it has already seen, fed to it first (the template's opening of the answer, which a "   \
+      "chat format's grammar starts with).")                                                                           \
     X(std::string, logit_bias, "", 0, 0, Rule::LogitBias, Profile::None, kFlag,                                       \
       "Add BIAS to the logit of token ID before sampling, greedy too: ID:BIAS[,ID:BIAS...], BIAS from -100 to 100 " \
       "(-100 all but bans a token, 100 all but forces it).")                                                         \

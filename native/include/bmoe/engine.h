@@ -89,6 +89,7 @@ public:
     void close();
 
 private:
+    friend class ChatTemplates;  // chat.cpp: common's templates read the model's own (and its BOS/EOS)
     struct Impl;
     Impl & live() const;  // throws when closed
     std::unique_ptr<Impl> impl_;
