@@ -26,7 +26,17 @@ def campaign_size(sample: int, full: int) -> int:
     return full if FULL_CAMPAIGNS else sample
 
 
+# The session fixtures of the board tests: the emulated board and its lab, the bundles built once per
+# session. With pytest-xdist (scripts/test.sh runs one worker per core) every test that uses one runs in
+# the same worker, in order, as it would alone; every other module is one unit of its own (its module
+# fixtures made once).
+BOARD_FIXTURES = frozenset({"board", "lab", "dist", "board_bundle", "qemu_bundle"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        shares_the_board = BOARD_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group("board" if shares_the_board else item.module.__name__))
     if FULL_CAMPAIGNS:
         return
     skip = pytest.mark.skip(reason="a full campaign: BMOE_EDGE_FULL_CAMPAIGNS=1 runs it (docs/testing.md)")
