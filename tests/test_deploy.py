@@ -228,6 +228,20 @@ def test_bad_service_requests_are_one_line(name: str, model: str | None, needle:
         services.spec_for(name, model=model, bind="127.0.0.1", port=None, api_key=None)
 
 
+def test_a_serve_service_beyond_loopback_needs_a_key_or_no_auth_said_out_loud() -> None:
+    with pytest.raises(BmoeError, match="needs an API key"):
+        services.spec_for("serve", model="/m.gguf", bind="0.0.0.0", port=None, api_key=None)
+    open_one = services.spec_for("serve", model="/m.gguf", bind="0.0.0.0", port=None, api_key=None, no_auth=True)
+    layout = board_state.Layout("/opt/bmoe")
+    assert "--no-auth" in services.exec_argv(open_one, layout, "rpi5")
+    keyed = services.spec_for("serve", model="/m.gguf", bind="0.0.0.0", port=None, api_key="k")
+    assert "--no-auth" not in services.exec_argv(keyed, layout, "rpi5")
+    for bad in ({"api_key": "k"}, {"name": "rpc-worker", "model": None}):
+        with pytest.raises(BmoeError, match="--no-auth goes with --service serve"):
+            services.spec_for(**{"name": "serve", "model": "/m.gguf", "bind": "127.0.0.1", "port": None,
+                                 "api_key": None, "no_auth": True, **bad})
+
+
 def test_generate_options_pass_through_only_when_given() -> None:
     args = onboard.generate_args(max_tokens=8, as_json=True, progress=True,
                                 csv_path=None, overrides={"stream": False, "cache_mb": "auto", "threads": None,
@@ -666,6 +680,19 @@ def test_serve_service_is_installed_and_its_execstart_serves(deployed: dict, boa
         assert status["services"]["serve"]["state"] == "not running (the board does not run systemd)"
     text = run_cli("status", "--host", board.target, env=_env(lab), timeout=120)
     assert "service:     serve " in text.stdout and f"127.0.0.1:{port}" in text.stdout, text.stdout
+    # the key is never dropped by leaving it out: an empty key file is refused here, a service spec without
+    # a key refused on the board (the key stays), --no-auth removes it on purpose
+    empty = lab / "empty-key"
+    empty.write_text(" \n")
+    assert_one_error(run_cli("deploy", "--bundle", str(bundle_a), "--host", board.target, "--install-dir", str(inst),
+                             "--service", "serve", "-m", model, "--api-key-file", str(empty), env=_env(lab)),
+                     "is empty", "--no-auth")
+    b, layout = board_state.connect(fleet_targets.parse_target(board.target),
+                                    remote.SshOptions(ssh_config=lab / "ssh_config"), install_dir=str(inst))
+    keyless = services.spec_for("serve", model=model, bind="127.0.0.1", port=port, api_key=None)
+    with b, pytest.raises(BmoeError, match="has an API key and this deploy gives none"):
+        services.install_service(b, layout, keyless, board_name="qemu-arm64", ram_mb=1024, log=lambda _m: None)
+    assert (workdir / "api-key").read_text() == "svc-key"
 
 
 @pytest.mark.slow

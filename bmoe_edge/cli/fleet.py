@@ -80,6 +80,9 @@ def deploy_cmd(
                                                           "origin whose pages may call it (repeat).")] = None,
     max_connections: Annotated[int | None, typer.Option("--max-connections", min=1, help="With --service serve: "
                                                         "open connections at most.")] = None,
+    no_auth: Annotated[bool, typer.Option("--no-auth", help="With --service serve: no API key, on purpose (an old "
+                                          "one is removed; beyond loopback anyone who reaches the port may use "
+                                          "it).")] = False,
 ) -> None:
     """Upload a bundle to boards over SSH, verify it there, install it, switch `current` atomically."""
     from bmoe_edge.fleet import deploy, services, trust
@@ -92,11 +95,17 @@ def deploy_cmd(
                 key = api_key_file.read_text().strip()
             except OSError as exc:
                 fail(f"cannot read the API key file {api_key_file}: {exc.strerror}")
+            except UnicodeDecodeError:
+                fail(f"the API key file {api_key_file} is not text")
+            if not key:
+                fail(f"the API key file {api_key_file} is empty: a server without a key is --no-auth")
         spec = services.spec_for(service, model=model, bind=bind, port=port, api_key=key,
                                  allowed_hosts=allowed_host or (), cors_origins=cors_origin or (),
-                                 max_connections=max_connections)
-    elif model or api_key_file or port is not None or allowed_host or cors_origin or max_connections is not None:
-        fail("-m, --port, --api-key-file, --allowed-host, --cors-origin and --max-connections go with --service")
+                                 max_connections=max_connections, no_auth=no_auth)
+    elif (model or api_key_file or port is not None or allowed_host or cors_origin or max_connections is not None
+          or no_auth):
+        fail("-m, --port, --api-key-file, --allowed-host, --cors-origin, --max-connections and --no-auth go with "
+             "--service")
 
     default_host = None
     if not host and inventory is None and (board or bundle_dir):

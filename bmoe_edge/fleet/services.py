@@ -66,6 +66,7 @@ class ServiceSpec:
     allowed_hosts: tuple[str, ...] = ()   # serve's --allowed-host, each
     cors_origins: tuple[str, ...] = ()    # serve's --cors-origin, each
     max_connections: int | None = None    # serve's --max-connections (None: serve's default)
+    no_auth: bool = False                 # no key on purpose (serve's --no-auth): an old key may go
 
     @property
     def listen_port(self) -> int:
@@ -80,13 +81,16 @@ def kind_named(name: str) -> ServiceKind:
 
 def spec_for(name: str, *, model: str | None, bind: str, port: int | None, api_key: str | None,
              allowed_hosts: Sequence[str] = (), cors_origins: Sequence[str] = (),
-             max_connections: int | None = None) -> ServiceSpec:
+             max_connections: int | None = None, no_auth: bool = False) -> ServiceSpec:
     """A service as `deploy --service` describes it, checked before anything reaches a board."""
     kind = kind_named(name)
-    if kind.api_key and not api_key and not is_loopback(bind):
+    if no_auth and (api_key or not kind.api_key):
+        raise BmoeError("--no-auth goes with --service serve and without --api-key-file")
+    if kind.api_key and not api_key and not is_loopback(bind) and not no_auth:
         # serve refuses to listen beyond loopback without a key: the unit would only crash in a loop
         raise BmoeError(f"--service {name} --bind {bind}: listening beyond the board's loopback needs an API key "
-                        "(--api-key-file FILE), or keep the default 127.0.0.1 and reach it with `serve --host`")
+                        "(--api-key-file FILE; --no-auth to mean it), or keep the default 127.0.0.1 and reach it "
+                        "with `serve --host`")
     if (allowed_hosts or cors_origins or max_connections is not None) and kind.name != "serve":
         raise BmoeError(f"--service {name} takes no --allowed-host, --cors-origin or --max-connections")
     for value in (*allowed_hosts, *cors_origins):
@@ -100,7 +104,8 @@ def spec_for(name: str, *, model: str | None, bind: str, port: int | None, api_k
         raise BmoeError(f"--service {name} takes no API key")
     if port == 0:
         raise BmoeError("--port: a service needs a fixed port")
-    return ServiceSpec(kind, model, bind, port, api_key, tuple(allowed_hosts), tuple(cors_origins), max_connections)
+    return ServiceSpec(kind, model, bind, port, api_key, tuple(allowed_hosts), tuple(cors_origins), max_connections,
+                       no_auth)
 
 
 def for_target(target: Target, asked: ServiceSpec | None) -> ServiceSpec | None:
@@ -136,6 +141,8 @@ def exec_argv(spec: ServiceSpec, layout: Layout, board_name: str) -> list[str]:
     argv += ["--bind", spec.bind, "--port", str(spec.listen_port)]
     if spec.api_key:
         argv += ["--api-key-file", f"{workdir(layout, spec.kind)}/api-key"]
+    elif spec.no_auth and not is_loopback(spec.bind):
+        argv += ["--no-auth"]
     for name in spec.allowed_hosts:
         argv += ["--allowed-host", name]
     for origin in spec.cors_origins:
@@ -203,6 +210,10 @@ def install_service(board: Board, layout: Layout, spec: ServiceSpec, *, board_na
     if spec.api_key:
         board.write_bytes(f"{work}/api-key", spec.api_key.encode(), 0o600)
     else:
+        had_key = board.sh('test -s "$1"', f"{work}/api-key", what="looking for an API key", check=False)
+        if had_key.exited == 0 and kind.api_key and not spec.no_auth:   # never dropped by leaving it out
+            raise BmoeError(f"{board.label}: the {kind.name} service there has an API key and this deploy gives "
+                            "none: pass --api-key-file (the same key or a new one), or --no-auth to remove it")
         board.sh('rm -f -- "$1"', f"{work}/api-key", what="removing an old API key")
     rendered = f"{layout.install_dir}/systemd/{unit}"
     board.write_bytes(rendered, render_unit(spec, layout, board.conn.user, board_name, ram_mb).encode())
