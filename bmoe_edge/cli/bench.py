@@ -39,6 +39,22 @@ def _machine_defaults(tokens: int) -> dict[str, object]:
     return {name: getattr(config, name) for name in settings.config_fields()}
 
 
+def storage_targets() -> dict[str, object]:
+    """`--storage` names: every storage class (the `_storage-CLASS` fragments) and every board (its
+    `storage:`, named by its class where it extends one)."""
+    from bmoe_edge.bench.storage import StorageTarget
+    from bmoe_edge.boards import profiles
+
+    named: dict[str, object] = {}
+    for name, s in profiles.storage_classes().items():
+        named[name] = StorageTarget(name, s.read_mb_s, s.read_iops or 0, s.latency_us)
+    for board in profiles.load_all()[0]:
+        s = board.storage
+        named.setdefault(board.name, StorageTarget(board.storage_class or board.name, s.read_mb_s,
+                                                   s.read_iops or 0, s.latency_us))
+    return named
+
+
 @bench_app.command("stream")
 def bench_stream_cmd(
     model: Annotated[Path, typer.Option("-m", "--model", help="The gguf (a single file).")],
@@ -55,12 +71,17 @@ def bench_stream_cmd(
     routing_tokens: Annotated[int, typer.Option("--routing-tokens",
                                                 help="Trace the routing first (the engine's route trace).")] = 0,
     host: Annotated[str | None, typer.Option("--host", help="Run on a board (not implemented here).")] = None,
+    storage: Annotated[str, typer.Option("--storage", help="Throttle every cell's reads to a storage class "
+                                         "(microsd, rpi5-nvme-gen2, ...), a board's storage (rpi5), MB/s[:IOPS], "
+                                         "or native (the drive as it is).")] = "native",
 ) -> None:
     """Streamed vs llama.cpp mmap under a RAM cap, interleaved and repeated: CSVs, summary.md, plots."""
     from bmoe_edge.bench import campaign, layout, ramcap, results
+    from bmoe_edge.bench import storage as storage_classes
 
     if host:
         fail("--host is not implemented yet: copy the model and run `bmoe-edge bench stream` on the board")
+    target = storage_classes.parse_storage(storage, storage_targets())  # type: ignore[arg-type]
     model_layout = layout.gguf_layout(model)
     cap = ramcap.parse_cap(ram_cap, model_layout.file_bytes)
     matrix = campaign.default_cells(model_layout, cap, tokens=tokens, mmap_tokens=mmap_tokens or tokens,
@@ -74,7 +95,7 @@ def bench_stream_cmd(
             fail(f"unknown cells {', '.join(unknown)} (known: {', '.join(c.label for c in matrix)})")
         matrix = [c for c in matrix if c.label in wanted]
     campaign.stream_campaign(campaign.Campaign(model, out, cap, cap_method, matrix, repeats, io_seconds=io_seconds,
-                                         routing_tokens=routing_tokens))
+                                         routing_tokens=routing_tokens, storage=target))
     typer.echo(results.write_summary(out).read_text(), nl=False)
 
 
