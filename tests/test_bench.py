@@ -47,6 +47,12 @@ def test_preset_shapes_and_layout_match_the_gguf_reader(small_models: dict[str, 
     assert 2.8e9 < bigmoe.estimate_bytes(d, "Q4_0") < 3.0e9
     for quant in ("Q4_0", "Q4_K"):
         assert bigmoe.expert_slice_bytes(d, quant) == 663_552
+    # The flagship's shape: Qwen3-30B-A3B's own dimensions, ~17 GB in Q4_K (written by the campaign only).
+    f = bigmoe.resolve_dims("qwen3-30b-a3b-17g", "Q4_K")
+    assert (f.n_layer, f.n_embd, f.n_expert, f.n_expert_used, f.n_ff_exp, f.n_head, f.n_head_kv, f.head_dim,
+            f.n_vocab) == (48, 2048, 128, 8, 768, 32, 4, 128, 32000)
+    assert bigmoe.expert_slice_bytes(f, "Q4_K") == 884_736
+    assert 16.5e9 < bigmoe.estimate_bytes(f, "Q4_K", f.n_vocab) < 17.5e9
 
     path = small_models["skewed"]
     model = layout.gguf_layout(path)
