@@ -78,6 +78,15 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
         stream(f"cache{mid_mb:g}-overlap-od4-predict", cache_mb=mid_mb, overlap=True, prefetch="predict"),
     ]
     cells.append(stream("auto-overlap-od4", cache_mb="auto", overlap=True))
+    # The adaptive cache's point, one knob at a time (lanes, overlap, read-ahead): what `defaults` must
+    # not lose to at a slow drive (the storage campaign, docs/benchmarks.md).
+    cells += [
+        stream("auto-overlap-od2", cache_mb="auto", overlap=True, io_threads=2),
+        stream("auto-overlap-od1", cache_mb="auto", overlap=True, io_threads=1),
+        stream("auto-serial-od4", cache_mb="auto"),
+        stream("auto-overlap-od4-predict", cache_mb="auto", overlap=True, prefetch="predict"),
+        stream("auto-overlap-od4-pfauto", cache_mb="auto", overlap=True, prefetch="auto"),
+    ]
     if cap_bytes:
         cells.append(stream("auto-ceil-overlap-od4", cache_mb="auto", cache_ceil_mb=int(max(budgets_mb)),
                             overlap=True))

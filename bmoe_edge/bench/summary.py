@@ -228,7 +228,38 @@ def storage_targets(cells: Sequence[dict[str, str]], aggs: dict[str, Agg], meta:
                          "limit": limit, "ratio": to_num(r["tok_s"]) / limit})
         if rows:
             t["physical"] = {"by_repeat": rows, "ratio": statistics.median(x["ratio"] for x in rows), "target": 0.9}
+    t.update(policy_targets(cells, aggs))
     return t
+
+
+# An adaptive setting and the simpler ones it must not lose to (each present in the storage campaign).
+ADAPTIVE = {
+    "defaults": ("off-overlap-od4", r"cache[0-9.]+-overlap-od4", "auto-overlap-od[124]", "auto-serial-od4",
+                 "auto-overlap-od4-predict"),
+    "auto-overlap-od4-pfauto": ("auto-overlap-od4", "auto-overlap-od4-predict"),
+    "auto-overlap-od4": (r"cache[0-9.]+-overlap-od4",),
+}
+
+
+def policy_targets(cells: Sequence[dict[str, str]], aggs: dict[str, Agg]) -> dict[str, Any]:
+    """Each adaptive setting against the best simpler one measured beside it: the median of per-repeat
+    ratios, met when it loses by no more than the repeats' own spread (the larger relative spread of
+    the two cells' tok/s)."""
+    out: dict[str, Any] = {}
+    for adaptive, simpler in ADAPTIVE.items():
+        if adaptive not in aggs or not aggs[adaptive].tok_s:
+            continue
+        rivals = [a for a in aggs.values() if a.tok_s and a.label != adaptive
+                  and any(re.fullmatch(p, a.label) for p in simpler)]
+        if not rivals:
+            continue
+        best = max(rivals, key=lambda a: a.tok_s_med)
+        ratios = paired_ratio(cells, adaptive, best.label)
+        spread = max((max(a.tok_s) - min(a.tok_s)) / a.tok_s_med for a in (aggs[adaptive], best))
+        ratio = statistics.median(ratios or [0])
+        out[f"policy:{adaptive}"] = {"best": best.label, "ratios": ratios, "ratio": ratio, "spread": spread,
+                                     "met": ratio >= 1 - spread, "target": f"≥ 1 - spread ({1 - spread:.2f})"}
+    return out
 
 
 def storage_lines(aggs: dict[str, Agg], meta: dict[str, Any]) -> list[str]:
@@ -402,6 +433,11 @@ def _targets_lines(t: dict[str, Any]) -> list[str]:
                    + "; ".join(f"r{x['repeat']} {x['tok_s']:.3g} of {x['limit']:.3g} tok/s "
                                f"(I/O-bound {x['io_bound_tok_s']:.3g})" for x in p["by_repeat"])
                    + f" = {p['ratio']:.2f} (target ≥ {p['target']}) {met(p['ratio'], p['target'])}")
+    for key, p in t.items():
+        if key.startswith("policy:"):
+            out.append(f"- {key[7:]} vs the best simpler setting ({p['best']}), same repeat: "
+                       f"{med_spread(p['ratios'], '{:.2f}')} (target {p['target']}) "
+                       f"{'**met**' if p['met'] else '**missed**'}")
     if "ceiling_tok_s" in t:
         out.append(f"- I/O-bound ceiling (drive O_DIRECT bandwidth at the slice size, 4 lanes / routed bytes per "
                    f"token): {t['ceiling_tok_s']:.2f} tok/s")
