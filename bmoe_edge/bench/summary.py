@@ -210,7 +210,10 @@ def storage_targets(cells: Sequence[dict[str, str]], aggs: dict[str, Agg], meta:
             "class_iops": st["read_iops"] if st else None,
             **{f"{k}_mb_s": [to_num(r[f"{k}_mb_s"]) for r in check] for k in paths},
             "iops_4k": [to_num(r["iops_4k"]) for r in check],
-            "within_10pct": bool(st) and all(r.get(f"{k}_within_10pct") == "True" for r in check for k in paths),
+            # The verdict is O_DIRECT's and buffered reads' (the engine's two paths); an mmap's faults take
+            # the same throttle but keep less in flight (read-around), so its figure is shown, not judged.
+            "within_10pct": bool(st) and all(r.get(f"{k}_within_10pct") == "True" for r in check
+                                             for k in ("odirect", "buffered")),
             "target": 0.10}
     if st and "defaults" in aggs:
         bps = st["read_mb_s"] * 1e6
@@ -422,8 +425,8 @@ def _targets_lines(t: dict[str, Any]) -> list[str]:
         vals = "; ".join(f"{k} {med_spread(p[f'{k}_mb_s'], '{:.0f}')} MB/s" for k in ("odirect", "buffered", "mmap"))
         if p["class_mb_s"]:
             out.append(f"- storage check at {p['class']} ({p['class_mb_s']:g} MB/s): {vals}; IOPS at 4 KiB "
-                       f"{med_spread(p['iops_4k'], '{:.0f}')} (class {p['class_iops'] or '-'}); every path within "
-                       f"10% of the class {'**met**' if p['within_10pct'] else '**missed**'}")
+                       f"{med_spread(p['iops_4k'], '{:.0f}')} (class {p['class_iops'] or '-'}); O_DIRECT and buffered "
+                       f"within 10% of the class {'**met**' if p['within_10pct'] else '**missed**'}")
         else:
             out.append(f"- storage check, the drive unthrottled: {vals}; IOPS at 4 KiB "
                        f"{med_spread(p['iops_4k'], '{:.0f}')}")
