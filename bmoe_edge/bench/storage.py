@@ -212,7 +212,7 @@ def check_seconds(seconds: float, class_mb_s: float | None) -> float:
     return max(seconds, min(10.0, 800 / class_mb_s)) if class_mb_s else seconds
 
 
-def storage_check(path: Path, seconds: float = 3.0, lanes: int = 2) -> dict[str, Any]:
+def storage_check(path: Path, seconds: float = 3.0, lanes: int = 4) -> dict[str, Any]:
     """The cross-check cell's measurements: MB/s through O_DIRECT, buffered reads and an mmap (each in
     `lanes` threads over their own parts of the file), and 4 KiB IOPS. In a throttled cell they show
     what the throttle lets through; unthrottled, what the drive does."""
