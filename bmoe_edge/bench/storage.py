@@ -33,6 +33,7 @@ class StorageTarget:
     read_mb_s: float
     read_iops: int = 0
     latency_us: float | None = None
+    board: str | None = None  # the board whose storage this is: `bench stream`'s `defaults` cell runs its profile
 
     @property
     def read_bps(self) -> int:

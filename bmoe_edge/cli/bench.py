@@ -30,12 +30,13 @@ def bench_io_cmd(
     typer.echo(io.io_summary(rows), nl=False)
 
 
-def _machine_defaults(tokens: int) -> dict[str, object]:
-    """The settings `generate -p PROMPT -n TOKENS` uses with no knobs on this machine, as a cell's config."""
+def _machine_defaults(tokens: int, board: str | None = None) -> dict[str, object]:
+    """The settings `generate -p PROMPT -n TOKENS` uses with no knobs on this machine (or as `board`'s
+    profile sets them), as a cell's config."""
     from bmoe_edge.bench.machine import PROMPT
     from bmoe_edge.engine import settings
 
-    config = machine_config(None, {}, (PROMPT, tokens))
+    config = machine_config(board, {}, (PROMPT, tokens))
     return {name: getattr(config, name) for name in settings.config_fields()}
 
 
@@ -45,13 +46,17 @@ def storage_targets() -> dict[str, object]:
     from bmoe_edge.bench.storage import StorageTarget
     from bmoe_edge.boards import profiles
 
+    boards = profiles.load_all()[0]
     named: dict[str, object] = {}
     for name, s in profiles.storage_classes().items():
-        named[name] = StorageTarget(name, s.read_mb_s, s.read_iops or 0, s.latency_us)
-    for board in profiles.load_all()[0]:
-        s = board.storage
-        named.setdefault(board.name, StorageTarget(board.storage_class or board.name, s.read_mb_s,
-                                                   s.read_iops or 0, s.latency_us))
+        # A class's board (the first that extends it) lends the `defaults` cell its profile: the Pi 5's
+        # 2 lanes at the Pi 5's classes, not this machine's own.
+        board = next((b.name for b in boards if b.storage_class == name and not b.emulated), None)
+        named[name] = StorageTarget(name, s.read_mb_s, s.read_iops or 0, s.latency_us, board)
+    for b in boards:
+        s = b.storage
+        named.setdefault(b.name, StorageTarget(b.storage_class or b.name, s.read_mb_s, s.read_iops or 0,
+                                               s.latency_us, b.name))
     return named
 
 
@@ -87,7 +92,7 @@ def bench_stream_cmd(
     matrix = campaign.default_cells(model_layout, cap, tokens=tokens, mmap_tokens=mmap_tokens or tokens,
                                     threads=threads,
                                     budgets_mb=[float(b) for b in budgets.split(",")] if budgets else None,
-                                    defaults=_machine_defaults(tokens))
+                                    defaults=_machine_defaults(tokens, target.board if target else None))
     if cells:
         wanted = [c.strip() for c in cells.split(",")]
         unknown = sorted(set(wanted) - {c.label for c in matrix})
