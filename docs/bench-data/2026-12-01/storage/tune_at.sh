@@ -11,7 +11,7 @@ model="$MODELS/q3g-skewed.gguf"
 dev=$("$(dirname "$BMOE")/python" -c 'import sys; from pathlib import Path
 from bmoe_edge.bench.storage import block_device; print(block_device(Path(sys.argv[1])))' "$model")
 blkio=/sys/fs/cgroup/blkio$(awk -F: '$2 ~ /(^|,)blkio(,|$)/ {print $3}' /proc/self/cgroup)
-for spec in microsd:90000000:5000 rpi5-nvme-gen2:430000000:50000 rpi5-nvme-gen3:850000000:100000 native:0:0; do
+for spec in ${@:-microsd:90000000:5000 rpi5-nvme-gen2:430000000:50000 rpi5-nvme-gen3:850000000:100000}; do
   IFS=: read -r name bps iops <<< "$spec"
   cg="$blkio/storage-tune-$$-$name"
   mkdir "$cg"
