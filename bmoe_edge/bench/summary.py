@@ -212,7 +212,7 @@ def storage_targets(cells: Sequence[dict[str, str]], aggs: dict[str, Agg], meta:
             "iops_4k": [to_num(r["iops_4k"]) for r in check],
             # The verdict is O_DIRECT's and buffered reads' (the engine's two paths); an mmap's faults take
             # the same throttle but keep less in flight (read-around), so its figure is shown, not judged.
-            "within_10pct": bool(st) and all(r.get(f"{k}_within_10pct") == "True" for r in check
+            "within_10pct": bool(st) and all(abs(to_num(r.get(f"{k}_ratio")) - 1) <= 0.10 for r in check
                                              for k in ("odirect", "buffered")),
             "target": 0.10}
     if st and "defaults" in aggs:
