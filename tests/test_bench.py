@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -45,6 +47,12 @@ def test_preset_shapes_and_layout_match_the_gguf_reader(small_models: dict[str, 
     assert 2.8e9 < bigmoe.estimate_bytes(d, "Q4_0") < 3.0e9
     for quant in ("Q4_0", "Q4_K"):
         assert bigmoe.expert_slice_bytes(d, quant) == 663_552
+    # The flagship's shape: Qwen3-30B-A3B's own dimensions, ~17 GB in Q4_K (written by the campaign only).
+    f = bigmoe.resolve_dims("qwen3-30b-a3b-17g", "Q4_K")
+    assert (f.n_layer, f.n_embd, f.n_expert, f.n_expert_used, f.n_ff_exp, f.n_head, f.n_head_kv, f.head_dim,
+            f.n_vocab) == (48, 2048, 128, 8, 768, 32, 4, 128, 32000)
+    assert bigmoe.expert_slice_bytes(f, "Q4_K") == 884_736
+    assert 16.5e9 < bigmoe.estimate_bytes(f, "Q4_K", f.n_vocab) < 17.5e9
 
     path = small_models["skewed"]
     model = layout.gguf_layout(path)
@@ -175,3 +183,87 @@ def test_preset_models_stream_bit_identically(quant: str, tmp_path: Path) -> Non
             runs.append(engine.run("Once upon a time", 16, logits=True))
     assert runs[0].tokens == runs[1].tokens and runs[0].logits == runs[1].logits
     assert len(set(runs[0].tokens)) == 16  # the successor cycle: no loop that would flatter a cache
+
+
+def _throttle_or_skip() -> None:
+    from bmoe_edge.errors import BmoeError
+
+    try:
+        ramcap.read_throttle_parent()
+    except BmoeError as exc:
+        pytest.skip(f"no blkio controller to throttle with here: {exc}")
+
+
+def test_storage_classes_resolve_and_bad_ones_fail_cleanly(tmp_path: Path) -> None:
+    from bmoe_edge.bench import storage
+    from bmoe_edge.cli.bench import storage_targets
+
+    named = storage_targets()
+    gen2 = storage.parse_storage("rpi5-nvme-gen2", named)  # type: ignore[arg-type]
+    assert gen2 is not None and (gen2.read_mb_s, gen2.read_iops) == (430, 50000)
+    assert storage.parse_storage("rpi5", named) == gen2  # type: ignore[arg-type]  # the board's is its class
+    assert storage.parse_storage("90:5000", {}) == storage.StorageTarget("90MB/s:5000", 90.0, 5000)
+    assert storage.parse_storage("native", {}) is None
+    assert {"microsd", "rpi5-nvme-gen3", "rpi5-nvme-gen2"} <= set(named)
+    if os.major(os.stat(__file__).st_dev):  # a checkout on a disk (not an overlay): its whole disk
+        assert re.fullmatch(r"\d+:\d+", storage.block_device(Path(__file__)))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    assert_clean_error(run_cli("bench", "stream", "-m", str(model), "--ram-cap", "0", "--storage", "floppy"),
+                       "is not a storage class", "rpi5-nvme-gen2")
+    if Path("/dev/shm").is_dir():
+        on_tmpfs = Path("/dev/shm") / f"storage-test-{os.getpid()}.gguf"
+        on_tmpfs.write_bytes(b"GGUF")
+        try:
+            with pytest.raises(Exception, match="no block device to throttle"):
+                storage.block_device(on_tmpfs)
+        finally:
+            on_tmpfs.unlink()
+
+
+@needs_native
+def test_bench_stream_cell_runs_at_a_storage_class(small_models: dict[str, Path], tmp_path: Path) -> None:
+    """One throttled cell on the tiny model: the cgroup's reads are held to the class's bandwidth."""
+    _throttle_or_skip()
+    out = tmp_path / "throttled"
+    mb_s = 20  # the 2-layer model reads ~1.7 MB per token cache off: ~85 ms of I/O per token at 20 MB/s
+    result = run_cli("bench", "stream", "-m", str(small_models["uniform"]), "--ram-cap", "0", "--tokens", "6",
+                     "--repeats", "1", "--cells", "off-serial-od4", "--storage", str(mb_s),
+                     "--out", str(out), timeout=120)
+    assert result.returncode == 0, result.stderr
+    row = machine.read_csv(out / "cells.csv")[0]
+    assert row["status"] == "ok", row["error"]
+    assert row["storage"] == f"{mb_s}MB/s" and row["throttle"].endswith(("(blkio-v1)", "(io-v2)"))
+    assert int(row["throttled_read_bytes"]) > 0
+    # The engine's own read rate while reading: at most the class (+10% for the throttle's first slice).
+    assert 0 < float(row["read_mib_s"]) * 2**20 / 1e6 <= mb_s * 1.1, row["read_mib_s"]
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["storage"]["read_mb_s"] == mb_s and meta["read_limit"]["read_bps"] == mb_s * 1_000_000
+    assert f"## At the storage class {mb_s}MB/s" in (out / "summary.md").read_text()
+
+
+def test_storage_check_measures_the_throttle(small_models: dict[str, Path]) -> None:
+    """The cross-check's three read paths, in a throttled child: each within reach of the limit."""
+    import subprocess
+    import sys
+
+    from bmoe_edge.bench import storage
+
+    _throttle_or_skip()
+    model = small_models["uniform"]
+    target = storage.StorageTarget("test", 40.0)
+    cap = ramcap.make_cap(0, "auto", storage.read_limit(target, model))
+    cap.prepare()
+    code = ("import json, sys; from pathlib import Path; from bmoe_edge.bench.storage import storage_check; "
+            "print(json.dumps(storage_check(Path(sys.argv[1]), seconds=1.0)))")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, str(model)], preexec_fn=cap.preexec,
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        result = cap.finish()
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)
+    verdict = storage.check_verdict(record, target)
+    assert result.throttled_read_bytes > 0 and "40000000 B/s" in result.throttle
+    for path in ("odirect", "buffered", "mmap"):  # a 1 s window: the first slice and the tail blur it
+        assert 0.5 < verdict[f"{path}_ratio"] < 1.3, (path, record)

@@ -113,13 +113,15 @@ def test_rpi5_and_rpi4_flags() -> None:
     rpi5 = profiles.load_profile("rpi5")
     assert (rpi5.arch, rpi5.cpu, rpi5.march) == ("aarch64", "cortex-a76", "armv8.2-a+dotprod+fp16")
     assert rpi5.page_size == 16384
-    assert rpi5.storage == profiles.Storage("nvme", 430)
+    assert rpi5.storage == profiles.Storage("nvme", 430, read_iops=50000)
+    assert rpi5.storage_class == "rpi5-nvme-gen2"
     assert (rpi5.python, rpi5.glibc, rpi5.qemu_cpu) == ("3.11", "2.36", "cortex-a76")
     assert rpi5.toolchain == "aarch64-linux-gnu.cmake"
     assert "libgomp.so.1" not in rpi5.libs and "libstdc++.so.6" in rpi5.libs
     assert rpi5.hook is True and rpi5.exec_wrapper is None and not rpi5.emulated
     assert [p.name for p in rpi5.files] == [
-        "_cortex-a76.yaml", "_debian-bookworm-arm64.yaml", "_engine-defaults.yaml", "rpi5.yaml"]
+        "_cortex-a76.yaml", "_debian-bookworm-arm64.yaml", "_engine-defaults.yaml", "_storage-rpi5-nvme-gen2.yaml",
+        "rpi5.yaml"]
 
     rpi4 = profiles.load_profile("rpi4")
     assert (rpi4.cpu, rpi4.march, rpi4.qemu_cpu) == ("cortex-a72", "armv8-a", "cortex-a72")
@@ -418,7 +420,7 @@ def test_cli_show_json_and_yaml() -> None:
     assert result.returncode == 0, result.stderr
     record = json.loads(result.stdout)
     assert record["march"] == "armv8.2-a+dotprod+fp16" and record["page_size"] == 16384
-    assert record["storage"] == {"kind": "nvme", "read_mb_s": 430}
+    assert record["storage"] == {"kind": "nvme", "read_mb_s": 430, "read_iops": 50000}
 
     result = run_cli("profiles", "show", "qemu-arm64")
     assert result.returncode == 0, result.stderr

@@ -20,8 +20,9 @@ from bmoe_edge.bench.cells import TOKEN_COLUMNS, BenchCell, spawn_cell
 from bmoe_edge.bench.io import io_sweep
 from bmoe_edge.bench.layout import GgufLayout, gguf_layout
 from bmoe_edge.bench.machine import ctx_for, machine_info, write_rows
-from bmoe_edge.bench.ramcap import make_cap
+from bmoe_edge.bench.ramcap import make_cap, read_throttle_parent
 from bmoe_edge.bench.routing import routing_report
+from bmoe_edge.bench.storage import NATIVE, StorageTarget, check_verdict, read_limit
 from bmoe_edge.units import MiB
 
 
@@ -82,6 +83,15 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
         stream(f"cache{mid_mb:g}-overlap-od4-predict", cache_mb=mid_mb, overlap=True, prefetch="predict"),
     ]
     cells.append(stream("auto-overlap-od4", cache_mb="auto", overlap=True))
+    # The adaptive cache's point, one knob at a time (lanes, overlap, read-ahead): what `defaults` must
+    # not lose to at a slow drive (the storage campaign, docs/benchmarks.md).
+    cells += [
+        stream("auto-overlap-od2", cache_mb="auto", overlap=True, io_threads=2),
+        stream("auto-overlap-od1", cache_mb="auto", overlap=True, io_threads=1),
+        stream("auto-serial-od4", cache_mb="auto"),
+        stream("auto-overlap-od4-predict", cache_mb="auto", overlap=True, prefetch="predict"),
+        stream("auto-overlap-od4-pfauto", cache_mb="auto", overlap=True, prefetch="auto"),
+    ]
     if cap_bytes:
         cells.append(stream("auto-ceil-overlap-od4", cache_mb="auto", cache_ceil_mb=int(max(budgets_mb)),
                             overlap=True))
@@ -100,6 +110,8 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
         BenchCell("io-od4-nobarrier", "io", io={"mode": "odirect", "lanes": 4, "barrier": False}, tokens=io_tokens,
              group="io"),
         BenchCell("io-pr4", "io", io={"mode": "pread", "lanes": 4, "barrier": True}, tokens=io_tokens, group="io"),
+        # What the drive (throttled to --storage's class, or as it is) delivers to a cell's process.
+        BenchCell("storage-check", "storage-check", capped=False, io={"seconds": 3.0}, group="io"),
     ]
     return cells
 
@@ -115,7 +127,9 @@ CELL_COLUMNS = (
     "stop_reason", "cell_s", "wall_s", "paired_ratio", "paired_mean_ratio", "paired_same_tokens",
     # the prompt's step (every engine cell; what the long-prompt cells are for)
     "prompt_tokens", "prompt_decoded_tokens", "prompt_ms", "prompt_tok_s", "ttft_ms", "prefill_bytes",
-    "prefill_routed_bytes", "prefill_released_bytes", "budget_after_prompt_mb", "ubatch", "warning", "error",
+    "prefill_routed_bytes", "prefill_released_bytes", "budget_after_prompt_mb", "ubatch",
+    "storage", "throttle", "throttled_read_bytes", "odirect_mb_s", "buffered_mb_s", "mmap_mb_s", "iops_4k",
+    "odirect_ratio", "buffered_ratio", "mmap_ratio", "iops_ratio", "warning", "error",
 )
 
 
@@ -142,11 +156,19 @@ class Campaign:
     routing_tokens: int = 0
     seed: int = 0
     log: Any = None
+    storage: StorageTarget | None = None  # every cell's reads throttled to it (None: the drive as it is)
 
 
 def stream_campaign(c: Campaign) -> dict[str, Any]:
     """Run every cell `repeats` times, interleaved (a shuffled order per repeat), each in a fresh
     process under the cap; with an io sweep at the start of each repeat. Writes the raw data."""
+    # The throttle is checked before anything runs: a tmpfs model or a missing controller is one line.
+    limit = read_limit(c.storage, c.model) if c.storage is not None else None
+    if limit is not None:
+        read_throttle_parent()
+        for cell in c.cells:  # the check reads for longer at a slow class (bench.storage.check_seconds)
+            if cell.kind == "storage-check":
+                cell.io["class_mb_s"] = c.storage.read_mb_s  # type: ignore[union-attr]
     c.out.mkdir(parents=True, exist_ok=True)
     raw = c.out / "tokens"
     raw.mkdir(exist_ok=True)
@@ -159,6 +181,8 @@ def stream_campaign(c: Campaign) -> dict[str, Any]:
         "slice_bytes": sorted({t.slice_bytes for t in layout.experts}),
         "model_metadata": {k: v for k, v in layout.metadata.items() if k.startswith(("bmoe.", "general.name"))},
         "cap_bytes": c.cap_bytes, "cap_request_method": c.cap_method, "repeats": c.repeats,
+        "storage": asdict(c.storage) if c.storage else None,
+        "read_limit": asdict(limit) if limit else None,
         "cells": [asdict(cell) for cell in c.cells], "machine": machine_info(c.model),
         "argv": sys.argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -178,7 +202,7 @@ def stream_campaign(c: Campaign) -> dict[str, Any]:
         writer = csv.DictWriter(fc, fieldnames=CELL_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         for rep in range(c.repeats):
-            if c.io_seconds > 0:
+            if c.io_seconds > 0 and limit is None:  # the sweep runs here, outside any cell's throttle
                 rows = io_sweep(c.model, sizes=io_sizes, lanes=(1, 4), seconds=c.io_seconds, seed=c.seed + rep,
                                 modes=("odirect", "pread"))
                 for r in rows:
@@ -190,19 +214,25 @@ def stream_campaign(c: Campaign) -> dict[str, Any]:
             order = list(c.cells)
             random.Random(c.seed * 7919 + rep).shuffle(order)
             for cell in order:
-                cap = make_cap(c.cap_bytes if cell.capped else 0, c.cap_method)
+                cap = make_cap(c.cap_bytes if cell.capped else 0, c.cap_method, limit)
                 timeout = 120 + cell.warmup * 2 + cell.tokens * (30 if cell.kind == "mmap" else 8) + cell.prompt_tokens
                 tokens_csv = raw / f"{cell.label}-r{rep}.csv"
                 record = spawn_cell(cell, c.model, cap, tokens_csv, timeout)
                 flat = _flatten(record, c.model.name, rep)
+                flat["storage"] = c.storage.name if c.storage else NATIVE
+                flat.update(check_verdict(flat, c.storage) if cell.kind == "storage-check" else {})
                 records.append(flat)
                 writer.writerow(flat)
                 fc.flush()
-                say(f"[{rep}] {cell.label:<26} {record.get('status'):<10} {float(record.get('tok_s', 0)):8.3f} tok/s "
-                    f"hit {float(record.get('cache_hit_pct', 0)):5.1f}% "
-                    f"read {float(record.get('bytes_read_per_token', 0)) / MiB:7.1f} MiB/tok "
-                    f"la {record.get('loadavg_before', '-')}" + (f"  {record.get('error', '')}"
-                                                                  if record.get("status") != "ok" else ""))
+                if cell.kind == "storage-check":
+                    what = (f"O_DIRECT {flat.get('odirect_mb_s', 0)} buffered {flat.get('buffered_mb_s', 0)} mmap "
+                            f"{flat.get('mmap_mb_s', 0)} MB/s, {flat.get('iops_4k', 0)} IOPS at 4 KiB")
+                else:
+                    what = (f"{float(record.get('tok_s', 0)):8.3f} tok/s "
+                            f"hit {float(record.get('cache_hit_pct', 0)):5.1f}% "
+                            f"read {float(record.get('bytes_read_per_token', 0)) / MiB:7.1f} MiB/tok")
+                say(f"[{rep}] {cell.label:<26} {record.get('status'):<10} {what} la {record.get('loadavg_before', '-')}"
+                    + (f"  {record.get('error', '')}" if record.get("status") != "ok" else ""))
     _merge_tokens(raw, c.out / "tokens.csv")
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     (c.out / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")

@@ -32,12 +32,12 @@ RECORD_PREFIX = "BMOE-BENCH-RECORD "
 @dataclass
 class BenchCell:
     label: str
-    kind: str  # resident | mmap | stream | io
+    kind: str  # resident | mmap | stream | io | storage-check
     config: dict[str, Any] = field(default_factory=dict)  # StreamConfig fields (engine cells)
     capped: bool = True
     tokens: int = 64
     warmup: int = 0  # tokens generated (same prompt) before the measured run, same engine
-    io: dict[str, Any] = field(default_factory=dict)  # io cells: mode, lanes, barrier
+    io: dict[str, Any] = field(default_factory=dict)  # io cells: mode, lanes, barrier; storage-check: seconds
     group: str = ""  # for plots: resident | mmap | stream | io
     # Engine cells: a second engine (this config) in the same process, stepped token by token in turn
     # with the cell's own; the record gets the per-token time ratio against it (see _paired_cell).
@@ -156,6 +156,15 @@ def _io_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]
                                                        "read_path": io.get("mode", "odirect")}}, rows
 
 
+def _storage_check_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """What the drive delivers to this process (inside the cell's throttle, if any): O_DIRECT, buffered
+    and mmap MB/s and 4 KiB IOPS (bench.storage.storage_check)."""
+    from bmoe_edge.bench.storage import check_seconds, storage_check
+
+    io = spec["io"]
+    return storage_check(Path(spec["model"]), check_seconds(float(io.get("seconds", 3.0)), io.get("class_mb_s"))), []
+
+
 def measure_cell(spec: dict[str, Any]) -> dict[str, Any]:
     """Measure one cell in this process; returns its record (per-token rows go to tokens_csv)."""
     la0 = loadavg()
@@ -163,6 +172,8 @@ def measure_cell(spec: dict[str, Any]) -> dict[str, Any]:
     record: dict[str, Any] = {"label": spec["label"], "kind": spec["kind"], "loadavg_before": la0}
     if spec["kind"] == "io":
         extra, rows = _io_cell(spec)
+    elif spec["kind"] == "storage-check":
+        extra, rows = _storage_check_cell(spec)
     elif spec.get("against"):
         extra, rows = _paired_cell(spec)
     else:
@@ -264,5 +275,6 @@ def spawn_cell(cell: BenchCell, model: Path, cap: MemCap, tokens_csv: Path | Non
         "wall_s": round(time.perf_counter() - t0, 2), "cap_method": capped.method,
         "cap_mb": round(capped.limit_bytes / MiB, 1), "cap_max_usage_mb": round(capped.max_usage_bytes / MiB, 1),
         "cap_failcnt": capped.failcnt, "cap_oom_kills": capped.oom_kills, "cap_note": capped.note,
+        "throttle": capped.throttle, "throttled_read_bytes": capped.throttled_read_bytes,
     })
     return record

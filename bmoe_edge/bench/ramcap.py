@@ -1,5 +1,6 @@
 """The RAM cap of a benchmark cell: a cgroup v1 child of our own memory cgroup, cgroup v2 `memory.max`,
-or a balloon process that locks memory. The one place in Python that reads and writes cgroups.
+or a balloon process that locks memory; and its read throttle (a storage class: `throttle_reads`, the
+blkio controller). The one place in Python that reads and writes cgroups.
 
     python -m bmoe_edge.bench.ramcap balloon BYTES   # the balloon process (spawned by BalloonCap)
 """
@@ -28,15 +29,18 @@ class CapResult:
     failcnt: int = 0
     oom_kills: int = 0
     note: str = ""
+    throttle: str = ""          # "254:0 430000000 B/s 50000 IOPS (blkio-v1)" when the cell's reads were throttled
+    throttled_read_bytes: int = 0  # what the cell read from that device (the controller's own count)
 
 
-def memory_cgroup_v1() -> Path | None:
-    """Our own memory cgroup (v1) directory, if the hierarchy is mounted and writable."""
+def _cgroup_v1(controller: str, probe: str) -> Path | None:
+    """Our own cgroup (v1) directory of `controller`, if the hierarchy is mounted (`probe` is a file
+    only that controller's directories have)."""
     rel = None
     with contextlib.suppress(OSError), open("/proc/self/cgroup") as f:
         for line in f:
             _, controllers, cg = line.rstrip("\n").split(":", 2)
-            if "memory" in controllers.split(","):
+            if controller in controllers.split(","):
                 rel = cg
     if rel is None:
         return None
@@ -44,22 +48,33 @@ def memory_cgroup_v1() -> Path | None:
         for line in f:
             parts = line.split()
             sep = parts.index("-")
-            if parts[sep + 1] == "cgroup" and "memory" in parts[sep + 3].split(","):
+            if parts[sep + 1] == "cgroup" and controller in parts[sep + 3].split(","):
                 root, mount = parts[3], parts[4]
                 sub = rel[len(root):] if root != "/" and rel.startswith(root) else rel
                 path = Path(mount + "/" + sub.lstrip("/"))
-                if (path / "memory.limit_in_bytes").exists():
+                if (path / probe).exists():
                     return path
     return None
 
 
-def cgroup_v2() -> Path | None:
+def memory_cgroup_v1() -> Path | None:
+    """Our own memory cgroup (v1) directory, if the hierarchy is mounted."""
+    return _cgroup_v1("memory", "memory.limit_in_bytes")
+
+
+def blkio_cgroup_v1() -> Path | None:
+    """Our own blkio cgroup (v1) directory, if the hierarchy is mounted with the throttle files."""
+    return _cgroup_v1("blkio", "blkio.throttle.read_bps_device")
+
+
+def cgroup_v2(controller: str = "memory") -> Path | None:
+    """Our own cgroup v2 directory, if its children get `controller` (memory, io)."""
     with contextlib.suppress(OSError), open("/proc/self/cgroup") as f:
         for line in f:
             if line.startswith("0::"):
                 path = Path("/sys/fs/cgroup" + line.rstrip("\n")[3:])
                 controllers = path / "cgroup.subtree_control"
-                if controllers.exists() and "memory" in controllers.read_text().split():
+                if controllers.exists() and controller in controllers.read_text().split():
                     return path
     return None
 
@@ -202,9 +217,126 @@ def balloon_main(size: int) -> None:
     sys.stdin.read()
 
 
-def make_cap(limit_bytes: int, method: str = "auto") -> MemCap:
+# ---------------------------------------------------------------------------------------------------
+# The read throttle: a board's storage class on this machine's drive (bmoe_edge.bench.storage).
+
+
+@dataclass(frozen=True)
+class ReadLimit:
+    """Reads from one block device (`MAJ:MIN` of a whole disk) at most `read_bps` bytes/s and
+    `read_iops` requests/s (0: no limit of that kind)."""
+
+    device: str
+    read_bps: int
+    read_iops: int = 0
+
+
+def throttle_reads(cgroup: Path, device: str, read_bps: int, read_iops: int = 0) -> str:
+    """Throttle the reads that the processes in `cgroup` issue to the block device `device` (`MAJ:MIN`
+    of a whole disk: the controller refuses a partition) to `read_bps` bytes/s and `read_iops`
+    requests/s (0: no limit of that kind). `cgroup` is a cgroup v1 blkio directory
+    (`blkio.throttle.read_{bps,iops}_device`) or a cgroup v2 directory whose parent enables `io`
+    (`io.max`). O_DIRECT reads, buffered reads (page-cache misses and their read-ahead) and mmap faults
+    are throttled alike: each is a bio the reading task submits. Returns the method (blkio-v1, io-v2)."""
+    if (cgroup / "blkio.throttle.read_bps_device").exists():
+        method = "blkio-v1"
+        writes = [("blkio.throttle.read_bps_device", f"{device} {read_bps}"),
+                  ("blkio.throttle.read_iops_device", f"{device} {read_iops}")]
+    elif (cgroup / "io.max").exists():
+        method = "io-v2"
+        writes = [("io.max", f"{device} rbps={read_bps or 'max'} riops={read_iops or 'max'}")]
+    else:
+        raise BmoeError(f"{cgroup} has no blkio (v1) or io (v2) controller: reads cannot be throttled there")
+    for name, text in writes:
+        try:
+            (cgroup / name).write_text(text)
+        except OSError as exc:
+            raise BmoeError(f"cannot throttle reads of block device {device} in {cgroup} ({name}: "
+                            f"{exc.strerror or exc})") from None
+    return method
+
+
+def device_read_bytes(cgroup: Path, device: str) -> int:
+    """Bytes the processes in `cgroup` read from `device`, as the controller counted them (0 if unknown)."""
+    with contextlib.suppress(OSError, ValueError):
+        v1 = cgroup / "blkio.throttle.io_service_bytes"
+        if v1.exists():
+            for line in v1.read_text().splitlines():
+                parts = line.split()
+                if len(parts) == 3 and parts[0] == device and parts[1] == "Read":
+                    return int(parts[2])
+            return 0
+        for line in (cgroup / "io.stat").read_text().splitlines():
+            parts = line.split()
+            if parts and parts[0] == device:
+                return int(dict(p.split("=", 1) for p in parts[1:]).get("rbytes", 0))
+    return 0
+
+
+def read_throttle_parent() -> Path:
+    """Where a cell's throttled cgroup is made: our blkio v1 cgroup, else our v2 cgroup with `io`;
+    a clear error where neither is usable (no controller, or not writable)."""
+    for parent in (blkio_cgroup_v1(), cgroup_v2("io")):
+        if parent is not None and os.access(parent, os.W_OK):
+            return parent
+    raise BmoeError("no writable blkio cgroup (v1 blkio or v2 io controller) for this process: "
+                    "--storage cannot throttle the model's reads here")
+
+
+class ThrottledCap(MemCap):
+    """A cell's memory cap (any MemCap) and its read throttle: under cgroup v1 a blkio child of ours
+    beside the memory child, holding the same process; under v2 the memory child's own `io.max`."""
+
+    def __init__(self, inner: MemCap, read_limit: ReadLimit) -> None:
+        super().__init__(inner.limit)
+        self.inner = inner
+        self.method = inner.method
+        self.read_limit = read_limit
+        self.parent = read_throttle_parent()
+        self.own = not isinstance(inner, CgroupV2Cap)
+        self.path = self.parent / f"bmoe-bench-io-{os.getpid()}-{time.monotonic_ns()}"
+
+    def prepare(self) -> None:
+        self.inner.prepare()
+        if not self.own:
+            assert isinstance(self.inner, CgroupV2Cap)
+            self.path = self.inner.path
+        else:
+            self.path.mkdir()
+        lim = self.read_limit
+        self.throttle_method = throttle_reads(self.path, lim.device, lim.read_bps, lim.read_iops)
+
+    def preexec(self) -> None:
+        self.inner.preexec()
+        if self.own:
+            with open(self.path / "cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+
+    def finish(self) -> CapResult:
+        read = device_read_bytes(self.path, self.read_limit.device)
+        result = self.inner.finish()
+        if self.own:
+            for _ in range(50):
+                try:
+                    self.path.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+        lim = self.read_limit
+        result.throttle = (f"{lim.device} {lim.read_bps} B/s {lim.read_iops or 'unlimited'} IOPS "
+                           f"({self.throttle_method})")
+        result.throttled_read_bytes = read
+        return result
+
+
+def make_cap(limit_bytes: int, method: str = "auto", read_limit: ReadLimit | None = None) -> MemCap:
     """`auto`: a cgroup v1 child, else cgroup v2, else refuse (the balloon caps the whole machine and
-    must be asked for explicitly)."""
+    must be asked for explicitly). With `read_limit`, the cell's reads are throttled as well."""
+    cap = _memory_cap(limit_bytes, method)
+    return ThrottledCap(cap, read_limit) if read_limit is not None else cap
+
+
+def _memory_cap(limit_bytes: int, method: str) -> MemCap:
     if limit_bytes <= 0:
         return NoCap()
     if method in ("auto", "cgroup-v1"):

@@ -58,9 +58,15 @@ KINDS: dict[str, tuple[object, str]] = {
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 
+# A storage class is a fragment `_storage-CLASS.yaml` that sets only this section (bench.storage).
 STORAGE_FIELDS: dict[str, Field] = {
-    "kind": Field("str", choices=("nvme", "sd", "emmc", "ssd"), help="what the models are read from"),
-    "read_mb_s": Field("int", minimum=1, help="expected sequential read speed, MB/s"),
+    "kind": Field("str", choices=("nvme", "sd", "emmc", "ssd", "ufs"), help="what the models are read from"),
+    "read_mb_s": Field("int", minimum=1, help="read bandwidth, MB/s (large reads; `bench stream --storage` "
+                       "throttles to it)"),
+    "read_iops": Field("int", required=False, minimum=1, help="4 KiB random reads per second with a queue "
+                       "(the throttle's IOPS limit)"),
+    "latency_us": Field("number", required=False, minimum=0, help="one 4 KiB random read at queue depth 1, "
+                        "microseconds (recorded; the throttle does not add latency)"),
 }
 
 def _engine_field(s: Setting) -> Field:

@@ -46,6 +46,7 @@ from bmoe_edge.errors import BmoeError, show_path
 PROFILES_ENV = "BMOE_EDGE_PROFILES"
 SUFFIX = ".yaml"
 FRAGMENT_PREFIX = "_"
+STORAGE_PREFIX = "_storage-"  # a storage class: a fragment that sets only `storage:`
 
 
 def shipped_dir() -> Path:
@@ -63,6 +64,8 @@ def shipped_dir() -> Path:
 class Storage:
     kind: str
     read_mb_s: int
+    read_iops: int | None = None
+    latency_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,12 @@ class BoardProfile:
         return self.files[-1]
 
     @property
+    def storage_class(self) -> str | None:
+        """The storage class the board extends (the last `_storage-CLASS` fragment merged), if any."""
+        names = [p.stem[len(STORAGE_PREFIX):] for p in self.files if p.stem.startswith(STORAGE_PREFIX)]
+        return names[-1] if names else None
+
+    @property
     def emulated(self) -> bool:
         return self.exec_wrapper is not None
 
@@ -114,7 +123,9 @@ class BoardProfile:
             if key == "extends":
                 continue
             value = getattr(self, key)
-            if isinstance(value, Storage | Ssh):
+            if isinstance(value, Storage):
+                value = {k: v for k, v in vars(value).items() if v is not None}
+            elif isinstance(value, Ssh):
                 value = dict(vars(value))
             elif isinstance(value, dict):
                 value = dict(value)
@@ -330,6 +341,22 @@ def load_profile_file(path: Path, dirs: Sequence[Path] | None = None) -> BoardPr
         raise BmoeError(f"profile file {path} does not exist")
     dirs = profile_dirs() if dirs is None else dirs
     return _resolve(path, [path.parent, *(d for d in dirs if Path(d).resolve() != path.parent)])
+
+
+def storage_classes(dirs: Sequence[Path] | None = None) -> dict[str, Storage]:
+    """Every storage class by name: the `_storage-CLASS.yaml` fragments (first in search order wins),
+    each a `storage:` section with its kind and read bandwidth (docs/boards.md, "Storage classes")."""
+    dirs = profile_dirs() if dirs is None else dirs
+    out: dict[str, Storage] = {}
+    for name, paths in sorted(_index(dirs).items()):
+        if not name.startswith(STORAGE_PREFIX):
+            continue
+        fields = read_fields(paths[0])
+        if set(fields) - {"storage"} or "storage" not in fields:
+            raise field_error(paths[0], 1, "storage", "a storage class fragment sets `storage:` and nothing else")
+        _require(fields, {"storage": SCHEMA["storage"]}, (paths[0], 1))
+        out[name[len(STORAGE_PREFIX):]] = Storage(**_plain(fields["storage"]))  # type: ignore[arg-type]
+    return out
 
 
 def load_all(dirs: Sequence[Path] | None = None) -> tuple[list[BoardProfile], list[BmoeError]]:

@@ -30,14 +30,34 @@ def bench_io_cmd(
     typer.echo(io.io_summary(rows), nl=False)
 
 
-def _machine_defaults(tokens: int, prompt_tokens: int = 0) -> dict[str, object]:
-    """The settings `generate -p PROMPT -n TOKENS` uses with no knobs on this machine, as a cell's config
-    (with `prompt_tokens`: for a prompt of that many tokens)."""
+def _machine_defaults(tokens: int, board: str | None = None, prompt_tokens: int = 0) -> dict[str, object]:
+    """The settings `generate -p PROMPT -n TOKENS` uses with no knobs on this machine (or as `board`'s
+    profile sets them), as a cell's config (with `prompt_tokens`: for a prompt of that many tokens)."""
     from bmoe_edge.bench.machine import PROMPT
     from bmoe_edge.engine import settings
 
-    config = machine_config(None, {}, (prompt_tokens or PROMPT, tokens))
+    config = machine_config(board, {}, (prompt_tokens or PROMPT, tokens))
     return {name: getattr(config, name) for name in settings.config_fields()}
+
+
+def storage_targets() -> dict[str, object]:
+    """`--storage` names: every storage class (the `_storage-CLASS` fragments) and every board (its
+    `storage:`, named by its class where it extends one)."""
+    from bmoe_edge.bench.storage import StorageTarget
+    from bmoe_edge.boards import profiles
+
+    boards = profiles.load_all()[0]
+    named: dict[str, object] = {}
+    for name, s in profiles.storage_classes().items():
+        # A class's board (the first that extends it) lends the `defaults` cell its profile: the Pi 5's
+        # 2 lanes at the Pi 5's classes, not this machine's own.
+        board = next((b.name for b in boards if b.storage_class == name and not b.emulated), None)
+        named[name] = StorageTarget(name, s.read_mb_s, s.read_iops or 0, s.latency_us, board)
+    for b in boards:
+        s = b.storage
+        named.setdefault(b.name, StorageTarget(b.storage_class or b.name, s.read_mb_s, s.read_iops or 0,
+                                               s.latency_us, b.name))
+    return named
 
 
 @bench_app.command("stream")
@@ -58,19 +78,25 @@ def bench_stream_cmd(
     long_prompts: Annotated[str, typer.Option("--long-prompts", help="The long-prompt cells' prompt lengths, "
                                               "tokens (comma list; empty: none).")] = "16,64,512,2048",
     host: Annotated[str | None, typer.Option("--host", help="Run on a board (not implemented here).")] = None,
+    storage: Annotated[str, typer.Option("--storage", help="Throttle every cell's reads to a storage class "
+                                         "(microsd, rpi5-nvme-gen2, ...), a board's storage (rpi5), MB/s[:IOPS], "
+                                         "or native (the drive as it is).")] = "native",
 ) -> None:
     """Streamed vs llama.cpp mmap under a RAM cap, interleaved and repeated: CSVs, summary.md, plots."""
     from bmoe_edge.bench import campaign, layout, ramcap, results
+    from bmoe_edge.bench import storage as storage_classes
 
     if host:
         fail("--host is not implemented yet: copy the model and run `bmoe-edge bench stream` on the board")
+    target = storage_classes.parse_storage(storage, storage_targets())  # type: ignore[arg-type]
     model_layout = layout.gguf_layout(model)
     cap = ramcap.parse_cap(ram_cap, model_layout.file_bytes)
     matrix = campaign.default_cells(model_layout, cap, tokens=tokens, mmap_tokens=mmap_tokens or tokens,
                                     threads=threads,
                                     budgets_mb=[float(b) for b in budgets.split(",")] if budgets else None,
-                                    defaults=_machine_defaults(tokens),
-                                    long_prompts={n: _machine_defaults(tokens, n) for n in _lengths(long_prompts)})
+                                    defaults=_machine_defaults(tokens, target.board if target else None),
+                                    long_prompts={n: _machine_defaults(tokens, target.board if target else None, n)
+                                                  for n in _lengths(long_prompts)})
     if cells:
         wanted = [c.strip() for c in cells.split(",")]
         unknown = sorted(set(wanted) - {c.label for c in matrix})
@@ -78,7 +104,7 @@ def bench_stream_cmd(
             fail(f"unknown cells {', '.join(unknown)} (known: {', '.join(c.label for c in matrix)})")
         matrix = [c for c in matrix if c.label in wanted]
     campaign.stream_campaign(campaign.Campaign(model, out, cap, cap_method, matrix, repeats, io_seconds=io_seconds,
-                                         routing_tokens=routing_tokens))
+                                         routing_tokens=routing_tokens, storage=target))
     typer.echo(results.write_summary(out).read_text(), nl=False)
 
 
