@@ -32,23 +32,25 @@ from bmoe_edge.fleet import commands, deploy, emulated_board, lock, parallel, re
 from bmoe_edge.fleet import state as board_state
 from bmoe_edge.fleet import targets as fleet_targets
 
+import test_deploy as shared
 from conftest import campaign_size, run_cli
 from test_deploy import _env, _host, _release_ok, assert_one_error, changed_bundle
 
-
 # What these tests prove (locks, trust, rollback, kill points, fleets, push-model) is the fleet's logic,
-# the same for every board: they deploy the session's host bundle, which the board runs natively. Under
-# qemu every Python start on the board costs ~3 s (a deploy ~60 s instead of ~20 s); the emulated aarch64
-# board has its own deploy tests in test_deploy.py.
-@pytest.fixture(scope="module")
-def bundle_a(board_bundle) -> Path:
-    """`bmoe-edge build --board host`, the session's one build of it."""
-    return board_bundle("host")
+# the same for every board: they deploy the session's host bundle (test_deploy's host_a, and host_b with
+# one changed file), which the board runs natively; the emulated aarch64 board has its own deploy tests.
+host_a, host_b = shared.host_a, shared.host_b
 
 
 @pytest.fixture(scope="module")
-def bundle_b(bundle_a: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return changed_bundle(bundle_a, tmp_path_factory.mktemp("b") / bundle_a.name, "b")
+def bundle_a(host_a: Path) -> Path:
+    return host_a
+
+
+@pytest.fixture(scope="module")
+def bundle_b(host_b: Path) -> Path:
+    return host_b
+
 
 HOSTILE = "a\"b $(touch /tmp/pwned-bmoe) `id` \n c 'q' ; \\ end \\\\n %s %% ${HOME} \t\r\n\x01 é ✓ "
 
