@@ -118,10 +118,11 @@ def test_arguments_and_files_of_any_size_and_content_arrive_unchanged_without_sf
         board.write_bytes(path, data, 0o600)
         assert Path(path).read_bytes() == data and (Path(path).stat().st_mode & 0o777) == 0o600
         assert board.read_bytes(path) == data and board.read_bytes(path + ".missing") is None
-        local = b.dir / "local.bin"
+        local = b.dir / "local" / "put.bin"
+        local.parent.mkdir()
         local.write_bytes(data[:100_000])
         local.chmod(0o755)
-        board.put(local, str(b.dir / "put.bin"))
+        board.put_files(local.parent, ["put.bin"], str(b.dir))
         assert (b.dir / "put.bin").read_bytes() == data[:100_000] and os.access(b.dir / "put.bin", os.X_OK)
         # the request files (the framed scripts that carried data) delete themselves
         assert not any((b.home / ".cache" / "bmoe-edge" / "req").iterdir())

@@ -71,14 +71,6 @@ class Board(BoardConnection):
             self._request_dir = channel.plain_dir(found)
         return self._request_dir
 
-    def put(self, local: Path, remote: str, timeout: float | None = None) -> None:
-        """Upload a file over the exec channel (no SFTP needed); its mode comes along."""
-        size = local.stat().st_size
-        limit = timeout if timeout is not None else STEP_TIMEOUT + size / MIN_RATE
-        mode = f"{local.stat().st_mode & 0o777:o}"
-        self.sh(WRITE, remote, mode, "plain", what=f"upload of {local.name} to {remote}", data=local,
-                timeout=limit)
-
     def put_files(self, root: Path, paths: Sequence[str], remote_dir: str) -> None:
         """Upload the files `paths` (relative to `root`, modes kept) into `remote_dir` as one tar stream
         over one exec channel: a board answers each channel in ~0.1-0.3 s, so a bundle of 35 files

@@ -164,14 +164,8 @@ class Worker:
         """The engine's fatal error (bmoe::fatal_exit: a lost RPC worker, a decode past its deadline), heard
         on the failing thread before the process ends: /health says it, the running job and the queued
         ones are answered 503 with it, and the server exits non-zero (the service manager restarts it)."""
-        reason = line.removeprefix("error: ")
-        self.failure = reason
-        current = self._current
-        if current is not None:
-            current.cancelled.set()
-            with contextlib.suppress(Exception):
-                current.deliver(("error", (503, f"the server cannot answer: {reason}")))
-        self._fail_queued(reason)
+        self.failure = line.removeprefix("error: ")
+        self._fail_running_and_queued(self.failure)
 
     def kill_for_test(self) -> None:
         """End the engine thread as an unforeseen fault would (the serve test hook)."""
@@ -223,11 +217,16 @@ class Worker:
         finally:
             if self.failure is None and not self.closing:
                 self.failure = "the engine thread ended"
-            reason = self.unavailable() or "the engine thread ended"
-            if self._current is not None:
-                with contextlib.suppress(Exception):
-                    self._current.deliver(("error", (503, f"the server cannot answer: {reason}")))
-            self._fail_queued(reason)
+            self._fail_running_and_queued(self.unavailable() or "the engine thread ended")
+
+    def _fail_running_and_queued(self, reason: str) -> None:
+        """Answer the running job and every queued one 503 with `reason`: none of them will finish."""
+        current = self._current
+        if current is not None:
+            current.cancelled.set()
+            with contextlib.suppress(Exception):
+                current.deliver(("error", (503, f"the server cannot answer: {reason}")))
+        self._fail_queued(reason)
 
     def _fail_queued(self, reason: str) -> None:
         """Answer every job still queued: it will not run."""
