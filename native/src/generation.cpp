@@ -598,6 +598,8 @@ bool Engine::Impl::step_once(StepResult & out) {
             prompt ? budget : d.memory->adapt(budget, streamer.pool_held_bytes(), detail::major_faults() - faults0);
         if (adapted != budget) {
             streamer.set_budget(adapted);
+        } else if (!prompt) {
+            streamer.trim_spare();
         }
         out.metrics.cache_budget_bytes = adapted;
         out.metrics.pool_bytes = streamer.pool_held_bytes();

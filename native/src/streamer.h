@@ -106,6 +106,11 @@ public:
     // After a prompt: its batches routed to (nearly) every expert of a layer, and the layers last computed
     // hold more than their share. Evict every layer down to its share and give the pool's free pages back.
     void settle();
+    // After a decode, while the budget is below what it was (memory given back to a neighbour): the free units the
+    // pool keeps populated for reuse are at most a little over what the budget leaves room for, the rest go back to
+    // the kernel. Otherwise the trimmed units are populated again as they are taken while evicted experts' pages
+    // sit spare, and the process grows back over the memory it gave.
+    void trim_spare();
     // A layer that stops running (an MTP head given up on) releases its cached experts and gives its
     // share of the budget to the others; again active when it may run again. Between decodes only.
     void set_layer_active(int layer, bool active);
@@ -178,6 +183,9 @@ private:
     void reap_abandoned();
     std::vector<Abandoned> abandoned_;
     int timeouts_in_a_row_ = 0;
+    // The budget's last move was down (memory given back): the pool's spare pages are trimmed after each decode.
+    static constexpr uint64_t kSpareSlackBytes = 32ULL << 20;  // half the default --cache-margin
+    bool gave_back_ = false;
 
     // Overlap state. Readiness per (tensor, expert) carries the generation of the batch that made
     // it resident, so flags are reused across layers and tokens without clearing.
