@@ -124,7 +124,7 @@ def test_bench_stream_writes_csvs_summary_and_plots(small_models: dict[str, Path
     usable = ramcap.memory_cgroup_v1() is not None or ramcap.cgroup_v2() is not None
     cap = "400" if usable else "0"  # MiB: the tiny model fits; the point is the cap machinery
     cells = ("resident,mmap,off-serial-od4,off-overlap-od1,cache1-overlap-od4,fullcache-serial,fullcache-paired,io-od4,"
-             "long-prompt-96")
+             "long-prompt-96,long-prompt-96-resident,pfauto-paired-predict")
     result = run_cli("bench", "stream", "-m", str(small_models["uniform"]), "--ram-cap", cap, "--tokens", "4",
                      "--repeats", "1", "--budgets", "1", "--cells", cells, "--io-seconds", "0.1",
                      "--long-prompts", "96", "--out", str(out), timeout=120)
@@ -147,9 +147,13 @@ def test_bench_stream_writes_csvs_summary_and_plots(small_models: dict[str, Path
     long = by["long-prompt-96"]
     assert int(long["prompt_tokens"]) == 96 and float(long["ttft_ms"]) >= float(long["prompt_ms"]) > 0
     assert int(long["prefill_routed_bytes"]) > 0 and int(long["prefill_bytes"]) > 0
+    assert float(by["long-prompt-96-resident"]["prompt_ms"]) > 0  # the compute side of its bound
     # The paired cell: resident and full cache in one process, token by token, the same tokens.
     assert by["fullcache-paired"]["paired_same_tokens"] == "True"
     assert float(by["fullcache-paired"]["paired_ratio"]) > 0 and float(by["fullcache-paired"]["tok_s"]) > 0
+    # Read-ahead auto beside predict in one process: its total-time ratio is a policy target.
+    assert by["pfauto-paired-predict"]["paired_same_tokens"] == "True"
+    assert float(by["pfauto-paired-predict"]["paired_mean_ratio"]) > 0
     if usable:
         assert by["mmap"]["cap_method"].startswith("cgroup") and by["resident"]["cap_method"] == "none"
     tok_cols = _columns(out / "tokens.csv")
@@ -157,6 +161,10 @@ def test_bench_stream_writes_csvs_summary_and_plots(small_models: dict[str, Path
     summary = (out / "summary.md").read_text()
     assert "## Targets" in summary and "P4 zero copy" in summary
     assert "P1 resident parity (fullcache-paired vs resident, per-token ratio in one process" in summary
+    assert "pfauto-paired-predict vs the best simpler setting (prefetch predict, in the same process)" in summary
+    long_table = summary.split("## Long prompts")[1].split("\n## ")[0]
+    [row] = [line for line in long_table.splitlines() if line.startswith("| long-prompt-96 |")]
+    assert row.split("|")[-3].strip() != "-" and float(row.split("|")[-2]) > 0  # resident prefill s, TTFT x bound
     assert "Issue 4 overlap" not in summary or "io-only" in summary
 
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bmoe_edge.bench.cells import TOKEN_COLUMNS, BenchCell, spawn_cell
+from bmoe_edge.bench.cells import PREFETCH_RIVALS, TOKEN_COLUMNS, BenchCell, spawn_cell
 from bmoe_edge.bench.io import io_sweep
 from bmoe_edge.bench.layout import GgufLayout, gguf_layout
 from bmoe_edge.bench.machine import ctx_for, machine_info, write_rows
@@ -64,6 +64,9 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
     for n, config in (long_prompts or {}).items():
         cells.append(BenchCell(f"long-prompt-{n}", "stream", dict(config), tokens=tokens, group="stream",
                                prompt_tokens=n))
+        # The same prompt resident (uncapped): the compute side of time to first token's bound.
+        cells.append(BenchCell(f"long-prompt-{n}-resident", "resident", {**config, "stream": False}, capped=False,
+                               tokens=2, warmup=1, group="resident", prompt_tokens=n))
     cells += [
         stream("off-serial-od4"),
         stream("off-overlap-od4", overlap=True),
@@ -83,6 +86,15 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
         stream(f"cache{mid_mb:g}-overlap-od4-predict", cache_mb=mid_mb, overlap=True, prefetch="predict"),
     ]
     cells.append(stream("auto-overlap-od4", cache_mb="auto", overlap=True))
+    # Read-ahead `auto` beside `predict` and beside no read-ahead, token by token in one process (two cells
+    # minutes apart on a shared drive differ by more than the policies do). Two fixed caches that fit the
+    # cap together (each engine's `auto` would size itself to the whole cgroup), serial (the overlap hook is
+    # one per process; read-ahead is the same mechanism in both modes).
+    low_mb = budgets_mb[0]
+    for rival in PREFETCH_RIVALS:
+        cells.append(stream(f"pfauto-paired-{rival}", cache_mb=low_mb, prefetch="auto",
+                            against={**base, "stream": True, "io_threads": 4, "read_path": "odirect", "overlap": False,
+                                     "cache_mb": low_mb, "prefetch": rival}))
     # The adaptive cache's point, one knob at a time (lanes, overlap, read-ahead): what `defaults` must
     # not lose to at a slow drive (the storage campaign, docs/benchmarks.md).
     cells += [

@@ -1,8 +1,18 @@
 #include "prefetch_policy.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace bmoe::detail {
+namespace {
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n == 0 ? 0 : n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
 
 bool PrefetchPolicy::probe_on() const {
     const int window = done_ / kWindow;  // 0 off, 1 on, 2 on, 3 off
@@ -26,28 +36,25 @@ void PrefetchPolicy::record(double ms) {
         return;
     }
     if (!probing_) {
-        if (++done_ >= kExploit) {
+        if (++done_ >= exploit_) {
             probing_ = true;
             done_ = 0;
-            sum_on_ = sum_off_ = 0;
-            n_on_ = n_off_ = 0;
+            on_.clear();
+            off_.clear();
         }
         return;
     }
-    if (probe_on()) {
-        sum_on_ += ms;
-        ++n_on_;
-    } else {
-        sum_off_ += ms;
-        ++n_off_;
-    }
+    (probe_on() ? on_ : off_).push_back(ms);
     if (++done_ < 4 * kWindow) {
         return;
     }
-    const double on = sum_on_ / n_on_;
-    const double off = sum_off_ / n_off_;
+    const double on = median(on_);
+    const double off = median(off_);
     measured_ = on > 0 ? off / on : 0;
-    chosen_on_ = on < off;  // a tie keeps the simpler setting
+    const bool choose_on = off * (1 + kOffMargin) >= on;
+    exploit_ = probed_ && choose_on == chosen_on_ ? std::min(2 * exploit_, kMaxExploit) : kExploit;
+    chosen_on_ = choose_on;
+    probed_ = true;
     probing_ = false;
     done_ = 0;
 }
@@ -56,7 +63,7 @@ std::string PrefetchPolicy::state() const {
     if (mode_ != Mode::Auto) {
         return reads_ahead() ? "on" : "off";
     }
-    if (probing_ && measured_ == 0) {
+    if (probing_ && !probed_) {
         return "probing";
     }
     char text[48];

@@ -3,19 +3,26 @@
 // phone's flash lost 21% to it in the seed project's measurements), and no counter says that in
 // advance. So auto measures: windows of decodes with and without read-ahead, in the order
 // off-on-on-off (a steady drift, such as a cache filling, cancels out), then the faster setting
-// for a long stretch, then measure again. A loss is bounded by the probes' share of the run.
+// for a stretch, then measures again. A loss is bounded by the probes' share of the run, and that
+// share shrinks while the probes keep agreeing.
 // Pure policy: it sees decode times and says yes or no.
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace bmoe::detail {
 
 class PrefetchPolicy {
 public:
     enum class Mode { Off, Predict, Auto };
-    static constexpr int kWindow = 8;     // decodes per probe window
-    static constexpr int kExploit = 120;  // decodes between probes
+    static constexpr int kWindow = 8;         // decodes per probe window
+    static constexpr int kExploit = 120;      // decodes between the first probes
+    static constexpr int kMaxExploit = 960;   // the stretch doubles each time a probe agrees with the last
+    // Reading ahead is turned off only when that measured faster by more than this. The two mistakes
+    // do not cost the same: reading ahead where it is neutral costs bandwidth, not time; turning it
+    // off where it pays (and one slow decode, the machine's, hid that) costs the whole stretch.
+    static constexpr double kOffMargin = 0.03;
 
     explicit PrefetchPolicy(Mode mode) : mode_(mode) {}
 
@@ -31,9 +38,10 @@ private:
 
     Mode mode_;
     bool probing_ = true;
+    bool probed_ = false;     // a probe has ended (its choice is chosen_on_)
     int done_ = 0;            // decodes recorded in the current phase
-    double sum_on_ = 0, sum_off_ = 0;
-    int n_on_ = 0, n_off_ = 0;
+    int exploit_ = kExploit;  // decodes of the current stretch
+    std::vector<double> on_, off_;  // the probe's decode times (medians: one decode the machine stalled moves nothing)
     bool chosen_on_ = false;
     double measured_ = 0;     // off time / on time of the last probe
 };
