@@ -60,6 +60,16 @@ def storage_targets() -> dict[str, object]:
     return named
 
 
+def _long_prompt_configs(tokens: int, board: str | None, lengths: list[int]) -> dict[int, dict[str, object]]:
+    """Every long-prompt cell with the settings `generate` picks for the longest prompt (its context and batch):
+    the cells then differ by the prompt alone, so decode after a long prompt is compared with the same
+    settings after a short one."""
+    if not lengths:
+        return {}
+    config = _machine_defaults(tokens, board, max(lengths))
+    return {n: dict(config) for n in lengths}
+
+
 @bench_app.command("stream")
 def bench_stream_cmd(
     model: Annotated[Path, typer.Option("-m", "--model", help="The gguf (a single file).")],
@@ -95,8 +105,8 @@ def bench_stream_cmd(
                                     threads=threads,
                                     budgets_mb=[float(b) for b in budgets.split(",")] if budgets else None,
                                     defaults=_machine_defaults(tokens, target.board if target else None),
-                                    long_prompts={n: _machine_defaults(tokens, target.board if target else None, n)
-                                                  for n in _lengths(long_prompts)})
+                                    long_prompts=_long_prompt_configs(tokens, target.board if target else None,
+                                                                      _lengths(long_prompts)))
     if cells:
         wanted = [c.strip() for c in cells.split(",")]
         unknown = sorted(set(wanted) - {c.label for c in matrix})
