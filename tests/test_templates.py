@@ -136,8 +136,6 @@ _GEMMA4 = ("common's Gemma 4 grammar takes the arguments as any Gemma dict (free
 NOT_FORCED = {
     (n, c): why
     for n, why in {
-        "Kimi-K3.jinja": "common's Kimi-K3 grammar takes a call's attributes (index=) and every argument value as "
-                         "free text up to the next tag, without the schema: the fixture never closes the first",
         "LFM2.5-8B-A1B.jinja": "common's Python-style call grammar takes any Python or JSON value for a non-string "
                                "argument, without the schema: the fixture writes a string that never ends",
         "google-gemma-4-31B-it-interleaved.jinja": _GEMMA4,
