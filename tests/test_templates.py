@@ -128,21 +128,13 @@ def test_every_template_renders_chat_thinking_and_a_tool_round(engine: Engine, n
 
 
 # Forced calls that do not come out valid from the random-weight fixture at this pin, and why (measured:
-# docs/bench-data/2026-12-02/templates/). Each is common's grammar for the format not following the tool's
-# schema, which a small patch does not change. Strict: a pin whose common fixes one fails here until its
-# row goes. The table in docs/serve.md says the same.
+# docs/bench-data/2026-12-02/templates/): common's grammar for the format does not follow the tool's schema
+# and no small patch makes it (the others that did not were patched: third_party/llama.cpp/patches/).
+# Strict: a pin whose common fixes one fails here until its row goes. docs/serve.md's table says the same.
 _GEMMA4 = ("common's Gemma 4 grammar takes the arguments as any Gemma dict (free-text keys, no schema: an upstream "
            "TODO): the fixture writes a key that never ends")
-NOT_FORCED = {
-    (n, c): why
-    for n, why in {
-        "LFM2.5-8B-A1B.jinja": "common's Python-style call grammar takes any Python or JSON value for a non-string "
-                               "argument, without the schema: the fixture writes a string that never ends",
-        "google-gemma-4-31B-it-interleaved.jinja": _GEMMA4,
-        "google-gemma-4-31B-it.jinja": _GEMMA4,
-    }.items()
-    for c in ("required", "get_time")
-}
+NOT_FORCED = {(n, c): _GEMMA4 for n in ("google-gemma-4-31B-it-interleaved.jinja", "google-gemma-4-31B-it.jinja")
+              for c in ("required", "get_time")}
 
 
 def test_continue_final_message_goes_on_from_the_assistant_text(engine: Engine) -> None:
