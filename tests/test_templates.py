@@ -127,14 +127,12 @@ def test_every_template_renders_chat_thinking_and_a_tool_round(engine: Engine, n
     assert RESULT in chat.render(t, second, chat.Turn(tools=(WEATHER,))).prompt
 
 
-# Forced calls that do not come out valid from the random-weight fixture at this pin, and why (measured:
-# docs/bench-data/2026-12-02/templates/): common's grammar for the format does not follow the tool's schema
-# and no small patch makes it (the others that did not were patched: third_party/llama.cpp/patches/).
-# Strict: a pin whose common fixes one fails here until its row goes. docs/serve.md's table says the same.
-_GEMMA4 = ("common's Gemma 4 grammar takes the arguments as any Gemma dict (free-text keys, no schema: an upstream "
-           "TODO): the fixture writes a key that never ends")
-NOT_FORCED = {(n, c): _GEMMA4 for n in ("google-gemma-4-31B-it-interleaved.jinja", "google-gemma-4-31B-it.jinja")
-              for c in ("required", "get_time")}
+# Forced calls that do not come out valid from the random-weight fixture at this pin, and why: none. Those
+# that did not were fixed where common's grammar and parser disagreed, or its grammar did not follow the
+# schema or bound what a forced call writes (third_party/llama.cpp/patches/0004-0011; measured:
+# docs/bench-data/2026-12-02/templates/). A row here is a strict xfail, so a pin whose common fixes one fails
+# until its row goes; docs/serve.md's table says the same.
+NOT_FORCED: dict[tuple[str, str], str] = {}
 
 
 def test_continue_final_message_goes_on_from_the_assistant_text(engine: Engine) -> None:
