@@ -127,21 +127,12 @@ def test_every_template_renders_chat_thinking_and_a_tool_round(engine: Engine, n
     assert RESULT in chat.render(t, second, chat.Turn(tools=(WEATHER,))).prompt
 
 
-# Forced calls that do not come out valid from the random-weight fixture at this pin, and why (where it
-# was looked into). Strict: a pin whose common fixes one fails here until its row goes. The table in
-# docs/serve.md says the same (docs/bench-data/2026-12-01/chat-common/).
-NOT_FORCED = {
-    ("GLM-4.6.jinja", "required"): "common's grammar allows a space before </tool_call> that its parser refuses",
-    ("GLM-4.6.jinja", "get_time"): "common's grammar allows a space before </tool_call> that its parser refuses",
-    ("openai-gpt-oss-120b.jinja", "required"): "Harmony's header grammar allows an unbounded word after the channel "
-                                               "name; a random model never leaves it (named calls work: the "
-                                               "template writes the header)",
-    **{(n, c): "not looked into: see docs/bench-data/2026-12-01/chat-common/templates-failures.txt"
-       for n in ("Cohere2MoE.jinja", "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "Kimi-K3.jinja",
-                 "LFM2.5-8B-A1B.jinja", "google-gemma-4-31B-it-interleaved.jinja", "google-gemma-4-31B-it.jinja",
-                 "muse-glimmer.jinja", "openbmb-MiniCPM5-1B.jinja")
-       for c in ("required", "get_time")},
-}
+# Forced calls that do not come out valid from the random-weight fixture at this pin, and why: none. Those
+# that did not were fixed where common's grammar and parser disagreed, or its grammar did not follow the
+# schema or bound what a forced call writes (third_party/llama.cpp/patches/0004-0011; measured:
+# docs/bench-data/2026-12-02/templates/). A row here is a strict xfail, so a pin whose common fixes one fails
+# until its row goes; docs/serve.md's table says the same.
+NOT_FORCED: dict[tuple[str, str], str] = {}
 
 
 def test_continue_final_message_goes_on_from_the_assistant_text(engine: Engine) -> None:

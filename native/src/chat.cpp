@@ -12,6 +12,7 @@
 #include "chat.h"  // llama.cpp common/
 #include "engine_impl.h"
 #include "json-schema-to-grammar.h"
+#include "peg-parser.h"
 
 namespace bmoe {
 
@@ -56,6 +57,14 @@ std::string trigger_pattern(const common_grammar_trigger & t) {
         }
     }
     throw Error("common returned a grammar trigger of an unknown type");
+}
+
+// `text` is the start of an answer the format's parser (common's serialized PEG arena) can go on from.
+bool answer_begins(const std::string & parser, const std::string & text) {
+    common_peg_arena arena;
+    arena.load(parser);
+    common_peg_parse_context ctx(text, COMMON_PEG_PARSE_FLAG_LENIENT);  // lenient: the input may stop short
+    return !arena.parse(ctx).fail();
 }
 
 common_chat_templates_inputs to_common(const ChatInputs & in, const common_json & tools) {
@@ -105,7 +114,13 @@ struct ChatTemplates::Impl {
                 const size_t start = p.thinking_start_tag.empty() ? std::string::npos : gen.rfind(p.thinking_start_tag);
                 if (start != std::string::npos && !p.thinking_end_tags.empty() &&
                     gen.find(p.thinking_end_tags[0], start) == std::string::npos) {
+                    // With the line break a template writes after it (MiniMax-M2), unless the format's own
+                    // parser (and so its grammar, built from the same rules) takes none there (Cohere2MoE).
                     opening = p.thinking_end_tags[0] + "\n";
+                    if (!p.parser.empty() && !answer_begins(p.parser, gen + opening + t.value) &&
+                        answer_begins(p.parser, gen + p.thinking_end_tags[0] + t.value)) {
+                        opening = p.thinking_end_tags[0];
+                    }
                 }
                 p.prompt += opening + t.value;
                 p.generation_prompt += opening + t.value;
