@@ -374,10 +374,13 @@ void Engine::Impl::load_model(const std::string & path, const Recipe * recipe) {
 
 llama_context_params Engine::Impl::context_params() const {
     llama_context_params params = llama_context_default_params();
-    params.n_ctx = static_cast<uint32_t>(config.ctx);
+    // --parallel: one KV stream per sequence (not unified), each the whole -c: a sequence's attention runs
+    // over its own cells, in the order it would alone, so a batched request's tokens are its own.
+    params.n_ctx = static_cast<uint32_t>(config.ctx) * static_cast<uint32_t>(config.parallel);
     params.n_batch = static_cast<uint32_t>(config.batch);
     params.n_ubatch = static_cast<uint32_t>(config.ubatch);
-    params.n_seq_max = 1;
+    params.n_seq_max = static_cast<uint32_t>(config.parallel);
+    params.kv_unified = false;
     // 0 = auto: every core for a resident run; one core left to the read lanes while streaming.
     // llama.cpp's compute threads spin at their barriers, so a thread per core starves the lanes
     // (and itself, waiting for a descheduled peer): on 2 cores, streaming with 2 compute threads
