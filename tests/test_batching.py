@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from dataclasses import replace
+from http import client as http_client
 
 import pytest
 
@@ -11,6 +15,8 @@ from bmoe_edge.engine.batching import generate_together
 from bmoe_edge.proof.batch_gate import BATCH_PROMPTS, check_batch, format_result
 from bmoe_edge.proof.gates import BASE
 from bmoe_edge.synthetic import tinymoe
+
+from test_serve import KEY, Server, start, stop
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -39,3 +45,74 @@ def test_a_slot_freed_mid_batch_takes_a_new_prompt_and_the_others_go_on() -> Non
         with pytest.raises(Exception, match="slot 2 does not exist"):
             engine.slot_begin(2, prompts[0])
 
+
+# --- serve --parallel: a real server, OpenAI's own client -----------------------------------------------------
+
+QUESTIONS = ("Tell me about the fox.", "What did the old sailor say?", "Count the lines by the sea.", "Hello")
+
+
+def _ask(server: Server, question: str, stream: bool, max_tokens: int = 24) -> str:
+    client = server.client(KEY)
+    messages = [{"role": "user", "content": question}]
+    if not stream:
+        r = client.chat.completions.create(model=server.model_id, messages=messages, max_tokens=max_tokens,
+                                           temperature=0)
+        return r.choices[0].message.content or ""
+    chunks = client.chat.completions.create(model=server.model_id, messages=messages, max_tokens=max_tokens,
+                                            temperature=0, stream=True)
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def _together(server: Server, stream: bool) -> list[str]:
+    answers = [""] * len(QUESTIONS)
+    start = threading.Barrier(len(QUESTIONS))
+
+    def one(i: int) -> None:
+        start.wait()
+        answers[i] = _ask(server, QUESTIONS[i], stream)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(QUESTIONS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answers
+
+
+def test_four_clients_at_once_each_get_their_answer_alone_streamed_and_not() -> None:
+    model = tinymoe.fixture("qwen3moe", "Q8_0")
+    alone_server = start(model, "--ctx", "512", "--api-key", KEY)
+    try:
+        alone = [_ask(alone_server, q, stream=False) for q in QUESTIONS]
+    finally:
+        stop(alone_server)
+    server = start(model, "--ctx", "512", "--api-key", KEY, "--parallel", "4", "--prefill-chunk", "16")
+    try:
+        assert all(alone), alone
+        assert _together(server, stream=True) == alone
+        assert _together(server, stream=False) == alone
+        m = server.metrics()
+        assert m["bmoe_slots"] == 4 and m["bmoe_batch_sequences_max"] >= 2
+        assert 0 < m["bmoe_batch_union_expert_bytes_total"] < m["bmoe_batch_summed_expert_bytes_total"]
+        # a client hanging up mid-stream frees its slot at once: the others' slots and the next request go on
+        before = server.metrics()
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        conn = http_client.HTTPConnection(host, int(port), timeout=60)
+        body = json.dumps({"prompt": "Go", "max_tokens": 400, "temperature": 0, "stream": True})
+        conn.request("POST", "/v1/completions", body=body,
+                     headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200
+        response.readline()
+        conn.close()
+        deadline = time.monotonic() + 30
+        while (m := server.metrics())["bmoe_requests_cancelled_total"] <= before["bmoe_requests_cancelled_total"]:
+            assert time.monotonic() < deadline, "the hung-up request was not cancelled"
+            time.sleep(0.05)
+        assert m["bmoe_completion_tokens_total"] - before["bmoe_completion_tokens_total"] < 400
+        while server.metrics()["bmoe_slots_busy"] != 0:
+            assert time.monotonic() < deadline, "the hung-up request's slot stayed busy"
+            time.sleep(0.05)
+        assert _ask(server, QUESTIONS[0], stream=True) == alone[0]
+    finally:
+        stop(server)
