@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 from dataclasses import replace
@@ -116,3 +117,47 @@ def test_four_clients_at_once_each_get_their_answer_alone_streamed_and_not() -> 
         assert _ask(server, QUESTIONS[0], stream=True) == alone[0]
     finally:
         stop(server)
+
+
+def _answer(events: queue.Queue) -> list:
+    got = [events.get(timeout=60)]
+    while got[-1][0] == "delta":
+        got.append(events.get(timeout=60))
+    return got
+
+
+def test_parallel_workers_keep_the_guarantees_hostile_jobs_and_a_fatal_error() -> None:
+    """--parallel's scheduler as the serial worker: a refused grammar is the request's 400, a job that raises
+    its own 500, the engine thread lives on; a fatal error answers the running and queued jobs 503."""
+    from bmoe_edge.engine.session import Sampling
+    from bmoe_edge.engine.settings import StreamConfig
+    from bmoe_edge.serve.worker import Job, Request, Worker
+
+    greedy = Sampling(temp=0.0)
+    with Engine(tinymoe.fixture("qwen3moe", "Q8_0"), StreamConfig(ctx=256, threads=1, parallel=2)) as e:
+        worker = Worker(e)
+        try:
+            events: queue.Queue = queue.Queue()
+            bad = Request(max_tokens=2, sampling=Sampling(temp=0.0, grammar="root ::= nothing-here"), prompt="Hi")
+            worker.submit(Job(bad, events.put))
+            kind, (status, message) = events.get(timeout=30)
+            assert (kind, status) == ("error", 400) and "grammar" in message
+            worker.submit(Job(Request(max_tokens=2, sampling=greedy, prompt="\ud800"), events.put))
+            kind, (status, message) = events.get(timeout=30)
+            assert (kind, status) == ("error", 500) and "TypeError" in message
+            worker.submit(Job(Request(max_tokens=3, sampling=greedy, prompt="Hi"), events.put))
+            got = _answer(events)
+            assert got[-1][0] == "done" and got[-1][1].completion_tokens == 3
+            assert worker.unavailable() is None and worker.engine_failures == 0
+            # a fatal error while two jobs run and one waits: all three answered 503, /health says why
+            running: list[queue.Queue] = [queue.Queue() for _ in range(3)]
+            for q in running:
+                worker.submit(Job(Request(max_tokens=200, sampling=greedy, prompt="Go"), q.put))
+            while worker.batch.slots_busy < 2:
+                time.sleep(0.01)
+            worker.fatal("error: the RPC worker is gone")
+            for q in running:
+                assert _answer(q)[-1] == ("error", (503, "the server cannot answer: the RPC worker is gone"))
+            assert worker.unavailable() == "the RPC worker is gone"
+        finally:
+            worker.close()
