@@ -65,6 +65,7 @@ class Scheduler:
         self._streams: list[_Stream | None] = [None] * self.n
         self._tenant: list[int | None] = [None] * self.n   # whose context each slot holds
         self._text = SlotText()
+        self._woken = False   # wake() since the last run_once: the wait would miss it
 
     # --- job threads -------------------------------------------------------------------------------------------
 
@@ -103,6 +104,12 @@ class Scheduler:
                 self._released.append(stream)
                 self._cv.notify()
 
+    def wake(self) -> None:
+        """Something for the engine thread outside the scheduler (a job queued, a job thread ended)."""
+        with self._cv:
+            self._woken = True
+            self._cv.notify()
+
     def exclusive(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the engine thread once no slot is active (a pass that clears the context: scoring)."""
         answer: queue.Queue = queue.Queue()
@@ -126,9 +133,9 @@ class Scheduler:
     def run_once(self, timeout: float) -> None:
         """Stop the released slots, begin the asked-for ones, and step: one batched decode."""
         with self._cv:
-            if not (self._begins or self._released or self._exclusive or self._active()):
+            if not (self._begins or self._released or self._exclusive or self._woken or self._active()):
                 self._cv.wait(timeout)
-            released, self._released = self._released, []
+            released, self._released, self._woken = self._released, [], False
         for stream in released:
             self._stop(stream)
         self._run_exclusive()

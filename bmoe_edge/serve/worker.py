@@ -167,6 +167,8 @@ class Worker:
             self.jobs.put_nowait(job)
         except queue.Full:
             raise QueueFull from None
+        if self._scheduler is not None:
+            self._scheduler.wake()
 
     def fatal(self, line: str) -> None:
         """The engine's fatal error (bmoe::fatal_exit: a lost RPC worker, a decode past its deadline), heard
@@ -274,6 +276,7 @@ class Worker:
         finally:
             self._running.discard(job)
             self.stats.busy = bool(self._running)
+            self._scheduler.wake()   # a queued job may take its place
 
     def _fail_running_and_queued(self, reason: str) -> None:
         """Answer the running jobs and every queued one 503 with `reason`: none of them will finish."""
