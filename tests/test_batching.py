@@ -161,3 +161,27 @@ def test_parallel_workers_keep_the_guarantees_hostile_jobs_and_a_fatal_error() -
             assert worker.unavailable() == "the RPC worker is gone"
         finally:
             worker.close()
+
+
+def test_a_client_gone_mid_prompt_frees_its_slot_before_the_prompt_is_in() -> None:
+    from bmoe_edge.engine.session import Sampling
+    from bmoe_edge.engine.settings import StreamConfig
+    from bmoe_edge.serve.worker import Job, Request, Worker
+
+    # a chunk of one token a step: the 400-token prompt takes 400 steps
+    config = StreamConfig(ctx=512, threads=1, parallel=2, prefill_chunk=1)
+    with Engine(tinymoe.fixture("qwen3moe", "Q8_0"), config) as e:
+        worker = Worker(e)
+        try:
+            events: queue.Queue = queue.Queue()
+            job = Job(Request(max_tokens=4, sampling=Sampling(temp=0.0), prompt=" ".join(["sea"] * 400)), events.put)
+            worker.submit(job)
+            while not e.slot_tokens(0):
+                time.sleep(0.001)
+            job.cancelled.set()
+            assert _answer(events)[-1] == ("error", (499, "the request was cancelled"))
+            assert worker.batch.slots_busy == 0 or not worker._running
+            assert len(e.slot_tokens(0)) < 300   # stopped between two chunks, not at the prompt's end
+            assert worker.stats.cancelled == 1
+        finally:
+            worker.close()

@@ -102,8 +102,8 @@ def default_cells(clients: list[int], long_prompt: int, chunk: int) -> list[Serv
     return cells
 
 
-def _start(model: Path, cell: ServeCell, cap: ramcap.MemCap, threads: int,
-           ctx: int) -> tuple[subprocess.Popen, str, str]:
+def _start(model: Path, cell: ServeCell, cap: ramcap.MemCap, threads: int, ctx: int,
+           log: Path) -> tuple[subprocess.Popen, str, str]:
     args = [sys.executable, "-m", "bmoe_edge", "serve", "-m", str(model), "--port", "0", "-t", str(threads),
             "--ctx", str(ctx), "--parallel", str(cell.parallel), "--prefill-chunk", str(cell.chunk),
             "--queue", "16"]
@@ -119,7 +119,12 @@ def _start(model: Path, cell: ServeCell, cap: ramcap.MemCap, threads: int,
             raise BmoeError(f"bench serve: the server exited ({process.returncode}): {seen.strip()[-400:]}")
         found = re.search(r"serving (\S+) on (http://[\d.]+:\d+)/v1", line)
         if found:
-            threading.Thread(target=lambda: [None for _ in process.stderr], daemon=True).start()  # type: ignore
+            def keep(head: str = seen) -> None:   # the server's lines, for a cell that fails
+                with log.open("a") as f:
+                    f.write(head)
+                    for rest in process.stderr:  # type: ignore[union-attr]
+                        f.write(rest)
+            threading.Thread(target=keep, daemon=True).start()
             return process, found[2], found[1]
     process.kill()
     raise BmoeError("bench serve: the server did not start in 300 s")
@@ -154,10 +159,10 @@ def _stream(url: str, model: str, prompt: str | list[int], max_tokens: int, out:
 
 
 def run_cell(model: Path, label: str, cell: ServeCell, repeat: int, *, cap_bytes: int, cap_method: str,
-             tokens: int, threads: int, ctx: int) -> tuple[CellRow, list[ClientRow]]:
+             tokens: int, threads: int, ctx: int, log: Path) -> tuple[CellRow, list[ClientRow]]:
     cap = ramcap.make_cap(cap_bytes, cap_method)
     cap.prepare()
-    process, url, model_id = _start(model, cell, cap, threads, ctx)
+    process, url, model_id = _start(model, cell, cap, threads, ctx, log)
     try:
         warm = _Client()
         _stream(url, model_id, "Warm up", 4, warm, None)   # the dense weights' first reads are not a client's
@@ -187,7 +192,10 @@ def run_cell(model: Path, label: str, cell: ServeCell, repeat: int, *, cap_bytes
             long_started.set()
         for t in threads_:
             t.join()
-        after = _metrics(url)
+        try:
+            after = _metrics(url)
+        except OSError:   # the server is gone (the cap's OOM killer: the cell's note says)
+            after = before
     finally:
         process.terminate()
         try:
@@ -217,7 +225,9 @@ def run_cell(model: Path, label: str, cell: ServeCell, repeat: int, *, cap_bytes
                   delta("bmoe_batch_union_expert_bytes_total"), delta("bmoe_batch_summed_expert_bytes_total"),
                   after.get("bmoe_inter_token_gap_seconds_max", 0.0), cell.long_prompt,
                   (clients[1].times[0] - long_t0) if cell.long_prompt and clients[1].times else 0.0,
-                  result.max_usage_bytes, cap_bytes, errors or result.note)
+                  result.max_usage_bytes, cap_bytes,
+                  "; ".join(x for x in (errors, result.note, f"{result.oom_kills} OOM kills" * bool(result.oom_kills))
+                            if x))
     return row, rows
 
 
@@ -243,8 +253,10 @@ def campaign(models: dict[str, Path], out: Path, cells: list[ServeCell], *, cap:
             cap_bytes = ramcap.parse_cap(cap, model.stat().st_size)
             for cell in cells:
                 cell_ctx = max(ctx, cell.long_prompt + tokens + 64)
+                log = out / "servers" / f"{label}-r{repeat}-{cell.label}.log"
+                log.parent.mkdir(exist_ok=True)
                 row, rows = run_cell(model, label, cell, repeat, cap_bytes=cap_bytes, cap_method=cap_method,
-                                     tokens=tokens, threads=threads, ctx=cell_ctx)
+                                     tokens=tokens, threads=threads, ctx=cell_ctx, log=log)
                 cell_rows.append(row)
                 client_rows += rows
                 say(f"{label} r{repeat} {cell.label}: {row.aggregate_tok_s:.2f} tok/s aggregate, ttft "

@@ -45,6 +45,7 @@ class _Stream:
     tenant: int
     reuse_kv: bool
     max_tokens: int
+    cancelled: threading.Event | None = None   # the job's: its client went away (checked every step)
     events: queue.Queue = field(default_factory=queue.Queue)
     slot: int = -1
     produced: int = 0
@@ -70,13 +71,13 @@ class Scheduler:
     # --- job threads -------------------------------------------------------------------------------------------
 
     def generate(self, tenant: int, ids: Sequence[int], max_tokens: int, sampling: Sampling,
-                 result: Generation, reuse_kv: bool) -> Iterator[Token]:
+                 result: Generation, reuse_kv: bool, cancelled: threading.Event | None = None) -> Iterator[Token]:
         """`Engine.generate`'s tokens, from a slot stepped with the others."""
         started = time.perf_counter()
         if max_tokens <= 0:
             result.stop_reason = "max_tokens"
             return
-        stream = _Stream(list(ids), sampling, tenant, reuse_kv, max_tokens)
+        stream = _Stream(list(ids), sampling, tenant, reuse_kv, max_tokens, cancelled)
         result.prompt_tokens = stream.ids
         with self._cv:
             self._begins.append(stream)
@@ -85,7 +86,7 @@ class Scheduler:
             result.reused_tokens = self._take(stream)
             while True:
                 event = self._take(stream)
-                if event == "max_tokens" or event == "context_full":
+                if event in ("max_tokens", "context_full", "cancelled"):
                     result.stop_reason = event
                     return
                 token, end = event
@@ -138,6 +139,10 @@ class Scheduler:
             released, self._released, self._woken = self._released, [], False
         for stream in released:
             self._stop(stream)
+        for stream in list(self._streams):   # a client gone mid-prompt: its slot now, not after the prompt
+            if stream is not None and stream.cancelled is not None and stream.cancelled.is_set():
+                self._stop(stream)
+                stream.events.put("cancelled")
         self._run_exclusive()
         self._begin_waiting()
         self.stats.slots_busy = len(self._active())
@@ -260,10 +265,12 @@ class SlotEngine:
     """What a job's answer sees as its engine: the server's engine, with generation (and scoring, which clears
     the context) going through the scheduler."""
 
-    def __init__(self, engine: Engine, scheduler: Scheduler, tenant: int) -> None:
+    def __init__(self, engine: Engine, scheduler: Scheduler, tenant: int,
+                 cancelled: threading.Event | None = None) -> None:
         self._engine = engine
         self._scheduler = scheduler
         self._tenant = tenant
+        self._cancelled = cancelled
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -271,7 +278,8 @@ class SlotEngine:
     def generate(self, prompt: Sequence[int], max_tokens: int, sampling: Sampling | None = None, *,
                  result: Generation | None = None, reuse_kv: bool = False, **_: Any) -> Iterator[Token]:
         out = result if result is not None else Generation(list(prompt))
-        return self._scheduler.generate(self._tenant, prompt, max_tokens, sampling or Sampling(), out, reuse_kv)
+        return self._scheduler.generate(self._tenant, prompt, max_tokens, sampling or Sampling(), out, reuse_kv,
+                                        self._cancelled)
 
     def score_positions(self, tokens: list[int], n_top: int = 0) -> Any:
         return self._scheduler.exclusive(lambda: self._engine.score_positions(tokens, n_top))

@@ -270,7 +270,7 @@ class Worker:
     def _serve_in_slot(self, job: Job) -> None:
         assert self._scheduler is not None
         try:
-            self._serve(job, SlotEngine(self.engine, self._scheduler, job.request.tenant))
+            self._serve(job, SlotEngine(self.engine, self._scheduler, job.request.tenant, job.cancelled))
         except Exception:  # delivering failed (the event loop is gone)
             self.stats.failures += 1
         finally:
@@ -331,6 +331,10 @@ class Worker:
                     break
                 job.deliver(("delta", delta))
             else:
+                if job.cancelled.is_set():   # --parallel: a slot whose client left mid-prompt ends with no token
+                    self.stats.cancelled += 1
+                    job.deliver(("error", (499, "the request was cancelled")))
+                    return
                 job.deliver(("done", reply))
             self.stats.requests += 1
             self.engine_failures, self.last_engine_failure = 0, ""

@@ -469,8 +469,11 @@ void Engine::Impl::size_cache() {
     const auto projections = static_cast<uint64_t>(info.streamed_tensors / std::max(1, streamer.n_layers()));
     // The layer being computed and the one being read (overlap), and with read-ahead the next
     // layer's guesses, each slice rounded out to units.
-    const uint64_t slices = static_cast<uint64_t>(info.n_expert_used) * projections;
-    footprint.in_flight_bytes = (config.prefetch != Prefetch::Off ? 3 : 2) * (static_cast<uint64_t>(info.n_expert_used) * widest_layer + slices * 2 * info.page_size);
+    // --parallel: a step's sequences route to up to N times a token's experts per layer (their union).
+    const uint64_t routed = std::min<uint64_t>(static_cast<uint64_t>(info.n_expert),
+                                               static_cast<uint64_t>(info.n_expert_used) * config.parallel);
+    const uint64_t slices = routed * projections;
+    footprint.in_flight_bytes = (config.prefetch != Prefetch::Off ? 3 : 2) * (routed * widest_layer + slices * 2 * info.page_size);
     // Each cached slice is a mapping moved into the mirror, splitting the reservation around it,
     // and leaves the same split behind in the pool.
     const uint64_t maps_free = detail::mappings_left();
