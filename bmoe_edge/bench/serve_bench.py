@@ -265,4 +265,31 @@ def campaign(models: dict[str, Path], out: Path, cells: list[ServeCell], *, cap:
                     f"{max(r.worst_gap_s for r in rows):.2f} s" + (f" ({row.note})" if row.note else ""))
                 write_rows(out / "cells.csv", cell_rows)
                 write_rows(out / "clients.csv", client_rows)
+                (out / "summary.md").write_text(summary(_texts(cell_rows), _texts(client_rows)))
     return cell_rows, client_rows
+
+
+def _texts(rows: list[Any]) -> list[dict[str, str]]:
+    return [{k: str(v) for k, v in asdict(r).items()} for r in rows]
+
+
+def summary(cells: list[dict[str, str]], clients: list[dict[str, str]]) -> str:
+    """The findings table from cells.csv and clients.csv: per model and repeat, each cell against p1-c1 of
+    the same repeat (ratios within one run: the machine is noisy)."""
+    lines = ["| model | repeat | cell | aggregate tok/s | x p1-c1 | per-client tok/s | TTFT first-last s | "
+             "union/summed | client 0 worst gap s |", "|---|---|---|---|---|---|---|---|---|"]
+    by_run: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
+    for c in cells:
+        by_run.setdefault((c["model"], c["repeat"]), {})[c["cell"]] = c
+    for (model, repeat), run in by_run.items():
+        base = float(run.get("p1-c1", {}).get("aggregate_tok_s", 0) or 0)
+        for label, c in run.items():
+            mine = [r for r in clients if r["model"] == model and r["repeat"] == repeat and r["cell"] == label]
+            per = [float(r["decode_tok_s"]) for r in mine if not (int(c["long_prompt"]) and r["client"] == "1")]
+            gap = next((float(r["worst_gap_s"]) for r in mine if r["client"] == "0"), 0.0)
+            agg = float(c["aggregate_tok_s"])
+            share = float(c["union_bytes"]) / float(c["summed_bytes"]) if float(c["summed_bytes"]) else 0.0
+            lines.append(f"| {model} | {repeat} | {label} | {agg:.2f} | {agg / base if base else 0:.2f} | "
+                         f"{min(per, default=0):.2f}-{max(per, default=0):.2f} | {float(c['first_ttft_s']):.1f}-"
+                         f"{float(c['last_ttft_s']):.1f} | {share:.2f} | {gap:.2f} |")
+    return "\n".join(lines) + "\n"
