@@ -198,6 +198,20 @@ BatchStep Engine::step_slots() {
     }
     TokenMetrics & m = out.metrics;
     m.n_tokens = n_tokens;
+    // A step with a prompt chunk writes compute buffers sized for it that the decodes after it do not need:
+    // room is made first and they go back to the cache after it, as the single sequence's prompt does
+    // (generation.cpp, docs/memory.md). Without it a 512-token chunk beside a decode was OOM-killed under the
+    // bench's 40% cap.
+    const bool chunk = out.n_decoding < out.n_sequences && d.streaming.streamer && d.memory && !d.rpc;
+    if (chunk) {
+        detail::Streamer & streamer = *d.streaming.streamer;
+        const uint64_t budget = streamer.cache().budget();
+        const uint64_t room = d.memory->before_prompt(budget, streamer.pool_held_bytes(), n_tokens, d.config.ubatch);
+        if (room != budget) {
+            streamer.set_budget(room);
+        }
+        d.seam->begin_decode();
+    }
     const uint64_t faults0 = detail::major_faults();
     const auto t0 = Clock::now();
     if (d.streaming.streamer) {
@@ -215,6 +229,20 @@ BatchStep Engine::step_slots() {
         d.forget_slots();
         d.in_context.clear();
         throw;
+    }
+    if (chunk) {
+        detail::Streamer & streamer = *d.streaming.streamer;
+        std::vector<detail::Region> scratch;
+        for (const detail::RuntimeBuffer & buffer : d.seam->last_scratch()) {
+            scratch.push_back({buffer.data, buffer.size});
+        }
+        const uint64_t budget = streamer.cache().budget();
+        streamer.settle();
+        const uint64_t after = d.memory->after_prompt(budget, streamer.pool_held_bytes(), scratch);
+        if (after != budget) {
+            streamer.set_budget(after);
+        }
+        m.released_bytes = d.memory->released_bytes();
     }
     for (const Part & p : parts) {
         detail::Slot & s = d.slots[static_cast<size_t>(p.slot)];
@@ -260,12 +288,13 @@ BatchStep Engine::step_slots() {
         m.dropped = d.seam->take_dropped();
         m.resident_expert_bytes = streamer.resident_expert_bytes();
         const uint64_t budget = streamer.cache().budget();
-        const uint64_t adapted = d.memory ? d.memory->adapt(budget, streamer.pool_held_bytes(),
-                                                            detail::major_faults() - faults0)
-                                          : budget;
+        // A chunk's step was rebased just now (and its major faults are first reads of the dense weights).
+        const uint64_t adapted = d.memory && !chunk ? d.memory->adapt(budget, streamer.pool_held_bytes(),
+                                                                      detail::major_faults() - faults0)
+                                                    : budget;
         if (adapted != budget) {
             streamer.set_budget(adapted);
-        } else {
+        } else if (!chunk) {
             streamer.trim_spare();
         }
         m.cache_budget_bytes = adapted;
