@@ -151,6 +151,7 @@ BatchStep Engine::step_slots() {
         bool sample;
     };
     std::vector<Part> parts;
+    // The prompt tokens this step takes: the batch holds every slot's next token besides.
     int32_t room = std::max(1, std::min(d.config.prefill_chunk, d.config.batch - d.config.parallel));
     int32_t n_tokens = 0;
     for (int pass = 0; pass < 2; ++pass) {
@@ -206,9 +207,9 @@ BatchStep Engine::step_slots() {
     if (chunk) {
         detail::Streamer & streamer = *d.streaming.streamer;
         const uint64_t budget = streamer.cache().budget();
-        const uint64_t room = d.memory->before_prompt(budget, streamer.pool_held_bytes(), n_tokens, d.config.ubatch);
-        if (room != budget) {
-            streamer.set_budget(room);
+        const uint64_t made = d.memory->before_prompt(budget, streamer.pool_held_bytes(), n_tokens, d.config.ubatch);
+        if (made != budget) {
+            streamer.set_budget(made);
         }
         d.seam->begin_decode();
     }
