@@ -473,14 +473,14 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.emulated
-def test_serve_on_the_board_through_a_forwarded_port(deployed: dict, board, lab: Path) -> None:
+def test_serve_on_the_board_through_a_forwarded_port_two_clients_at_once(deployed: dict, board, lab: Path) -> None:
     import openai
 
     model = str(board.install_dir / "current" / QWEN3)
     port, local = _free_port(), _free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "bmoe_edge", "serve", "--host", board.target, "-m", model, "--port", str(port),
-         "--local-port", str(local), "--api-key", "board-key", "--ctx", "512"],
+         "--local-port", str(local), "--api-key", "board-key", "--ctx", "512", "--parallel", "2"],
         env=_env(lab), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert server.stderr is not None
@@ -498,6 +498,22 @@ def test_serve_on_the_board_through_a_forwarded_port(deployed: dict, board, lab:
         reply = client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=4, temperature=0,
                                                messages=[{"role": "user", "content": "The quick brown fox"}])
         assert reply.choices[0].message.content and reply.usage.completion_tokens == 4
+        # --parallel 2 on the board: two clients at once, each its answer alone
+        questions = ["The quick brown fox", "An old sailor said"]
+        alone = [client.completions.create(model=reply.model, prompt=q, max_tokens=6, temperature=0).choices[0].text
+                 for q in questions]
+        together = [""] * 2
+
+        def ask(i: int) -> None:
+            together[i] = client.completions.create(model=reply.model, prompt=questions[i], max_tokens=6,
+                                                    temperature=0).choices[0].text
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert together == alone and all(alone), (together, alone)
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"http://127.0.0.1:{local}/v1", api_key="wrong", max_retries=0).models.list()
     finally:

@@ -128,6 +128,43 @@ def _lengths(text: str) -> list[int]:
     return lengths
 
 
+@bench_app.command("serve")
+def bench_serve_cmd(
+    model: Annotated[list[Path], typer.Option("-m", "--model", help="A gguf (repeatable: the models interleave).")],
+    ram_cap: Annotated[str, typer.Option("--ram-cap", help="PCT% of the model file, or MiB.")] = "40%",
+    clients: Annotated[str, typer.Option("--clients", help="Concurrent streaming clients (comma list).")] = "1,2,4",
+    tokens: Annotated[int, typer.Option("--tokens", min=2, help="Generated tokens per client.")] = 48,
+    long_prompt: Annotated[int, typer.Option("--long-prompt", min=0, help="The gap cells' long prompt, tokens "
+                                             "(0: none).")] = 2000,
+    chunk: Annotated[int, typer.Option("--prefill-chunk", min=1, help="The servers' prefill chunk.")] = 128,
+    repeats: Annotated[int, typer.Option("--repeats", min=1)] = 2,
+    threads: Annotated[int, typer.Option("-t", "--threads", help="Compute threads of every server.")] = 1,
+    ctx: Annotated[int, typer.Option("--ctx", help="Each sequence's context (gap cells: room for the prompt).")] = 512,
+    cells: Annotated[str | None, typer.Option("--cells", help="Only these labels (comma list).")] = None,
+    cap_method: Annotated[str, typer.Option("--cap-method", help="auto, cgroup-v1, cgroup-v2, balloon.")] = "auto",
+    out: Annotated[Path, typer.Option("--out", help="Output directory (cells.csv, clients.csv).")] = Path("bench-out"),
+) -> None:
+    """Concurrent streaming clients against a real `serve --parallel` under a RAM cap: tok/s, TTFT, union bytes."""
+    from bmoe_edge.bench import serve_bench
+
+    try:
+        counts = [int(x) for x in clients.split(",") if x.strip()]
+    except ValueError:
+        fail(f"--clients {clients!r}: a comma list of client counts")
+    if not counts or min(counts) < 1:
+        fail(f"--clients {clients!r}: at least one client")
+    matrix = serve_bench.default_cells(counts, long_prompt, chunk)
+    if cells:
+        wanted = [c.strip() for c in cells.split(",")]
+        unknown = sorted(set(wanted) - {c.label for c in matrix})
+        if unknown:
+            fail(f"unknown cells {', '.join(unknown)} (known: {', '.join(c.label for c in matrix)})")
+        matrix = [c for c in matrix if c.label in wanted]
+    models = {m.stem: m for m in model}
+    serve_bench.campaign(models, out, matrix, cap=ram_cap, cap_method=cap_method, tokens=tokens, repeats=repeats,
+                         threads=threads, ctx=ctx, say=typer.echo)
+
+
 @bench_app.command("summary")
 def bench_summary_cmd(out: Annotated[Path, typer.Argument(help="A bench stream output directory.")]) -> None:
     """Rewrite summary.md, targets.json and the plots of a finished campaign."""

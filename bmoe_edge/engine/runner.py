@@ -29,8 +29,9 @@ def fit_to_job(config: StreamConfig, prompt: str | int, max_tokens: int, fixed: 
     ctx 2048 and batch 512 took ~150 MiB that a 64-token answer never uses. A token spans at least one
     byte of the prompt, so the prompt's bytes (plus the special tokens added around it) bound its
     tokens; speculative drafts need room for one verification batch. Settings given on the command
-    line or by the board profile (`fixed`) are kept, and nothing grows past the table's value. `prompt`: its
-    text, or its token count where that is known (a benchmark's prompt of N tokens).
+    line or by the board profile (`fixed`) are kept (not --parallel: one job is one sequence), and nothing grows
+    past the table's value. `prompt`: its text, or its token count where that is known (a benchmark's prompt of
+    N tokens).
 
     A long prompt keeps the batch it is decoded in (up to 512): the compute buffers that batch writes go back
     to the expert cache once the prompt is in (docs/memory.md), and fewer ubatches read the routed experts
@@ -49,6 +50,8 @@ def fit_to_job(config: StreamConfig, prompt: str | int, max_tokens: int, fixed: 
         sized["batch"] = min(config.batch, needed)
     if "ubatch" not in fixed:
         sized["ubatch"] = min(config.ubatch, sized.get("batch", config.batch))
+    # One job is one sequence: a profile's --parallel is a server's, and each slot more is a KV cache more.
+    sized["parallel"] = 1
     return replace(config, **sized)
 
 

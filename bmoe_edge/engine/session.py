@@ -16,7 +16,7 @@ from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
 
 
-def _metrics(m) -> TokenMetrics:
+def metrics_of(m) -> TokenMetrics:
     return TokenMetrics(**{f.name: getattr(m, f.name) for f in fields(TokenMetrics)})
 
 
@@ -210,7 +210,7 @@ class Engine:
             if not advanced:
                 out.stop_reason = "context_full"
                 return
-            metrics = _metrics(step.metrics)
+            metrics = metrics_of(step.metrics)
             if not out.metrics:
                 out.ttft_ms = 1000 * (time.perf_counter() - started)
                 if cache is not None and metrics.n_tokens >= cache.min_tokens:
@@ -234,6 +234,33 @@ class Engine:
             logprobs = PositionLogprobs.from_native(step.logprobs) if step.logprobs.chosen.token >= 0 else None
             yield Token(step.token, text, metrics, step.logits if logits else b"", logprobs)
         out.stop_reason = "max_tokens"
+
+    # --parallel's slots (engine/batching.py drives them): thin calls, one native call at a time.
+    @property
+    def n_slots(self) -> int:
+        with self._using() as engine:
+            return int(engine.n_slots)
+
+    def slot_begin(self, slot: int, prompt_ids: Sequence[int], sampling: Sampling | None = None, *,
+                   logits: bool = False, reuse_kv: bool = False) -> int:
+        """Start a generation in `slot`; returns the prompt tokens the slot already held (with `reuse_kv`)."""
+        params = (sampling or Sampling()).to_native()
+        with self._using() as engine, native.engine_errors():
+            return int(engine.slot_begin(slot, list(prompt_ids), params, logits, reuse_kv))
+
+    def slot_stop(self, slot: int, *, forget: bool = False) -> None:
+        """End the slot's generation; its context stays for a returning conversation unless `forget`."""
+        with self._using() as engine, native.engine_errors():
+            (engine.slot_clear if forget else engine.slot_stop)(slot)
+
+    def slot_tokens(self, slot: int) -> list[int]:
+        with self._using() as engine, native.engine_errors():
+            return list(engine.slot_tokens(slot))
+
+    def step_slots(self) -> Any:
+        """One batched decode of every active slot (the native BatchStep; engine/batching.py reads it)."""
+        with self._using() as engine, native.engine_errors():
+            return engine.step_slots()
 
     def run(self, prompt: str | list[int], max_tokens: int, sampling: Sampling | None = None, *,
             logits: bool = False) -> Generation:

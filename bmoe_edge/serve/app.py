@@ -303,7 +303,7 @@ class Server:
         return JSONResponse({"status": "killing"})
 
     async def metrics(self, request: HttpRequest) -> Response:
-        text = metrics.prometheus(self.worker.stats, self.worker.queue_depth, self.rejected)
+        text = metrics.prometheus(self.worker.stats, self.worker.queue_depth, self.rejected, self.worker.batch)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from bmoe_edge.serve.slots import BatchStats
 from bmoe_edge.serve.worker import Stats
 
 
-def prometheus(stats: Stats, queue_depth: int, rejected: int) -> str:
+def prometheus(stats: Stats, queue_depth: int, rejected: int, batch: BatchStats | None = None) -> str:
+    batch = batch or BatchStats()
     hit = stats.cache_hits / stats.cache_lookups if stats.cache_lookups else 0.0
     rows = [
         ("bmoe_requests_total", "counter", "Requests answered to the end.", stats.requests),
@@ -32,6 +34,19 @@ def prometheus(stats: Stats, queue_depth: int, rejected: int) -> str:
         ("bmoe_resident_memory_bytes", "gauge", "Resident set size after the last token.", stats.rss_bytes),
         ("bmoe_queue_depth", "gauge", "Requests waiting for the engine.", queue_depth),
         ("bmoe_busy", "gauge", "1 while the engine generates.", int(stats.busy)),
+        ("bmoe_slots", "gauge", "Requests the engine decodes together (--parallel).", batch.slots),
+        ("bmoe_slots_busy", "gauge", "Slots generating now.", batch.slots_busy),
+        ("bmoe_batch_steps_total", "counter", "Batched decodes (--parallel > 1).", batch.steps),
+        ("bmoe_batch_tokens_total", "counter", "Tokens of all batched decodes (per step: / steps).",
+         batch.batch_tokens),
+        ("bmoe_batch_sequences", "gauge", "Sequences in the last batched decode.", batch.last_batch_sequences),
+        ("bmoe_batch_sequences_max", "gauge", "The most sequences in one batched decode.", batch.max_batch_sequences),
+        ("bmoe_batch_union_expert_bytes_total", "counter", "Decode-only batches: bytes of the distinct experts "
+         "they routed to (each read at most once for all sequences).", batch.union_bytes),
+        ("bmoe_batch_summed_expert_bytes_total", "counter", "... and what their sequences route to each alone.",
+         batch.summed_bytes),
+        ("bmoe_inter_token_gap_seconds_max", "gauge", "The longest wait of any stream between two of its tokens "
+         "since start (a long prompt beside it takes a chunk a step).", batch.worst_gap_seconds),
     ]
     lines = []
     for name, kind, help_text, value in rows:

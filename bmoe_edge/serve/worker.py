@@ -1,5 +1,7 @@
-"""One engine, one request at a time: a bounded FIFO of jobs drained by a single thread, each job's
-answer handed back to the event loop piece by piece; a cancelled job stops between two tokens."""
+"""One engine: a bounded FIFO of jobs drained by the engine thread, each job's answer handed back to the event
+loop piece by piece; a cancelled job stops between two tokens. With --parallel 1 the engine thread answers one
+job at a time; with N > 1 at most N jobs run at once, each in its own thread and slot of the engine, their
+tokens decoded together (serve/slots.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from bmoe_edge.engine import chat, tools
 from bmoe_edge.engine.generation import Generation, Logprob, PositionLogprobs, Sampling, TokenMetrics
 from bmoe_edge.engine.session import Engine
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.serve.slots import BatchStats, Scheduler, SlotEngine
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class Request:
     prompt_ids: tuple[int, ...] = ()  # completions: a prompt given as token ids (then `prompt` is "")
 
 
-@dataclass
+@dataclass(eq=False)   # a job is itself (the running ones are a set)
 class Job:
     request: Request
     # ("delta", Delta) ... then ("done", Reply) or ("error", (http_status, message))
@@ -124,13 +127,18 @@ class Worker:
         self.ctx = int(engine.run_info["ctx"])
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self.stats = Stats()
+        self.batch = BatchStats()   # --parallel: slots, batches, union vs summed bytes, the worst gap
+        self.parallel = engine.n_slots
+        self._scheduler = Scheduler(engine, self.batch) if self.parallel > 1 else None
+        self._stats_lock = threading.Lock()   # job threads add their replies
         self.failure: str | None = None   # why the engine thread ended, if it did
         self.engine_failures = 0   # requests the engine failed in a row (a model file that changed fails each)
         self.last_engine_failure = ""
         self.closing = False
-        self._current: Job | None = None
+        self._running: set[Job] = set()
         self._context_tenant = 0   # whose prompt the context holds
-        self._thread = threading.Thread(target=self._run, name="bmoe-engine", daemon=True)
+        run = self._run if self._scheduler is None else self._run_batched
+        self._thread = threading.Thread(target=run, name="bmoe-engine", daemon=True)
         self._thread.start()
 
     @property
@@ -159,6 +167,8 @@ class Worker:
             self.jobs.put_nowait(job)
         except queue.Full:
             raise QueueFull from None
+        if self._scheduler is not None:
+            self._scheduler.wake()
 
     def fatal(self, line: str) -> None:
         """The engine's fatal error (bmoe::fatal_exit: a lost RPC worker, a decode past its deadline), heard
@@ -183,9 +193,8 @@ class Worker:
         """The first half of close, without waiting: no new job, the queued ones answered 503, the running
         one cancelled."""
         self.closing = True
-        current = self._current
-        if current is not None:
-            current.cancelled.set()
+        for job in list(self._running):
+            job.cancelled.set()
         self._fail_queued("shutting down")
 
     def _run(self) -> None:
@@ -202,7 +211,8 @@ class Worker:
                     continue
                 if job.deliver is _kill:
                     raise _Killed
-                self.stats.busy, self._current = True, job
+                self.stats.busy = True
+                self._running.add(job)
                 try:
                     if self.closing:
                         job.cancelled.set()
@@ -210,7 +220,8 @@ class Worker:
                 except Exception:  # delivering failed (the event loop is gone): the next job
                     self.stats.failures += 1
                 finally:
-                    self.stats.busy, self._current = False, None
+                    self.stats.busy = False
+                    self._running.discard(job)
         except BaseException as exc:
             self.failure = f"the engine thread failed ({type(exc).__name__})"
             raise
@@ -219,10 +230,57 @@ class Worker:
                 self.failure = "the engine thread ended"
             self._fail_running_and_queued(self.unavailable() or "the engine thread ended")
 
+    def _run_batched(self) -> None:
+        """--parallel N: admit queued jobs (FIFO) while fewer than N run, each in a thread of its own, and step
+        their slots together."""
+        scheduler = self._scheduler
+        assert scheduler is not None
+        try:
+            while not self.closing:
+                self._admit()
+                scheduler.run_once(timeout=0.05)
+        except BaseException as exc:
+            self.failure = f"the engine thread failed ({type(exc).__name__})"
+            raise
+        finally:
+            if self.failure is None and not self.closing:
+                self.failure = "the engine thread ended"
+            reason = self.unavailable() or "the engine thread ended"
+            self._fail_running_and_queued(reason)
+            scheduler.fail_all(BmoeError(f"the server cannot answer: {reason}"))
+
+    def _admit(self) -> None:
+        while len(self._running) < self.parallel:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is None:
+                self.closing = True
+                return
+            if job.cancelled.is_set():
+                self.stats.cancelled += 1
+                continue
+            if job.deliver is _kill:
+                raise _Killed
+            self._running.add(job)
+            self.stats.busy = True
+            threading.Thread(target=self._serve_in_slot, args=(job,), name="bmoe-job", daemon=True).start()
+
+    def _serve_in_slot(self, job: Job) -> None:
+        assert self._scheduler is not None
+        try:
+            self._serve(job, SlotEngine(self.engine, self._scheduler, job.request.tenant, job.cancelled))
+        except Exception:  # delivering failed (the event loop is gone)
+            self.stats.failures += 1
+        finally:
+            self._running.discard(job)
+            self.stats.busy = bool(self._running)
+            self._scheduler.wake()   # a queued job may take its place
+
     def _fail_running_and_queued(self, reason: str) -> None:
-        """Answer the running job and every queued one 503 with `reason`: none of them will finish."""
-        current = self._current
-        if current is not None:
+        """Answer the running jobs and every queued one 503 with `reason`: none of them will finish."""
+        for current in list(self._running):
             current.cancelled.set()
             with contextlib.suppress(Exception):
                 current.deliver(("error", (503, f"the server cannot answer: {reason}")))
@@ -240,15 +298,20 @@ class Worker:
                 with contextlib.suppress(Exception):
                     job.deliver(("error", (503, f"the server cannot answer: {reason}")))
 
-    def _serve(self, job: Job) -> None:
+    def _serve(self, job: Job, engine: Any = None) -> None:
         """One job. Whatever it raises becomes its own error (a 4xx when the request is wrong, a 500 when
-        the server failed), and the next job runs: nothing a request does ends the thread."""
+        the server failed), and the next job runs: nothing a request does ends the thread. `engine`: a slot's
+        (--parallel), which reuses a context's prefix only for the tenant that left it."""
         reply = chat.Reply()
-        reuse = job.request.tenant == self._context_tenant
-        self._context_tenant = job.request.tenant
-        self.engine.prompt_scope = job.request.tenant  # the prompt cache restores only this tenant's prompts
+        if engine is None:
+            engine = self.engine
+            reuse = job.request.tenant == self._context_tenant
+            self._context_tenant = job.request.tenant
+            self.engine.prompt_scope = job.request.tenant  # the prompt cache restores only this tenant's prompts
+        else:
+            reuse = True
         try:
-            answer = self._answer(job.request, reply, reuse)
+            answer = self._answer(job.request, reply, reuse, engine)
         except BmoeError as exc:  # the request itself is wrong: the client's error
             job.deliver(("error", (400, str(exc))))
             return
@@ -268,6 +331,10 @@ class Worker:
                     break
                 job.deliver(("delta", delta))
             else:
+                if job.cancelled.is_set():   # --parallel: a slot whose client left mid-prompt ends with no token
+                    self.stats.cancelled += 1
+                    job.deliver(("error", (499, "the request was cancelled")))
+                    return
                 job.deliver(("done", reply))
             self.stats.requests += 1
             self.engine_failures, self.last_engine_failure = 0, ""
@@ -284,23 +351,25 @@ class Worker:
             self.stats.failures += 1
             job.deliver(("error", (500, _fault(exc))))
         finally:
-            self.stats.add(reply)
+            with self._stats_lock:
+                self.stats.add(reply)
 
-    def _answer(self, r: Request, reply: chat.Reply, reuse_kv: bool = True):
+    def _answer(self, r: Request, reply: chat.Reply, reuse_kv: bool = True, engine: Any = None):
         """The job's answer; `reuse_kv`: the context was left by the same tenant, so its prefix may be kept
         (another tenant's prompt decodes afresh: neither cached_tokens nor timing tells one tenant what
         another asked)."""
         self._check_bias(r.sampling)
+        engine = self.engine if engine is None else engine
         if r.prompt is None:
-            return self._answer_chat(r, reply, reuse_kv)
+            return self._answer_chat(r, reply, reuse_kv, engine)
         ids = list(r.prompt_ids) or self.engine.tokenize(r.prompt, True, self.parse_special)
         if max(ids) >= self.engine.vocab_size:
             raise BmoeError(f"the prompt has token id {max(ids)}, outside this model's vocabulary "
                             f"(0 to {self.engine.vocab_size - 1})")
         self._fits(len(ids), r.max_tokens)
-        return _complete(self.engine, ids, r, reply, reuse_kv)
+        return _complete(engine, ids, r, reply, reuse_kv)
 
-    def _answer_chat(self, r: Request, reply: chat.Reply, reuse_kv: bool = True):
+    def _answer_chat(self, r: Request, reply: chat.Reply, reuse_kv: bool = True, engine: Any = None):
         """Rendered by the model's template through llama.cpp common: tools, earlier tool calls and results,
         a response_format, reasoning on or off, a reasoning effort."""
         if r.reasoning_effort and "reasoning_effort" not in self.template.source:
@@ -315,7 +384,7 @@ class Worker:
         prompt = chat.render(self.template, messages, turn)
         ids = self.engine.tokenize(prompt.prompt, True, True)
         self._fits(len(ids), r.max_tokens)
-        return chat.reply(self.engine, messages, r.max_tokens, r.sampling, stop=r.stop, result=reply,
+        return chat.reply(engine or self.engine, messages, r.max_tokens, r.sampling, stop=r.stop, result=reply,
                           prompt=prompt, prompt_ids=ids, reuse_kv=reuse_kv, parallel=r.parallel_tool_calls)
 
     def _check_bias(self, sampling: Sampling) -> None:
@@ -341,7 +410,7 @@ def _fault(exc: BaseException) -> str:
     return f"the server failed on this request ({type(exc).__name__}: {exc})"
 
 
-def _complete(engine: Engine, ids: Sequence[int], r: Request, out: chat.Reply, reuse_kv: bool = True):
+def _complete(engine: Engine | SlotEngine, ids: Sequence[int], r: Request, out: chat.Reply, reuse_kv: bool = True):
     """Raw text completion: no template, no reasoning split; stop strings as in chat. With `echo` the prompt
     comes first, as one piece with its tokens' logprobs (one teacher-forced pass) when they are asked for."""
     out.prompt_tokens = len(ids)
@@ -366,7 +435,7 @@ def _complete(engine: Engine, ids: Sequence[int], r: Request, out: chat.Reply, r
     out.finish_reason = "stop" if stops.stopped or gen.stop_reason == "end_of_generation" else "length"
 
 
-def _prompt_logprobs(engine: Engine, ids: Sequence[int], n_top: int) -> tuple[PositionLogprobs, ...]:
+def _prompt_logprobs(engine: Engine | SlotEngine, ids: Sequence[int], n_top: int) -> tuple[PositionLogprobs, ...]:
     """Each prompt token's logprob after the ones before it (the first has none), from `Engine.score`'s pass."""
     if n_top < 0:
         return ()

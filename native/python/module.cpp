@@ -231,6 +231,18 @@ NB_MODULE(_native, m) {
         .def_prop_ro("logits", [](const bmoe::StepResult & r) { return nb::bytes(r.logits.data(), r.logits.size()); })
         .def_ro("logprobs", &bmoe::StepResult::logprobs);
 
+    nb::class_<bmoe::SlotStep>(m, "SlotStep")
+        .def_ro("slot", &bmoe::SlotStep::slot)
+        .def_ro("produced", &bmoe::SlotStep::produced)
+        .def_ro("context_full", &bmoe::SlotStep::context_full)
+        .def_ro("result", &bmoe::SlotStep::result);
+    nb::class_<bmoe::BatchStep>(m, "BatchStep")
+        .def_ro("slots", &bmoe::BatchStep::slots)
+        .def_ro("metrics", &bmoe::BatchStep::metrics)
+        .def_ro("n_sequences", &bmoe::BatchStep::n_sequences)
+        .def_ro("n_decoding", &bmoe::BatchStep::n_decoding)
+        .def_ro("summed_bytes", &bmoe::BatchStep::summed_bytes);
+
     m.def("overlap_in_use", &bmoe::overlap_in_use);
 
     bind_chat(m);
@@ -255,6 +267,14 @@ NB_MODULE(_native, m) {
         .def_prop_ro("vocab_size", &bmoe::Engine::vocab_size)
         .def_prop_ro("chat_template", &bmoe::Engine::chat_template)
         .def_prop_ro("context_tokens", &bmoe::Engine::context_tokens)
+        .def_prop_ro("n_slots", &bmoe::Engine::n_slots)
+        .def("slot_begin", &bmoe::Engine::slot_begin, nb::arg("slot"), nb::arg("prompt"), nb::arg("sampling"),
+             nb::arg("want_logits") = false, nb::arg("reuse_kv") = false)
+        .def("slot_stop", &bmoe::Engine::slot_stop, nb::arg("slot"))
+        .def("slot_clear", &bmoe::Engine::slot_clear, nb::arg("slot"))
+        .def("slot_tokens", &bmoe::Engine::slot_tokens, nb::arg("slot"))
+        .def("slot_active", &bmoe::Engine::slot_active, nb::arg("slot"))
+        .def("step_slots", &bmoe::Engine::step_slots, nb::call_guard<nb::gil_scoped_release>())
         .def("reset", &bmoe::Engine::reset)
         .def("save_state", &bmoe::Engine::save_state, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>())
         .def("load_state", &bmoe::Engine::load_state, nb::arg("path"), nb::call_guard<nb::gil_scoped_release>())

@@ -374,10 +374,13 @@ void Engine::Impl::load_model(const std::string & path, const Recipe * recipe) {
 
 llama_context_params Engine::Impl::context_params() const {
     llama_context_params params = llama_context_default_params();
-    params.n_ctx = static_cast<uint32_t>(config.ctx);
+    // --parallel: one KV stream per sequence (not unified), each the whole -c: a sequence's attention runs
+    // over its own cells, in the order it would alone, so a batched request's tokens are its own.
+    params.n_ctx = static_cast<uint32_t>(config.ctx) * static_cast<uint32_t>(config.parallel);
     params.n_batch = static_cast<uint32_t>(config.batch);
     params.n_ubatch = static_cast<uint32_t>(config.ubatch);
-    params.n_seq_max = 1;
+    params.n_seq_max = static_cast<uint32_t>(config.parallel);
+    params.kv_unified = false;
     // 0 = auto: every core for a resident run; one core left to the read lanes while streaming.
     // llama.cpp's compute threads spin at their barriers, so a thread per core starves the lanes
     // (and itself, waiting for a descheduled peer): on 2 cores, streaming with 2 compute threads
@@ -466,8 +469,11 @@ void Engine::Impl::size_cache() {
     const auto projections = static_cast<uint64_t>(info.streamed_tensors / std::max(1, streamer.n_layers()));
     // The layer being computed and the one being read (overlap), and with read-ahead the next
     // layer's guesses, each slice rounded out to units.
-    const uint64_t slices = static_cast<uint64_t>(info.n_expert_used) * projections;
-    footprint.in_flight_bytes = (config.prefetch != Prefetch::Off ? 3 : 2) * (static_cast<uint64_t>(info.n_expert_used) * widest_layer + slices * 2 * info.page_size);
+    // --parallel: a step's sequences route to up to N times a token's experts per layer (their union).
+    const uint64_t routed = std::min<uint64_t>(static_cast<uint64_t>(info.n_expert),
+                                               static_cast<uint64_t>(info.n_expert_used) * config.parallel);
+    const uint64_t slices = routed * projections;
+    footprint.in_flight_bytes = (config.prefetch != Prefetch::Off ? 3 : 2) * (routed * widest_layer + slices * 2 * info.page_size);
     // Each cached slice is a mapping moved into the mirror, splitting the reservation around it,
     // and leaves the same split behind in the pool.
     const uint64_t maps_free = detail::mappings_left();

@@ -21,6 +21,7 @@
 #include "route_trace.h"
 #include "rpc_workers.h"
 #include "seam.h"
+#include "sequences.h"
 #include "stream_setup.h"
 
 namespace bmoe {
@@ -38,9 +39,7 @@ struct ModelDeleter {
 struct ContextDeleter {
     void operator()(llama_context * c) const { llama_free(c); }
 };
-struct SamplerDeleter {
-    void operator()(llama_sampler * s) const { llama_sampler_free(s); }
-};
+using SamplerDeleter = SamplerChainDeleter;
 
 // llama.cpp's C API lets C++ exceptions through (e.g. std::out_of_range from a vocabulary lookup
 // of a corrupt model): turn anything but our own error into one, naming what was being done.
@@ -91,6 +90,7 @@ struct Engine::Impl {
         PositionLogprobs logprobs;
     };
     std::deque<Verified> accepted_outputs;
+    std::vector<detail::Slot> slots;  // --parallel's sequences (sequences.cpp); empty until the first slot_begin
     bool want_logits = false;
     int n_logprobs = -1;                    // sampling.logprobs of this generation (-1: none)
     bool greedy = true;                     // speculation only where it cannot change the tokens
@@ -136,8 +136,13 @@ struct Engine::Impl {
     void emit(StepResult & out, llama_token token);
     // What a step hands out besides its token, from the logits at batch index `index` (the sampler's).
     void record_outputs(std::string & logits, PositionLogprobs & logprobs, int32_t index, llama_token token) const;
-    void build_sampler(const SamplingParams & sampling, std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar,
-                       const std::vector<llama_token> & prompt);
+    std::unique_ptr<llama_sampler, detail::SamplerDeleter> build_sampler(
+        const SamplingParams & sampling, std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar,
+        const std::vector<llama_token> & prompt) const;
+    // A generation's sampler chain, its settings, bias and grammar checked first (begin, slot_begin).
+    std::unique_ptr<llama_sampler, detail::SamplerDeleter> sampler_for(const SamplingParams & sampling,
+                                                                        const std::vector<llama_token> & prompt) const;
+    void forget_slots();  // the context was cleared under them (sequences.cpp)
     bool step_once(StepResult & out);
 };
 

@@ -205,6 +205,7 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
         // A half-decoded batch leaves keys and values nobody can vouch for: the next generation
         // starts from an empty context.
         llama_memory_clear(llama_get_memory(ctx.get()), true);
+        forget_slots();
         if (mtp) {
             mtp->clear();
         }
@@ -254,22 +255,9 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     if (prompt.empty()) {
         throw Error("the prompt is empty");
     }
-    check_settings(sampling);
     // Checked and parsed before the context is touched: a bad bias or grammar leaves everything as it was.
-    const int32_t n_vocab = llama_vocab_n_tokens(d.vocab);
-    for (const auto & [token, bias] : parse_logit_bias(sampling.logit_bias)) {
-        if (token >= n_vocab) {
-            throw Error("logit_bias names token " + std::to_string(token) + ", outside the vocabulary (0 to " +
-                        std::to_string(n_vocab - 1) + ")");
-        }
-    }
-    std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar;
-    if (!sampling.grammar.empty()) {
-        grammar.reset(grammar_sampler(d.vocab, sampling, prompt));
-        if (!grammar) {
-            throw Error("the grammar does not parse (GBNF with a `root` rule)");
-        }
-    }
+    std::unique_ptr<llama_sampler, detail::SamplerDeleter> chain = d.sampler_for(sampling, prompt);
+    d.forget_slots();
     llama_memory_t memory = llama_get_memory(d.ctx.get());
     size_t keep = 0;
     if (reuse_kv) {
@@ -287,7 +275,7 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     if (d.mtp) {
         d.mtp->truncate(static_cast<llama_pos>(keep));
     }
-    d.build_sampler(sampling, std::move(grammar), prompt);
+    d.sampler = std::move(chain);
     d.pending.assign(prompt.begin() + static_cast<long>(keep), prompt.end());
     d.greedy = sampling.temp <= 0;
     d.failure.clear();
@@ -306,12 +294,32 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     return static_cast<int32_t>(keep);
 }
 
-void Engine::Impl::build_sampler(const SamplingParams & sampling,
-                                 std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar,
-                                 const std::vector<llama_token> & prompt) {
+std::unique_ptr<llama_sampler, detail::SamplerDeleter> Engine::Impl::sampler_for(
+    const SamplingParams & sampling, const std::vector<llama_token> & prompt) const {
+    check_settings(sampling);
+    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+    for (const auto & [token, bias] : parse_logit_bias(sampling.logit_bias)) {
+        if (token >= n_vocab) {
+            throw Error("logit_bias names token " + std::to_string(token) + ", outside the vocabulary (0 to " +
+                        std::to_string(n_vocab - 1) + ")");
+        }
+    }
+    std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar;
+    if (!sampling.grammar.empty()) {
+        grammar.reset(grammar_sampler(vocab, sampling, prompt));
+        if (!grammar) {
+            throw Error("the grammar does not parse (GBNF with a `root` rule)");
+        }
+    }
+    return build_sampler(sampling, std::move(grammar), prompt);
+}
+
+std::unique_ptr<llama_sampler, detail::SamplerDeleter> Engine::Impl::build_sampler(
+    const SamplingParams & sampling, std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar,
+    const std::vector<llama_token> & prompt) const {
     llama_sampler_chain_params chain_params = llama_sampler_chain_default_params();
     chain_params.no_perf = true;
-    sampler.reset(llama_sampler_chain_init(chain_params));
+    std::unique_ptr<llama_sampler, detail::SamplerDeleter> sampler(llama_sampler_chain_init(chain_params));
     llama_sampler * chain = sampler.get();
     if (grammar) {  // first: the samplers after it choose among the tokens it allows
         llama_sampler_chain_add(chain, grammar.release());
@@ -343,7 +351,7 @@ void Engine::Impl::build_sampler(const SamplingParams & sampling,
     }
     if (sampling.temp <= 0) {
         llama_sampler_chain_add(chain, llama_sampler_init_greedy());
-        return;
+        return sampler;
     }
     if (sampling.top_k > 0) {
         llama_sampler_chain_add(chain, llama_sampler_init_top_k(sampling.top_k));
@@ -356,6 +364,7 @@ void Engine::Impl::build_sampler(const SamplingParams & sampling,
     // auto: a fresh seed each generation (llama.cpp's LLAMA_DEFAULT_SEED asks it for a random one)
     const uint32_t seed = sampling.seed == kAuto ? LLAMA_DEFAULT_SEED : static_cast<uint32_t>(sampling.seed);
     llama_sampler_chain_add(chain, llama_sampler_init_dist(seed));
+    return sampler;
 }
 
 void Engine::Impl::record_outputs(std::string & logits, PositionLogprobs & logprobs, int32_t index,
@@ -377,6 +386,7 @@ const std::vector<int32_t> & Engine::context_tokens() const { return live().in_c
 
 void Engine::reset() {
     llama_memory_clear(llama_get_memory(live().ctx.get()), true);
+    impl_->forget_slots();
     if (impl_->mtp) {
         impl_->mtp->clear();
     }
@@ -403,6 +413,7 @@ void Engine::load_state(const std::string & path) {
         throw Error(path + " is not a session state of this model and context size (or cannot be read)");
     }
     tokens.resize(n);
+    d.forget_slots();
     if (d.mtp) {
         d.mtp->clear();  // the head restarts where the target's next decode starts
     }

@@ -81,6 +81,7 @@ std::vector<PositionLogprobs> Engine::score_positions(const std::vector<int32_t>
     }
     d.gguf->check_unchanged();
     llama_memory_clear(llama_get_memory(d.ctx.get()), true);
+    d.forget_slots();
     d.in_context.clear();
     d.pending.clear();
     d.accepted.clear();

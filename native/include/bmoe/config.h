@@ -86,6 +86,12 @@ BMOE_CHOICE(Toggle, BMOE_TOGGLES)
     X(int, ctx, 2048, 16, 1 << 24, Rule::Plain, Profile::None, "-c",                                                  \
       "Context length (`generate` without it: the prompt and -n, in steps of 256, up to this).")                      \
     X(int, batch, 512, 1, 1 << 24, Rule::Plain, Profile::None, kNoFlag, "Logical batch size.")                        \
+    X(int, parallel, 1, 1, 64, Rule::Plain, Profile::Optional, kFlag,                                                 \
+      "Sequences in one context (serve: requests decoded together, one batch a step, each routed expert read once "  \
+      "for all of them); each has the whole -c context.")                                                             \
+    X(int, prefill_chunk, 128, 1, 1 << 24, Rule::Plain, Profile::Optional, kFlag,                                     \
+      "With --parallel: prompt tokens decoded per step beside the others' next tokens (a long prompt stalls no "    \
+      "stream for more than one chunk).")                                                                             \
     X(int, ubatch, 512, 1, 1 << 24, Rule::Plain, Profile::None, kNoFlag, "Physical batch size.")                      \
     X(bool, flash_attn, false, 0, 0, Rule::Plain, Profile::None, kNoFlag, "Flash attention.")                         \
     X(int, n_expert_used, kAuto, 1, 4096, Rule::Auto, Profile::None, kFlag,                                           \

@@ -37,6 +37,26 @@ struct StepResult {
     PositionLogprobs logprobs;
 };
 
+// One slot's share of a batched step (Engine::step_slots): its token, or only a prompt chunk taken in.
+struct SlotStep {
+    int32_t slot = -1;
+    bool produced = false;       // a token was sampled (false: a chunk of its prompt went in, no token yet)
+    bool context_full = false;   // the slot's context has no room for its next tokens: its generation is over
+    StepResult result;           // when produced; result.metrics are the whole step's
+};
+
+// One batched step: one llama_decode holding the next token of every decoding slot and up to
+// prefill_chunk tokens of prompts.
+struct BatchStep {
+    std::vector<SlotStep> slots;
+    TokenMetrics metrics;        // the step's: n_tokens is the batch, routed_bytes the union of its experts
+    int n_sequences = 0;         // slots in the batch
+    int n_decoding = 0;          // ... of which decoded one token (the others took a prompt chunk)
+    // What the decoding slots would have read each alone: one token routes to n_expert_used distinct experts
+    // per layer, so n_decoding tokens' worth (0 on a step with a prompt chunk: a chunk's own union is not kept).
+    uint64_t summed_bytes = 0;
+};
+
 // True while an engine of this process overlaps reads with compute: the expert-ready hook is
 // process-wide, so a second engine must run serial (the default "overlap when possible" asks this).
 bool overlap_in_use();
@@ -84,6 +104,25 @@ public:
     // conversation. Loading checks that the file belongs to this model and fits this context.
     void save_state(const std::string & path) const;
     void load_state(const std::string & path);
+    // Several generations at once (config.parallel slots, 0 .. n_slots()-1), each its own sequence of the
+    // context with its own sampler (seed, grammar, penalties), advanced together by step_slots. The slots
+    // and begin/next/score/state files share the context: use one or the other (reset() forgets both).
+    int32_t n_slots() const;
+    // Start a generation in `slot`; with `reuse_kv` the slot's longest common prefix with `prompt` stays
+    // (returns its length). Checks as begin() does, before the slot is touched.
+    int32_t slot_begin(int32_t slot, const std::vector<int32_t> & prompt, const SamplingParams & sampling,
+                       bool want_logits, bool reuse_kv);
+    // Stop the slot's generation; its keys and values stay for a returning conversation (slot_tokens).
+    void slot_stop(int32_t slot);
+    // ... and forget them too (another tenant's request comes next).
+    void slot_clear(int32_t slot);
+    const std::vector<int32_t> & slot_tokens(int32_t slot) const;
+    bool slot_active(int32_t slot) const;
+    // One decode of every active slot: a token for each slot past its prompt, a prompt chunk for the others.
+    // Empty when no slot is active. A failed decode ends every slot's generation (their contexts cleared)
+    // and throws bmoe::Error.
+    BatchStep step_slots();
+
     // Free everything now (model, context, lanes, mirrors; waits for a read stuck in the kernel).
     // Every later call throws bmoe::Error "the engine is closed". Idempotent.
     void close();
