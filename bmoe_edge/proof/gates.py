@@ -76,8 +76,7 @@ CASES: dict[str, StreamCase] = {c.name: c for c in (
     # Read-ahead: guesses adopted while landing (overlap, nothing cached), or waited for (serial).
     StreamCase("prefetch-overlap", overrides={"overlap": True, "prefetch": "predict"}),
     StreamCase("prefetch-serial-cache-small", cache=0.3, overrides={"prefetch": "predict"}),
-    StreamCase("long-prompt", cache=0.3, generations=2, long_prompt=True,
-               overrides={"overlap": True, "prefetch": "predict"}),  # each ubatch reads the next layer whole
+    StreamCase("long-prompt", cache=0.3, generations=2, long_prompt=True, overrides={"overlap": True}),
 )}
 
 

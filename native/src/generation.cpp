@@ -531,8 +531,7 @@ bool Engine::Impl::step_once(StepResult & out) {
         d.route_trace->begin_step(d.step);
     }
     if (d.prefetch) {
-        // A prompt reads each next layer whole (no guess, nothing to measure: auto's probes time decodes).
-        out.metrics.read_ahead = d.pending.size() > 1 || d.prefetch->reads_ahead();
+        out.metrics.read_ahead = d.prefetch->reads_ahead();
         d.seam->set_reading_ahead(out.metrics.read_ahead);
     }
     // Inside the step's time and counters: an MTP head's drafts are decodes, with reads of their own.

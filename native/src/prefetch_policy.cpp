@@ -1,7 +1,6 @@
 #include "prefetch_policy.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 
 namespace bmoe::detail {
@@ -14,14 +13,6 @@ double median(std::vector<double> v) {
 }
 
 }  // namespace
-
-bool PrefetchPolicy::reads_whole_layer(int n_tokens, int k, int n_expert) {
-    if (n_tokens <= 1 || k <= 0 || n_expert <= 0 || k > n_expert) {
-        return false;
-    }
-    const double unrouted = std::pow(1.0 - static_cast<double>(k) / n_expert, n_tokens);
-    return 1.0 - unrouted >= kWholeLayerShare;
-}
 
 bool PrefetchPolicy::probe_on() const {
     const int window = done_ / kWindow;  // 0 off, 1 on, 2 on, 3 off

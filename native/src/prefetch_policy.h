@@ -26,12 +26,6 @@ public:
 
     explicit PrefetchPolicy(Mode mode) : mode_(mode) {}
 
-    // A batch of `n_tokens` (a prompt's ubatch) routed top-`k` of `n_expert` reads the whole next layer ahead
-    // when it would route to at least 90% of it (uniform routing: 1 - (1 - k/E)^n): no guess to compute,
-    // the reads overlap this layer's compute, and what it wastes is at most a tenth of a layer.
-    static bool reads_whole_layer(int n_tokens, int k, int n_expert);
-    static constexpr double kWholeLayerShare = 0.9;
-
     // Whether the next single-token decode reads ahead.
     bool reads_ahead() const;
     // A decode of one token (prompts and speculative batches are not comparable) took `ms`.

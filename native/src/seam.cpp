@@ -7,7 +7,6 @@
 #include <exception>
 
 #include <atomic>
-#include <numeric>
 
 #include "bmoe/engine.h"
 #include "bmoe/error.h"
@@ -15,7 +14,6 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
-#include "prefetch_policy.h"
 #include "seam_drop.h"
 #include "seam_predict.h"
 #include "streamer.h"
@@ -192,21 +190,12 @@ bool Seam::on_computed(ggml_tensor * t) {
     try {
         const int layer = read_ids(t);
         router_(layer, ids_, static_cast<int>(t->ne[0]));
-        // Small batches (a decode, a speculative step) guess from the next router; a prompt's batch routes to
-        // nearly every expert of the next layer anyway: it reads that layer whole, while this one computes.
+        // Only small batches (a decode, a speculative step): a prompt's batch routes to nearly
+        // every expert anyway, and its tokens would make a guess as costly as it is useless.
         constexpr int kMaxGuessTokens = 4;
-        if (reading_ahead_ && predictor_ && layer + 1 < predicted_layers_) {
-            const int n_tokens = static_cast<int>(t->ne[1]);
-            const int next_experts = predictor_->experts_of(layer + 1);
-            if (n_tokens <= kMaxGuessTokens) {
-                if (predictor_->predict(t, layer, guess_, kMaxGuessTokens)) {
-                    read_ahead_(layer + 1, guess_);
-                }
-            } else if (PrefetchPolicy::reads_whole_layer(n_tokens, static_cast<int>(t->ne[0]), next_experts)) {
-                guess_.resize(static_cast<size_t>(next_experts));
-                std::iota(guess_.begin(), guess_.end(), 0);
-                read_ahead_(layer + 1, guess_);
-            }
+        if (reading_ahead_ && predictor_ && t->ne[1] <= kMaxGuessTokens && layer + 1 < predicted_layers_ &&
+            predictor_->predict(t, layer, guess_, kMaxGuessTokens)) {
+            read_ahead_(layer + 1, guess_);
         }
         return true;
     } catch (const std::exception & e) {

@@ -66,13 +66,6 @@ bool NextLayerPredictor::any() const {
     return false;
 }
 
-int NextLayerPredictor::experts_of(int layer) const {
-    if (layer < 0 || layer >= static_cast<int>(routers_.size()) || routers_[static_cast<size_t>(layer)].weight == nullptr) {
-        return 0;
-    }
-    return static_cast<int>(routers_[static_cast<size_t>(layer)].weight->ne[1]);
-}
-
 const ggml_tensor * NextLayerPredictor::router_input(const ggml_tensor * topk, const ggml_tensor * weight) const {
     // topk <- argsort <- [biased/masked] probs <- softmax|sigmoid <- [+bias] <- mul_mat(weight, x)
     const ggml_tensor * logits = find_behind(topk, 12, [&](const ggml_tensor * t) {

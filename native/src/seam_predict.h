@@ -26,8 +26,6 @@ public:
     bool predict(const ggml_tensor * topk, int layer, std::vector<int> & out, int max_tokens = 4);
     // Whether any layer has a router and so does the next one.
     bool any() const;
-    // The experts of `layer`'s router (0: no router found there).
-    int experts_of(int layer) const;
 
 private:
     struct Router {

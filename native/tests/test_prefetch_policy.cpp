@@ -125,16 +125,3 @@ POLICY_TEST(prefetch_auto_probes_less_often_while_they_agree) {
     CHECK_EQ(decode(p, 7, off_wins), runs({{7, false}}));
     CHECK_EQ(decode(p, 1, off_wins), runs({{1, true}}));
 }
-
-POLICY_TEST(prefetch_a_prompt_reads_the_next_layer_whole_when_it_routes_to_nine_tenths_of_it) {
-    using P = PrefetchPolicy;
-    CHECK(!P::reads_whole_layer(1, 8, 64));    // a decode guesses instead
-    CHECK(!P::reads_whole_layer(17, 8, 64));   // 1 - (7/8)^17 = 0.897
-    CHECK(P::reads_whole_layer(18, 8, 64));    // 0.910
-    CHECK(!P::reads_whole_layer(35, 8, 128));  // 1 - (15/16)^35 = 0.896 (Qwen3-30B-A3B's 128 experts)
-    CHECK(P::reads_whole_layer(36, 8, 128));   // 0.902
-    CHECK(P::reads_whole_layer(512, 8, 128));  // a prompt's ubatch
-    CHECK(!P::reads_whole_layer(512, 0, 64));
-    CHECK(!P::reads_whole_layer(512, 8, 0));   // no router found for the next layer
-    CHECK(!P::reads_whole_layer(512, 9, 8));
-}
