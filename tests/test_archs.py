@@ -4,6 +4,7 @@ a reason said before any weight loads, or listed as untested; and every weight t
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -91,6 +92,20 @@ def assert_experts_are(spec: gates.FixtureSpec) -> None:
         assert types["output.weight"] == "BF16"
 
 
+def assert_experts_sized_as(spec: gates.FixtureSpec) -> None:
+    """The cheap form (parsing a fixture's 32000-token vocabulary with GGUFReader takes seconds): every routed
+    gate/up expert tensor the engine maps has its type's size (a fallback type, Q5_0 for Q4_K or BF16 for
+    MXFP4, has another)."""
+    d, row = tinymoe.dims_for(spec.arch, spec.quant), tinymoe.ROWS[spec.arch]
+    by_suffix = {t.name.removesuffix(".weight"): t for t in row.layer}
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[EXPERT_TYPE[spec.quant]]]
+    experts = [t for t in engine_info.expert_tensors(gates.fixture_resolver(None)(spec)) if "_down_" not in t.name]
+    assert experts
+    for t in experts:
+        ne = [d.value(s) for s in by_suffix[t.name.split(".")[2]].ne]
+        assert t.bytes == math.prod(ne) // block * size, (spec, t)
+
+
 def test_every_row_is_gated_in_q4_k_and_in_its_releases_types() -> None:
     """One fact per row (release_types.RELEASES), derived into the gate matrix and into the docs' table."""
     assert list(release_types.RELEASES) == list(tinymoe.MOE_ARCHS)
@@ -108,12 +123,12 @@ def test_every_row_is_gated_in_q4_k_and_in_its_releases_types() -> None:
 
 
 def test_the_release_sample_streams_bit_identically() -> None:
-    """The suite's share of the release matrix (two flagships in every type they are gated in); the rest of
-    it is `bmoe-edge gates`. Each fixture is checked to be the type it names first."""
+    """The suite's share of the release matrix (gates.RELEASE_SAMPLE: flagships in Q4_K_M and MXFP4); the rest
+    of it is `bmoe-edge gates`. Each fixture's experts are checked to be the type it names first."""
     cells = gates.release_sample()
-    assert {c.fixture.quant for c in cells} >= {"Q4_K_M", "MXFP4", "MXFP4_MOE"}
+    assert len(cells) == len(gates.RELEASE_SAMPLE) and {c.fixture.quant for c in cells} == {"Q4_K_M", "MXFP4"}
     for c in cells:
-        assert_experts_are(c.fixture)
+        assert_experts_sized_as(c.fixture)
     results = list(gates.run_gates(cells, gates.fixture_resolver(None), steps=6))
     failed = [gates.format_result(r) for r in results if not r.passed]
     assert not failed and len(results) == len(cells), failed
@@ -124,6 +139,7 @@ def test_every_release_fixture_is_the_type_it_names() -> None:
     """Every fixture of the release matrix (what `bmoe-edge gates` runs): its experts in its type."""
     for c in gates.release_matrix():
         assert_experts_are(c.fixture)
+        assert_experts_sized_as(c.fixture)
 
 
 def test_generate_refuses_a_refused_architecture_before_loading(tmp_path: Path) -> None:
