@@ -34,66 +34,74 @@ class Release:
     why: str
 
 
-def _mxfp4(where: str) -> Release:
-    return Release(("MXFP4", "MXFP4_MOE"),
-                   f"routed experts shipped in MXFP4, repacked as they are by the pinned converter ({where}); "
-                   "MXFP4_MOE: llama-quantize's MXFP4 experts beside Q8_0")
+_LOW_BIT_TYPES = ("Q2_K", "IQ4_XS")
+_LOW_BIT_WHY = "about 200B parameters and up: community GGUFs come in 2-4 bits to fit"
 
 
-_LOW_BIT = Release(("Q2_K", "IQ4_XS"), "200B+ parameters: community GGUFs come in 2-4 bits to fit")
+def _mxfp4(where: str, *, low_bit: bool = False) -> Release:
+    why = (f"routed experts shipped in MXFP4, repacked as they are by the pinned converter ({where}); "
+           "MXFP4_MOE: llama-quantize's MXFP4 experts beside Q8_0")
+    if low_bit:
+        return Release(("MXFP4", "MXFP4_MOE", *_LOW_BIT_TYPES), f"{why}; {_LOW_BIT_WHY}")
+    return Release(("MXFP4", "MXFP4_MOE"), why)
+
+
+_LOW_BIT = Release(_LOW_BIT_TYPES, _LOW_BIT_WHY)
 _NVFP4 = "NVFP4 checkpoints (ModelOpt), repacked by the pinned converter ({where}): MXFP4 stands in (see above)"
-_EIGHT_BIT = Release((), "fits in tens of GB: its GGUFs ship in Q8_0 down to Q4_K_M")
+_MID = Release((), "100-150B: its GGUFs ship in Q8_0 down to 2-3 bits (the 2-bit types: gated on the 200B+ rows)")
+_EIGHT_BIT = Release((), "up to ~60B (or no larger release known here): its GGUFs ship in Q8_0 down to Q4_K_M")
 
 RELEASES: dict[str, Release] = {
     "qwen3moe": Release(("Q6_K", "Q5_K_M", "Q3_K_M", "Q2_K", "IQ4_XS", "MXFP4_MOE", "MIXED"),
                         "30B to 480B: every common GGUF type (the type column's row)"),
     "qwen2moe": _EIGHT_BIT,
     "olmoe": _EIGHT_BIT,
-    "llama": _EIGHT_BIT,
+    "llama": _MID,
     "gpt-oss": _mxfp4("conversion/gpt_oss.py"),
     "gemma4": Release(("Q6_K", "Q5_K_M", "Q3_K_M", "Q2_K", "IQ4_XS", "MXFP4_MOE", "MIXED"),
                       "26B: every common GGUF type (the type column's fused gate_up row)"),
     "granitemoe": _EIGHT_BIT,
     "deepseek2": _LOW_BIT,
     "mistral4": _LOW_BIT,
-    "dots1": _EIGHT_BIT,
+    "dots1": _MID,
     "ernie4_5-moe": _LOW_BIT,
-    "hunyuan-moe": _EIGHT_BIT,
+    "hunyuan-moe": _MID,
     "glm4moe": _LOW_BIT,
-    "bailingmoe": _EIGHT_BIT,
-    "bailingmoe2": _EIGHT_BIT,
+    "bailingmoe": _LOW_BIT,
+    "bailingmoe2": _MID,
     "smallthinker": _EIGHT_BIT,
     "minimax-m2": _LOW_BIT,
-    "exaone-moe": _EIGHT_BIT,
+    "exaone-moe": _LOW_BIT,
     "llama4": _LOW_BIT,
     "qwen3vlmoe": _LOW_BIT,
     "phimoe": _EIGHT_BIT,
     "lfm2moe": _EIGHT_BIT,
-    "qwen3next": _EIGHT_BIT,
-    "qwen35moe": Release(("MXFP4", "Q2_K"), _NVFP4.format(where="conversion/qwen.py") + "; up to 397B: Q2_K"),
+    "qwen3next": _MID,
+    "qwen35moe": Release(("MXFP4", *_LOW_BIT_TYPES),
+                         _NVFP4.format(where="conversion/qwen.py") + f"; up to 397B: {_LOW_BIT_WHY}"),
     "granitehybrid": _EIGHT_BIT,
     "nemotron_h_moe": Release(("MXFP4",), _NVFP4.format(where="conversion/nemotron.py")),
     "nemotron_h": _EIGHT_BIT,
     "deepseek": _EIGHT_BIT,
-    "dbrx": _EIGHT_BIT,
+    "dbrx": _MID,
     "arctic": _LOW_BIT,
     "cohere2moe": _EIGHT_BIT,
     "mellum": _EIGHT_BIT,
     "afmoe": _EIGHT_BIT,
     "hy_v3": _EIGHT_BIT,
-    "deepseek4": _mxfp4("conversion/deepseek.py"),
+    "deepseek4": _mxfp4("conversion/deepseek.py", low_bit=True),
     "deepseek32": _LOW_BIT,
     "glm-dsa": _LOW_BIT,
     "hy_v4": _EIGHT_BIT,
     "dots3note": _LOW_BIT,
     "deepseek2-ocr": _EIGHT_BIT,
-    "kimi-k3": _mxfp4("conversion/kimi_k3.py"),
+    "kimi-k3": _mxfp4("conversion/kimi_k3.py", low_bit=True),
     "kimi-linear": _EIGHT_BIT,
     "glm5-next": _LOW_BIT,
-    "bailingmoe3": _EIGHT_BIT,
+    "bailingmoe3": _MID,
     "minimax-m3": _LOW_BIT,
     "minimax-01": _LOW_BIT,
-    "mimo2": _mxfp4("conversion/mimo.py"),
+    "mimo2": _mxfp4("conversion/mimo.py", low_bit=True),
     "step35": _LOW_BIT,
     "laguna": _LOW_BIT,
     "maple": _EIGHT_BIT,
@@ -103,7 +111,7 @@ RELEASES: dict[str, Release] = {
     "granite_swa": _EIGHT_BIT,
     "minicpm": _EIGHT_BIT,
     "grok": _LOW_BIT,
-    "jamba": _EIGHT_BIT,
+    "jamba": _LOW_BIT,
 }
 
 
