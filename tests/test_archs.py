@@ -61,6 +61,8 @@ def test_every_weight_type_streams_bit_identically(quant: str) -> None:
     """The type column: llama.cpp's quantizer makes the experts, on split and fused gate/up layouts."""
     cells = [c for c in gates.breadth_matrix() if c.fixture.quant == quant]
     assert {c.fixture.arch for c in cells} == set(gates.TYPE_COLUMN_ARCHS)
+    for c in cells:  # split and fused gate/up alike (gemma4's MIXED was once Q8_0 there: a regex missed it)
+        assert_experts_sized_as(c.fixture)
     results = list(gates.run_gates(cells, gates.fixture_resolver(None), steps=6))
     assert all(r.passed for r in results), results
 
