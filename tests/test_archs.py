@@ -4,6 +4,7 @@ a reason said before any weight loads, or listed as untested; and every weight t
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from bmoe_edge.engine import info as engine_info
 from bmoe_edge.engine import moe_archs
 from bmoe_edge.proof import gates
-from bmoe_edge.synthetic import tinymoe
+from bmoe_edge.synthetic import release_types, tinymoe
 
 from conftest import LLAMA_SRC, assert_clean_error, run_cli
 
@@ -60,6 +61,8 @@ def test_every_weight_type_streams_bit_identically(quant: str) -> None:
     """The type column: llama.cpp's quantizer makes the experts, on split and fused gate/up layouts."""
     cells = [c for c in gates.breadth_matrix() if c.fixture.quant == quant]
     assert {c.fixture.arch for c in cells} == set(gates.TYPE_COLUMN_ARCHS)
+    for c in cells:  # split and fused gate/up alike (gemma4's MIXED was once Q8_0 there: a regex missed it)
+        assert_experts_sized_as(c.fixture)
     results = list(gates.run_gates(cells, gates.fixture_resolver(None), steps=6))
     assert all(r.passed for r in results), results
 
@@ -73,6 +76,72 @@ def test_the_quantizer_made_the_types_it_names(quant: str, types: dict[str, str]
     reader = gguf.GGUFReader(tinymoe.fixture("qwen3moe", quant))
     got = {t.name.split(".")[2]: t.tensor_type.name for t in reader.tensors if t.name.startswith("blk.1.")}
     assert {k: got[k] for k in types} == types
+
+
+# What a fixture type's routed gate/up experts must be (llama.cpp's recipes mix in other types elsewhere).
+EXPERT_TYPE = {"Q8_0": "Q8_0", "Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K", "Q3_K_M": "Q3_K", "Q2_K": "Q2_K",
+               "IQ4_XS": "IQ4_XS", "MXFP4": "MXFP4", "MXFP4_MOE": "MXFP4", "MIXED": "Q4_K"}
+
+
+def assert_experts_are(spec: gates.FixtureSpec) -> None:
+    """The cell's fixture really is its type where it counts: every routed gate/up expert tensor, and (the
+    converter's MXFP4 shape) BF16 for the other matrices."""
+    reader = gguf.GGUFReader(gates.fixture_resolver(None)(spec))
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    experts = [n for n in tinymoe.expert_tensors(spec.arch) if "_down_" not in n]
+    assert experts and {types[n] for n in experts} == {EXPERT_TYPE[spec.quant]}, (spec, {n: types[n] for n in experts})
+    if spec.quant == "MXFP4":
+        assert types["output.weight"] == "BF16"
+
+
+def assert_experts_sized_as(spec: gates.FixtureSpec) -> None:
+    """The cheap form (parsing a fixture's 32000-token vocabulary with GGUFReader takes seconds): every routed
+    gate/up expert tensor the engine maps has its type's size (a fallback type, Q5_0 for Q4_K or BF16 for
+    MXFP4, has another)."""
+    d, row = tinymoe.dims_for(spec.arch, spec.quant), tinymoe.ROWS[spec.arch]
+    by_suffix = {t.name.removesuffix(".weight"): t for t in row.layer}
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[EXPERT_TYPE[spec.quant]]]
+    experts = [t for t in engine_info.expert_tensors(gates.fixture_resolver(None)(spec)) if "_down_" not in t.name]
+    assert experts
+    for t in experts:
+        ne = [d.value(s) for s in by_suffix[t.name.split(".")[2]].ne]
+        assert t.bytes == math.prod(ne) // block * size, (spec, t)
+
+
+def test_every_row_is_gated_in_q4_k_and_in_its_releases_types() -> None:
+    """One fact per row (release_types.RELEASES), derived into the gate matrix and into the docs' table."""
+    assert list(release_types.RELEASES) == list(tinymoe.MOE_ARCHS)
+    full = {(c.fixture.arch, c.fixture.quant) for c in gates.full_matrix()
+            if c.fixture.split == 1 and not c.fixture.mtp}
+    for name in tinymoe.MOE_ARCHS:
+        types = release_types.row_types(name)
+        assert types[:2] == ("Q8_0", "Q4_K_M") and set(types) <= set(EXPERT_TYPE), name
+        assert {(name, t) for t in types} <= full, name
+    for name in ("gpt-oss", "deepseek4", "kimi-k3", "mimo2"):  # their experts ship in MXFP4
+        assert "MXFP4" in release_types.row_types(name)
+    doc = (Path(__file__).parents[1] / "docs" / "architectures.md").read_text()
+    table = doc.split("<!-- release-types:begin -->\n")[1].split("\n<!-- release-types:end -->")[0]
+    assert table == release_types.markdown(), "refresh it: python -m bmoe_edge.synthetic.release_types"
+
+
+def test_the_release_sample_streams_bit_identically() -> None:
+    """The suite's share of the release matrix (gates.RELEASE_SAMPLE: flagships in Q4_K_M and MXFP4); the rest
+    of it is `bmoe-edge gates`. Each fixture's experts are checked to be the type it names first."""
+    cells = gates.release_sample()
+    assert len(cells) == len(gates.RELEASE_SAMPLE) and {c.fixture.quant for c in cells} == {"Q4_K_M", "MXFP4"}
+    for c in cells:
+        assert_experts_sized_as(c.fixture)
+    results = list(gates.run_gates(cells, gates.fixture_resolver(None), steps=6))
+    failed = [gates.format_result(r) for r in results if not r.passed]
+    assert not failed and len(results) == len(cells), failed
+
+
+@pytest.mark.full_campaign
+def test_every_release_fixture_is_the_type_it_names() -> None:
+    """Every fixture of the release matrix (what `bmoe-edge gates` runs): its experts in its type."""
+    for c in gates.release_matrix():
+        assert_experts_are(c.fixture)
+        assert_experts_sized_as(c.fixture)
 
 
 def test_generate_refuses_a_refused_architecture_before_loading(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ def test_the_sample_covers_every_architecture_type_and_configuration_of_the_full
     assert [c.case.name for c in sample if c.fixture.split == 1] == list(gates.CASES)
     assert [c.fixture.split for c in sample if c.fixture.split > 1] == [3]
     assert len({c.fixture.arch for c in sample if c.fixture.split == 1}) == len(gates.CONFIG_ARCHS)
-    run = sample + breadth + gates.mtp_matrix()
+    run = sample + breadth + gates.mtp_matrix() + gates.release_sample()
     for dimension in (lambda c: c.fixture.arch, lambda c: c.fixture.quant, lambda c: c.case.name,
                       lambda c: c.fixture.split):
         assert {dimension(c) for c in run} == {dimension(c) for c in full}
@@ -78,7 +78,7 @@ def test_quick_gates_pass() -> None:
 
 
 @pytest.mark.parametrize("arch,quant", [("qwen3moe", "Q8_0"), ("gpt-oss", "Q4_0"), ("gemma4", "F16"),
-                                        ("qwen2moe", "Q4_K_M")])
+                                        ("qwen2moe", "Q4_K_M"), ("deepseek4", "MXFP4")])
 def test_a_corrupted_read_fails_the_gate(arch: str, quant: str) -> None:
     spec = gates.FixtureSpec(arch, quant)
     good = gates.CASES["cache-off"]

@@ -159,7 +159,7 @@ def test_split_shards_have_the_gguf_split_keys(tmp_path: Path, written) -> None:
     ("kwargs", "needle"),
     [
         ({"arch": "mixtral9000", "quant": "Q4_0"}, "known: qwen3moe, qwen2moe, olmoe"),
-        ({"arch": "olmoe", "quant": "Q3_K"}, "known: F32, F16, Q8_0, Q4_0, Q4_K_M"),
+        ({"arch": "olmoe", "quant": "Q3_K"}, "known: F32, F16, Q8_0, Q4_0, MXFP4, Q4_K_M"),
         ({"arch": "olmoe", "quant": "Q4_0", "split": 0}, "split"),
         ({"arch": "olmoe", "quant": "Q4_0", "split": 10_000}, "cannot split"),
         ({"arch": "olmoe", "quant": "Q4_0", "n_embd": 48}, "multiple of 32"),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from bmoe_edge.engine import Engine, Generation, StreamConfig, info
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.synthetic import release_types
 from bmoe_edge.synthetic.arch_rows import MOE_ARCHS, ROWS
 from bmoe_edge.synthetic.specs import (  # noqa: F401 - fixture_resolver and quick_fixture_specs: the CLI's
     QUICK_FIXTURES,
@@ -129,7 +130,7 @@ QUANTS = ("F32", "F16", "Q8_0", "Q4_0", "Q4_K_M")
 QUICK_CASES = ("cache-off", "cache-small", "dense-anon", "overlap-cache-small", "page-16k")
 # The breadth: every fixture row (ARCHS_WITH_FIXTURES, from the row table) in one type, and every weight
 # type real MoE ggufs ship in on two architectures (split gate/up/down and fused gate_up), one config each.
-ARCH_COLUMN_QUANT = "Q8_0"
+ARCH_COLUMN_QUANT = release_types.ARCH_COLUMN
 TYPE_COLUMN_ARCHS = ("qwen3moe", "gemma4")
 TYPE_COLUMN_QUANTS = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M", "Q2_K", "IQ4_XS", "MXFP4_MOE", "MIXED")
 COLUMN_CASE = "cache-small"
@@ -152,6 +153,25 @@ def breadth_matrix() -> list[GateCell]:
     return cells
 
 
+def release_matrix() -> list[GateCell]:
+    """Every fixture row in Q4_K_M and in the types of its real releases (`release_types`: declared once per
+    row, with why), beyond the arch column's Q8_0: one cell each."""
+    case = CASES[COLUMN_CASE]
+    return [GateCell(FixtureSpec(name, quant), case) for name in ARCHS_WITH_FIXTURES
+            for quant in release_types.row_types(name) if quant != ARCH_COLUMN_QUANT]
+
+
+# The suite's share of release_matrix() (the rest is `bmoe-edge gates`), kept cheap (a K-quant fixture
+# costs seconds to make): two flagships whose experts ship in MXFP4 (DeepSeek V4: hash routing,
+# hyper-connections; Kimi K3: latent experts) in the release's own shape, and DeepSeek V4 in Q4_K_M.
+# With the type column (test_archs.py), every type of the release matrix runs in the suite.
+RELEASE_SAMPLE = (("deepseek4", "Q4_K_M"), ("deepseek4", "MXFP4"), ("kimi-k3", "MXFP4"))
+
+
+def release_sample() -> list[GateCell]:
+    return [c for c in release_matrix() if (c.fixture.arch, c.fixture.quant) in RELEASE_SAMPLE]
+
+
 def full_matrix() -> list[GateCell]:
     cells = []
     for arch in CONFIG_ARCHS:
@@ -159,8 +179,10 @@ def full_matrix() -> list[GateCell]:
             spec = FixtureSpec(arch, quant)
             cells += [GateCell(spec, case) for case in CASES.values()]
         cells.append(GateCell(FixtureSpec(arch, "Q8_0", split=3), CASES["cache-small"]))
-    have = {(c.fixture, c.case.name) for c in cells}
-    return cells + [c for c in breadth_matrix() if (c.fixture, c.case.name) not in have] + mtp_matrix()
+    for extra in (breadth_matrix(), release_matrix()):
+        have = {(c.fixture, c.case.name) for c in cells}
+        cells += [c for c in extra if (c.fixture, c.case.name) not in have]
+    return cells + mtp_matrix()
 
 
 def mtp_matrix() -> list[GateCell]:

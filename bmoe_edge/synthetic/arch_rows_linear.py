@@ -42,7 +42,10 @@ QWEN4EXP = ArchRow(
     keys=(*MOE_KEYS, Key("expert_feed_forward_length", "ff_exp"), Key("feed_forward_length", "ff"),
           Key("expert_shared_feed_forward_length", "ff_shexp"), *HEAD_KEYS, *SSM_KEYS,
           Key("full_attention_interval", 2),
-          Key("rope.dimension_sections", lambda d: [d.head_dim // 4, d.head_dim // 8, d.head_dim // 8, 0],
+          # The indexer ropes its idx_dim-wide keys with the model's n_rot: the rope is partial where the
+          # heads are wider than the indexer's (K-quant fixtures; the real model too), as wide where not.
+          Key("rope.dimension_count", "idx_dim"),
+          Key("rope.dimension_sections", lambda d: [d.idx_dim // 4, d.idx_dim // 8, d.idx_dim // 8, 0],
               "u32_arr"),
           Key("hyper_connection.count", "hc_mult"), Key("hyper_connection.low_rank", "hc_lr"),
           Key("attention.indexer.head_count", "idx_heads"), Key("attention.indexer.key_length", "idx_dim"),

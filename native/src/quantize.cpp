@@ -27,10 +27,11 @@ const std::map<std::string, llama_ftype> & ftypes() {
 
 // Per-tensor types over the ftype's (llama.cpp's regex overrides, what llama-quantize --tensor-type does).
 // MIXED is the shape the _M recipes ship: dense weights in one type (Q8_0), routed gate/up in another,
-// routed down in a third.
+// routed down in a third. gate_up: the fused projection (gemma4) is a gate/up tensor too.
 std::vector<llama_model_tensor_override> overrides_for(const std::string & ftype) {
     if (ftype == "MIXED") {
-        return {{"ffn_(gate|up)_exps", GGML_TYPE_Q4_K}, {"ffn_down_exps", GGML_TYPE_Q6_K}, {nullptr, GGML_TYPE_COUNT}};
+        return {{"ffn_(gate|up|gate_up)_exps", GGML_TYPE_Q4_K}, {"ffn_down_exps", GGML_TYPE_Q6_K},
+                {nullptr, GGML_TYPE_COUNT}};
     }
     return {};
 }
