@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Protocol, TypeVar
 
 import typer
 
@@ -60,6 +60,24 @@ def storage_targets() -> dict[str, object]:
     return named
 
 
+class _Labelled(Protocol):
+    label: str
+
+
+CellT = TypeVar("CellT", bound=_Labelled)
+
+
+def _only_cells(matrix: list[CellT], cells: str | None) -> list[CellT]:
+    """The matrix's cells named in `cells` (a comma list; None: all), or one line for a name it has not."""
+    if not cells:
+        return matrix
+    wanted = [c.strip() for c in cells.split(",")]
+    unknown = sorted(set(wanted) - {c.label for c in matrix})
+    if unknown:
+        fail(f"unknown cells {', '.join(unknown)} (known: {', '.join(c.label for c in matrix)})")
+    return [c for c in matrix if c.label in wanted]
+
+
 def _long_prompt_configs(tokens: int, board: str | None, lengths: list[int]) -> dict[int, dict[str, object]]:
     """Every long-prompt cell with the settings `generate` picks for the longest prompt (its context and batch):
     the cells then differ by the prompt alone, so decode after a long prompt is compared with the same
@@ -107,12 +125,7 @@ def bench_stream_cmd(
                                     defaults=_machine_defaults(tokens, target.board if target else None),
                                     long_prompts=_long_prompt_configs(tokens, target.board if target else None,
                                                                       _lengths(long_prompts)))
-    if cells:
-        wanted = [c.strip() for c in cells.split(",")]
-        unknown = sorted(set(wanted) - {c.label for c in matrix})
-        if unknown:
-            fail(f"unknown cells {', '.join(unknown)} (known: {', '.join(c.label for c in matrix)})")
-        matrix = [c for c in matrix if c.label in wanted]
+    matrix = _only_cells(matrix, cells)
     campaign.stream_campaign(campaign.Campaign(model, out, cap, cap_method, matrix, repeats, io_seconds=io_seconds,
                                          routing_tokens=routing_tokens, storage=target))
     typer.echo(results.write_summary(out).read_text(), nl=False)
@@ -154,12 +167,7 @@ def bench_serve_cmd(
     if not counts or min(counts) < 1:
         fail(f"--clients {clients!r}: at least one client")
     matrix = serve_bench.default_cells(counts, long_prompt, chunk)
-    if cells:
-        wanted = [c.strip() for c in cells.split(",")]
-        unknown = sorted(set(wanted) - {c.label for c in matrix})
-        if unknown:
-            fail(f"unknown cells {', '.join(unknown)} (known: {', '.join(c.label for c in matrix)})")
-        matrix = [c for c in matrix if c.label in wanted]
+    matrix = _only_cells(matrix, cells)
     models = {m.stem: m for m in model}
     serve_bench.campaign(models, out, matrix, cap=ram_cap, cap_method=cap_method, tokens=tokens, repeats=repeats,
                          threads=threads, ctx=ctx, say=typer.echo)

@@ -226,9 +226,16 @@ class Worker:
             self.failure = f"the engine thread failed ({type(exc).__name__})"
             raise
         finally:
-            if self.failure is None and not self.closing:
-                self.failure = "the engine thread ended"
-            self._fail_running_and_queued(self.unavailable() or "the engine thread ended")
+            self._thread_ended()
+
+    def _thread_ended(self) -> str:
+        """The engine thread stops: why (a failure already said, else "ended" unless the server closes), and
+        every running and queued job answered with it."""
+        if self.failure is None and not self.closing:
+            self.failure = "the engine thread ended"
+        reason = self.unavailable() or "the engine thread ended"
+        self._fail_running_and_queued(reason)
+        return reason
 
     def _run_batched(self) -> None:
         """--parallel N: admit queued jobs (FIFO) while fewer than N run, each in a thread of its own, and step
@@ -243,10 +250,7 @@ class Worker:
             self.failure = f"the engine thread failed ({type(exc).__name__})"
             raise
         finally:
-            if self.failure is None and not self.closing:
-                self.failure = "the engine thread ended"
-            reason = self.unavailable() or "the engine thread ended"
-            self._fail_running_and_queued(reason)
+            reason = self._thread_ended()
             scheduler.fail_all(BmoeError(f"the server cannot answer: {reason}"))
 
     def _admit(self) -> None:
