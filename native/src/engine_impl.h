@@ -3,6 +3,7 @@
 // context and its state files). Internal: llama.cpp types are fine here, never in bmoe/engine.h.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -53,6 +54,20 @@ auto guarded(const char * what, F && f) -> decltype(f()) {
         throw Error(std::string("llama.cpp failed while ") + what + " (" + e.what() +
                     "): the model's metadata or vocabulary is inconsistent (a corrupt file?)");
     }
+}
+
+// How much of a sequence's context a new prompt can keep (reuse_kv): their common prefix, less the prompt's last
+// token, which is decoded again for its logits.
+inline size_t reusable_prefix(const std::vector<llama_token> & in_context, const std::vector<int32_t> & prompt,
+                              bool reuse_kv) {
+    size_t keep = 0;
+    if (reuse_kv) {
+        while (keep < in_context.size() && keep < prompt.size() && in_context[keep] == prompt[keep]) {
+            ++keep;
+        }
+        keep = std::min(keep, prompt.size() - 1);
+    }
+    return keep;
 }
 
 // The log-probabilities at one position from its raw logits (scoring.cpp): `chosen` and the `n_top` most likely.
@@ -127,6 +142,10 @@ struct Engine::Impl {
     void route_to_streamer();
     void set_up_read_ahead();
     void decode(std::vector<llama_token> & tokens, bool all_logits = false);
+    // Around a batch with prompt tokens (a prompt, a --parallel step with a chunk): its compute buffers are
+    // made room for first and go back to the cache after it (docs/memory.md). After: the bytes given back.
+    void make_room_for_prompt(int n_tokens);
+    uint64_t give_prompt_memory_back();
     // One llama_decode-like call of `n` tokens from `first_pos` on either context, the engine's way:
     // the route trace told, overlap's reads drained, the seam's error thrown first.
     void run_decode(int first_pos, int n, const std::function<int()> & run);

@@ -259,13 +259,7 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     std::unique_ptr<llama_sampler, detail::SamplerDeleter> chain = d.sampler_for(sampling, prompt);
     d.forget_slots();
     llama_memory_t memory = llama_get_memory(d.ctx.get());
-    size_t keep = 0;
-    if (reuse_kv) {
-        while (keep < d.in_context.size() && keep < prompt.size() && d.in_context[keep] == prompt[keep]) {
-            ++keep;
-        }
-        keep = std::min(keep, prompt.size() - 1);  // the last prompt token is decoded again: its logits
-    }
+    size_t keep = detail::reusable_prefix(d.in_context, prompt, reuse_kv);
     // A recurrent model's state cannot be cut at an arbitrary position: then it starts afresh.
     if (keep == 0 || !llama_memory_seq_rm(memory, 0, static_cast<llama_pos>(keep), -1)) {
         llama_memory_clear(memory, true);
@@ -493,6 +487,31 @@ bool Engine::next(StepResult & out) {
     }
 }
 
+void Engine::Impl::make_room_for_prompt(int n_tokens) {
+    detail::Streamer & streamer = *streaming.streamer;
+    const uint64_t budget = streamer.cache().budget();
+    const uint64_t room = memory->before_prompt(budget, streamer.pool_held_bytes(), n_tokens, config.ubatch);
+    if (room != budget) {
+        streamer.set_budget(room);
+    }
+    seam->begin_decode();
+}
+
+uint64_t Engine::Impl::give_prompt_memory_back() {
+    detail::Streamer & streamer = *streaming.streamer;
+    std::vector<detail::Region> scratch;
+    for (const detail::RuntimeBuffer & b : seam->last_scratch()) {
+        scratch.push_back({b.data, b.size});
+    }
+    const uint64_t budget = streamer.cache().budget();
+    streamer.settle();  // the layers the prompt left over their share, and the pool's spare pages
+    const uint64_t after = memory->after_prompt(budget, streamer.pool_held_bytes(), scratch);
+    if (after != budget) {
+        streamer.set_budget(after);
+    }
+    return memory->released_bytes();
+}
+
 bool Engine::Impl::step_once(StepResult & out) {
     Impl & d = *this;
     if (!d.accepted.empty()) {  // a token the last speculative step already verified: no decode
@@ -543,29 +562,11 @@ bool Engine::Impl::step_once(StepResult & out) {
     // made for them first, and they go back to the cache once the prompt is in (docs/memory.md).
     const bool prompt = d.pending.size() > 1 && d.streaming.streamer && d.memory && !d.rpc;
     if (prompt) {
-        detail::Streamer & streamer = *d.streaming.streamer;
-        const uint64_t budget = streamer.cache().budget();
-        const uint64_t room = d.memory->before_prompt(budget, streamer.pool_held_bytes(),
-                                                      static_cast<int>(batch.size()), d.config.ubatch);
-        if (room != budget) {
-            streamer.set_budget(room);
-        }
-        d.seam->begin_decode();
+        d.make_room_for_prompt(static_cast<int>(batch.size()));
     }
     d.decode(batch, !draft.empty());
     if (prompt) {
-        detail::Streamer & streamer = *d.streaming.streamer;
-        std::vector<detail::Region> scratch;
-        for (const detail::RuntimeBuffer & b : d.seam->last_scratch()) {
-            scratch.push_back({b.data, b.size});
-        }
-        const uint64_t budget = streamer.cache().budget();
-        streamer.settle();  // the layers the prompt left over their share, and the pool's spare pages
-        const uint64_t after = d.memory->after_prompt(budget, streamer.pool_held_bytes(), scratch);
-        if (after != budget) {
-            streamer.set_budget(after);
-        }
-        out.metrics.released_bytes = d.memory->released_bytes();
+        out.metrics.released_bytes = d.give_prompt_memory_back();
     }
     if (d.route_trace) {
         d.route_trace->end_step();

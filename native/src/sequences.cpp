@@ -93,13 +93,7 @@ int32_t Engine::slot_begin(int32_t slot, const std::vector<int32_t> & prompt, co
         d.accepted_outputs.clear();
     }
     llama_memory_t memory = llama_get_memory(d.ctx.get());
-    size_t keep = 0;
-    if (reuse_kv) {
-        while (keep < s.in_context.size() && keep < prompt.size() && s.in_context[keep] == prompt[keep]) {
-            ++keep;
-        }
-        keep = std::min(keep, prompt.size() - 1);  // the last prompt token is decoded again: its logits
-    }
+    size_t keep = detail::reusable_prefix(s.in_context, prompt, reuse_kv);
     if (!llama_memory_seq_rm(memory, slot, static_cast<llama_pos>(keep), -1)) {
         llama_memory_seq_rm(memory, slot, -1, -1);  // a recurrent state cannot be cut: afresh
         keep = 0;
@@ -205,13 +199,7 @@ BatchStep Engine::step_slots() {
     // bench's 40% cap.
     const bool chunk = out.n_decoding < out.n_sequences && d.streaming.streamer && d.memory && !d.rpc;
     if (chunk) {
-        detail::Streamer & streamer = *d.streaming.streamer;
-        const uint64_t budget = streamer.cache().budget();
-        const uint64_t made = d.memory->before_prompt(budget, streamer.pool_held_bytes(), n_tokens, d.config.ubatch);
-        if (made != budget) {
-            streamer.set_budget(made);
-        }
-        d.seam->begin_decode();
+        d.make_room_for_prompt(n_tokens);
     }
     const uint64_t faults0 = detail::major_faults();
     const auto t0 = Clock::now();
@@ -232,18 +220,7 @@ BatchStep Engine::step_slots() {
         throw;
     }
     if (chunk) {
-        detail::Streamer & streamer = *d.streaming.streamer;
-        std::vector<detail::Region> scratch;
-        for (const detail::RuntimeBuffer & buffer : d.seam->last_scratch()) {
-            scratch.push_back({buffer.data, buffer.size});
-        }
-        const uint64_t budget = streamer.cache().budget();
-        streamer.settle();
-        const uint64_t after = d.memory->after_prompt(budget, streamer.pool_held_bytes(), scratch);
-        if (after != budget) {
-            streamer.set_budget(after);
-        }
-        m.released_bytes = d.memory->released_bytes();
+        m.released_bytes = d.give_prompt_memory_back();
     }
     for (const Part & p : parts) {
         detail::Slot & s = d.slots[static_cast<size_t>(p.slot)];
