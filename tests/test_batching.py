@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
 from dataclasses import replace
-from http import client as http_client
 
 import pytest
 
@@ -17,7 +15,7 @@ from bmoe_edge.proof.batch_gate import BATCH_PROMPTS, check_batch, format_result
 from bmoe_edge.proof.gates import BASE
 from bmoe_edge.synthetic import tinymoe
 
-from test_serve import KEY, Server, start, stop
+from test_serve import KEY, Server, long_stream, start, stop
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -97,12 +95,7 @@ def test_four_clients_at_once_each_get_their_answer_alone_streamed_and_not() -> 
         assert 0 < m["bmoe_batch_union_expert_bytes_total"] < m["bmoe_batch_summed_expert_bytes_total"]
         # a client hanging up mid-stream frees its slot at once: the others' slots and the next request go on
         before = server.metrics()
-        host, port = server.url.removeprefix("http://").rsplit(":", 1)
-        conn = http_client.HTTPConnection(host, int(port), timeout=60)
-        body = json.dumps({"prompt": "Go", "max_tokens": 400, "temperature": 0, "stream": True})
-        conn.request("POST", "/v1/completions", body=body,
-                     headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
-        response = conn.getresponse()
+        conn, response = long_stream(server, timeout=60)
         assert response.status == 200
         response.readline()
         conn.close()

@@ -114,6 +114,16 @@ def server(model: Path) -> Iterator[Server]:
     stop(s)
 
 
+def long_stream(server: Server, timeout: float) -> tuple[http_client.HTTPConnection, http_client.HTTPResponse]:
+    """A streamed completion of up to 400 tokens, its response open: read what it needs, then hang up."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    conn = http_client.HTTPConnection(host, int(port), timeout=timeout)
+    body = json.dumps({"prompt": "Go", "max_tokens": 400, "temperature": 0, "stream": True})
+    conn.request("POST", "/v1/completions", body=body,
+                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    return conn, conn.getresponse()
+
+
 def post(server: Server, path: str, body: str | dict, key: str | None = KEY) -> Response:
     data = json.dumps(body) if isinstance(body, dict) else body
     headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
@@ -219,12 +229,7 @@ def test_a_full_queue_answers_429_and_a_client_that_hangs_up_is_cancelled(server
     statuses: list[int] = []
 
     def slow() -> None:
-        host, port = server.url.removeprefix("http://").rsplit(":", 1)
-        conn = http_client.HTTPConnection(host, int(port), timeout=120)
-        body = json.dumps({"prompt": "Go", "max_tokens": 400, "temperature": 0, "stream": True})
-        conn.request("POST", "/v1/completions", body=body,
-                     headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
-        r = conn.getresponse()
+        conn, r = long_stream(server, timeout=120)
         statuses.append(r.status)
         if r.status == 200:
             r.readline()  # the first event, then hang up

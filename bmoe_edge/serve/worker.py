@@ -206,11 +206,8 @@ class Worker:
                     continue
                 if job is None:
                     break
-                if job.cancelled.is_set():
-                    self.stats.cancelled += 1
+                if not self._runnable(job):
                     continue
-                if job.deliver is _kill:
-                    raise _Killed
                 self.stats.busy = True
                 self._running.add(job)
                 try:
@@ -253,6 +250,16 @@ class Worker:
             reason = self._thread_ended()
             scheduler.fail_all(BmoeError(f"the server cannot answer: {reason}"))
 
+    def _runnable(self, job: Job) -> bool:
+        """A job just taken from the queue runs now unless its client left meanwhile (counted); the test
+        hook's kill job ends the engine thread."""
+        if job.cancelled.is_set():
+            self.stats.cancelled += 1
+            return False
+        if job.deliver is _kill:
+            raise _Killed
+        return True
+
     def _admit(self) -> None:
         while len(self._running) < self.parallel:
             try:
@@ -262,11 +269,8 @@ class Worker:
             if job is None:
                 self.closing = True
                 return
-            if job.cancelled.is_set():
-                self.stats.cancelled += 1
+            if not self._runnable(job):
                 continue
-            if job.deliver is _kill:
-                raise _Killed
             self._running.add(job)
             self.stats.busy = True
             threading.Thread(target=self._serve_in_slot, args=(job,), name="bmoe-job", daemon=True).start()
