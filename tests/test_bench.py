@@ -219,6 +219,8 @@ def test_storage_classes_resolve_and_bad_ones_fail_cleanly(tmp_path: Path) -> No
     model.write_bytes(b"GGUF")
     assert_clean_error(run_cli("bench", "stream", "-m", str(model), "--ram-cap", "0", "--storage", "floppy"),
                        "is not a storage class", "rpi5-nvme-gen2")
+    assert_clean_error(run_cli("bench", "stream", "-m", str(model), "--ram-cap", "0", "--board", "abacus"),
+                       "unknown board profile 'abacus'")
     if Path("/dev/shm").is_dir():
         on_tmpfs = Path("/dev/shm") / f"storage-test-{os.getpid()}.gguf"
         on_tmpfs.write_bytes(b"GGUF")

@@ -109,6 +109,8 @@ def bench_stream_cmd(
     storage: Annotated[str, typer.Option("--storage", help="Throttle every cell's reads to a storage class "
                                          "(microsd, rpi5-nvme-gen2, ...), a board's storage (rpi5), MB/s[:IOPS], "
                                          "or native (the drive as it is).")] = "native",
+    board: Annotated[str | None, typer.Option("--board", help="The `defaults` cell runs this board's profile "
+                                              "(default: the board of --storage, else this machine's).")] = None,
 ) -> None:
     """Streamed vs llama.cpp mmap under a RAM cap, interleaved and repeated: CSVs, summary.md, plots."""
     from bmoe_edge.bench import campaign, layout, ramcap, results
@@ -117,14 +119,16 @@ def bench_stream_cmd(
     if host:
         fail("--host is not implemented yet: copy the model and run `bmoe-edge bench stream` on the board")
     target = storage_classes.parse_storage(storage, storage_targets())  # type: ignore[arg-type]
+    # A Pi 5 with its connector forced to Gen 3 runs the rpi5 profile at a class no shipped board extends.
+    board = board or (target.board if target else None)
+    defaults = _machine_defaults(tokens, board)
     model_layout = layout.gguf_layout(model)
     cap = ramcap.parse_cap(ram_cap, model_layout.file_bytes)
     matrix = campaign.default_cells(model_layout, cap, tokens=tokens, mmap_tokens=mmap_tokens or tokens,
                                     threads=threads,
                                     budgets_mb=[float(b) for b in budgets.split(",")] if budgets else None,
-                                    defaults=_machine_defaults(tokens, target.board if target else None),
-                                    long_prompts=_long_prompt_configs(tokens, target.board if target else None,
-                                                                      _lengths(long_prompts)))
+                                    defaults=defaults,
+                                    long_prompts=_long_prompt_configs(tokens, board, _lengths(long_prompts)))
     matrix = _only_cells(matrix, cells)
     campaign.stream_campaign(campaign.Campaign(model, out, cap, cap_method, matrix, repeats, io_seconds=io_seconds,
                                          routing_tokens=routing_tokens, storage=target))
