@@ -97,7 +97,9 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
                                      "cache_mb": low_mb, "prefetch": rival}))
     # The adaptive cache's point, one knob at a time (lanes, overlap, read-ahead): what `defaults` must
     # not lose to at a slow drive (the storage campaign, docs/benchmarks.md).
+    # 3 lanes: what `tune` picks at the Pi 5's Gen 2 and microSD classes, judged against the others.
     cells += [
+        stream("auto-overlap-od3", cache_mb="auto", overlap=True, io_threads=3),
         stream("auto-overlap-od2", cache_mb="auto", overlap=True, io_threads=2),
         stream("auto-overlap-od1", cache_mb="auto", overlap=True, io_threads=1),
         stream("auto-serial-od4", cache_mb="auto"),
