@@ -173,6 +173,26 @@ def bench_serve_cmd(
                          threads=threads, ctx=ctx, say=typer.echo)
 
 
+@bench_app.command("cache-sim")
+def bench_cache_sim_cmd(
+    trace: Annotated[list[Path], typer.Argument(help="Route traces (CSV) with their .json sidecars.")],
+    budget: Annotated[str, typer.Option("--budget-mib", help="Cache budgets to replay at, MiB (comma list).")] = "537",
+    out: Annotated[Path, typer.Option("--out", help="Output directory (cache-sim.csv, cache-sim.md).")] = Path("."),
+) -> None:
+    """Replay route traces against expert-cache policies offline: hit rate and bytes read per token."""
+    from bmoe_edge.bench import cache_sim
+
+    try:
+        budgets = [float(x) for x in budget.split(",") if x.strip()]
+    except ValueError:
+        fail(f"--budget-mib {budget!r}: a comma list of MiB")
+    for path in trace:
+        if not path.is_file() or not path.with_suffix(".json").is_file():
+            fail(f"{path}: a route trace and its .json sidecar (expert_bytes, n_expert) are needed")
+    rows = cache_sim.run(trace, budgets, out)
+    typer.echo(cache_sim.table(rows), nl=False)
+
+
 @bench_app.command("summary")
 def bench_summary_cmd(out: Annotated[Path, typer.Argument(help="A bench stream output directory.")]) -> None:
     """Rewrite summary.md, targets.json and the plots of a finished campaign."""
