@@ -34,14 +34,18 @@ def _trace(sequences: int, steps: int = 80, seed: int = 0, hot: int = 6) -> cs.T
 
 
 @pytest.mark.parametrize("sequences", [1, 4])
-def test_the_simulated_lru_is_the_engines_expert_cache(sequences: int) -> None:
+def test_the_simulated_policies_are_the_engines_expert_cache(sequences: int) -> None:
+    """lru with equal shares is the cache before issue 30 (ranking lru), lfu-mult-h32 with the rest of
+    the budget filled is the engine's default (ranking frequency), hit for hit."""
     trace = _trace(sequences)
-    budget = 5 * SIZE * LAYERS
-    shares = cs.equal_shares(trace, budget)
-    mine = cs.replay(trace, cs.Lru(), shares)
-    engine = cs.replay(trace, cs.Native(native.load().parts.ExpertCache, budget), shares)
-    assert shares == [5] * LAYERS
-    assert (mine.hits, mine.lookups, mine.bytes_read) == (engine.hits, engine.lookups, engine.bytes_read)
+    budget = 5 * SIZE * LAYERS + SIZE
+    factory = native.load().parts.ExpertCache
+    for mine, shares, ranking in ((cs.Lru(), cs.equal_shares(trace, budget), "lru"),
+                                  (cs.Lfu(32, mult=True), cs.filled_shares(trace, budget), "frequency")):
+        ours = cs.replay(trace, mine, shares)
+        engine = cs.replay(trace, cs.Native(factory, budget, ranking), shares)
+        assert (ours.hits, ours.lookups, ours.bytes_read) == (engine.hits, engine.lookups, engine.bytes_read)
+    assert cs.equal_shares(trace, budget) == [5] * LAYERS and cs.filled_shares(trace, budget) == [6, 5, 5]
 
 
 def test_belady_bounds_every_policy_and_frequency_beats_lru_on_a_batch() -> None:

@@ -328,27 +328,28 @@ class Belady(Policy):
 
 
 class Native(Policy):
-    """The engine's own ExpertCache through the bindings (the streamer's calls: touch or insert in
-    ascending order, then evict_over_budget of the next layer), to check the replay against it."""
+    """The engine's own ExpertCache through the bindings, called as the streamer calls it (a visit,
+    then touch with the step's uses or insert in ascending order, then the trim): the replay checked
+    against it. Its shares are its own (the ones given are not used)."""
 
-    name = "engine"
-
-    def __init__(self, factory: Callable[[int, list[int], list[int]], object], budget: int) -> None:
-        self.factory, self.budget = factory, budget
+    def __init__(self, factory: Callable[..., object], budget: int, ranking: str = "frequency") -> None:
+        self.factory, self.budget, self.ranking = factory, budget, ranking
+        self.name = f"engine-{ranking}"
 
     def start(self, trace: Trace, shares: Sequence[int]) -> None:
         super().start(trace, shares)
-        self.cache = self.factory(self.budget, list(trace.expert_bytes), [trace.n_expert] * trace.n_layer)
+        self.cache = self.factory(self.budget, list(trace.expert_bytes), [trace.n_expert] * trace.n_layer,
+                                  self.ranking)
         self.present: list[set[int]] = [set() for _ in shares]
-        self.hits_seen = 0
 
     def resident(self, layer: int) -> set[int]:
         return self.present[layer]
 
     def keep(self, layer: int, step: int, counts: Counter[int]) -> None:
         c = self.cache
+        c.visit(layer)  # type: ignore[attr-defined]
         for e in sorted(counts):
-            if not c.touch(layer, e):  # type: ignore[attr-defined]
+            if not c.touch(layer, e, counts[e]):  # type: ignore[attr-defined]
                 c.insert(layer, e)  # type: ignore[attr-defined]
             self.present[layer].add(e)
         for il, e in c.evict_over_budget(-1):  # type: ignore[attr-defined]
