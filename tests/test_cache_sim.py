@@ -79,3 +79,19 @@ def test_a_file_that_is_not_a_trace_is_refused_in_one_line(tmp_path: Path) -> No
     trace.with_suffix(".json").write_text("[1]")
     with pytest.raises(BmoeError, match="not a route trace"):
         cs.read_trace(trace)
+
+
+def test_the_cache_ab_twins_every_serve_cell_and_compares_each_with_its_own_one_client_cell() -> None:
+    from bmoe_edge.bench import serve_bench as sb
+
+    cells = sb.with_ab(sb.default_cells([1, 4], 0, 128), *sb.CACHE_AB)
+    assert [c.label for c in cells] == ["p1-c1", "p1-c1-lru", "p4-c1", "p4-c1-lru", "p4-c4", "p4-c4-lru",
+                                        "p1-c4", "p1-c4-lru"]
+    assert dict(cells[1].env) == {"BMOE_CACHE_POLICY": "lru"} and cells[0].env == ()
+
+    def cell(label: str, tok_s: float) -> dict[str, str]:
+        return {"model": "m", "repeat": "0", "cell": label, "aggregate_tok_s": str(tok_s), "long_prompt": "0",
+                "union_bytes": "0", "summed_bytes": "0", "first_ttft_s": "1", "last_ttft_s": "1"}
+
+    text = sb.summary([cell("p1-c1", 2.0), cell("p1-c1-lru", 1.0), cell("p4-c4", 3.0), cell("p4-c4-lru", 3.0)], [])
+    assert "| m | 0 | p4-c4 | 3.00 | 1.50 |" in text and "| m | 0 | p4-c4-lru | 3.00 | 3.00 |" in text

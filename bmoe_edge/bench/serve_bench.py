@@ -10,12 +10,13 @@ Cells are interleaved within each repeat (the machine is shared and noisy: compa
 from __future__ import annotations
 
 import csv
+import os
 import re
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ class ServeCell:
     clients: int
     long_prompt: int = 0      # a gap cell: the second client's prompt length, tokens
     chunk: int = 128
+    env: tuple[tuple[str, str], ...] = ()   # the server's extra environment (an A/B of a hidden switch)
 
 
 @dataclass
@@ -102,13 +104,22 @@ def default_cells(clients: list[int], long_prompt: int, chunk: int) -> list[Serv
     return cells
 
 
+# `--cache-ab`: every cell also with the expert cache as it was before issue 30 (LRU, equal shares).
+CACHE_AB = ("-lru", (("BMOE_CACHE_POLICY", "lru"),))
+
+
+def with_ab(cells: list[ServeCell], suffix: str, env: tuple[tuple[str, str], ...]) -> list[ServeCell]:
+    """Each cell, then its twin with `env` and the label + `suffix`: interleaved, so both see the same machine."""
+    return [c for cell in cells for c in (cell, replace(cell, label=cell.label + suffix, env=cell.env + env))]
+
+
 def _start(model: Path, cell: ServeCell, cap: ramcap.MemCap, threads: int, ctx: int,
            log: Path) -> tuple[subprocess.Popen, str, str]:
     args = [sys.executable, "-m", "bmoe_edge", "serve", "-m", str(model), "--port", "0", "-t", str(threads),
             "--ctx", str(ctx), "--parallel", str(cell.parallel), "--prefill-chunk", str(cell.chunk),
             "--queue", "16"]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=cap.preexec)
+                               preexec_fn=cap.preexec, env={**os.environ, **dict(cell.env)})
     assert process.stderr is not None
     deadline = time.monotonic() + 300
     seen = ""
@@ -275,15 +286,17 @@ def _texts(rows: list[Any]) -> list[dict[str, str]]:
 
 def summary(cells: list[dict[str, str]], clients: list[dict[str, str]]) -> str:
     """The findings table from cells.csv and clients.csv: per model and repeat, each cell against p1-c1 of
-    the same repeat (ratios within one run: the machine is noisy)."""
+    the same repeat (an A/B twin, `p4-c4-lru`, against `p1-c1-lru`; ratios within one run: the machine is
+    noisy)."""
     lines = ["| model | repeat | cell | aggregate tok/s | x p1-c1 | per-client tok/s | TTFT first-last s | "
              "union/summed | client 0 worst gap s |", "|---|---|---|---|---|---|---|---|---|"]
     by_run: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
     for c in cells:
         by_run.setdefault((c["model"], c["repeat"]), {})[c["cell"]] = c
     for (model, repeat), run in by_run.items():
-        base = float(run.get("p1-c1", {}).get("aggregate_tok_s", 0) or 0)
         for label, c in run.items():
+            twin = "".join("-" + p for p in label.split("-")[2:])   # an A/B twin's suffix: against its own p1-c1
+            base = float(run.get("p1-c1" + twin, {}).get("aggregate_tok_s", 0) or 0)
             mine = [r for r in clients if r["model"] == model and r["repeat"] == repeat and r["cell"] == label]
             per = [float(r["decode_tok_s"]) for r in mine if not (int(c["long_prompt"]) and r["client"] == "1")]
             gap = next((float(r["worst_gap_s"]) for r in mine if r["client"] == "0"), 0.0)

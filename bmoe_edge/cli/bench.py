@@ -156,6 +156,8 @@ def bench_serve_cmd(
     cells: Annotated[str | None, typer.Option("--cells", help="Only these labels (comma list).")] = None,
     cap_method: Annotated[str, typer.Option("--cap-method", help="auto, cgroup-v1, cgroup-v2, balloon.")] = "auto",
     out: Annotated[Path, typer.Option("--out", help="Output directory (cells.csv, clients.csv).")] = Path("bench-out"),
+    cache_ab: Annotated[bool, typer.Option("--cache-ab", hidden=True,
+                                           help="Each cell also with the LRU expert cache (label -lru).")] = False,
 ) -> None:
     """Concurrent streaming clients against a real `serve --parallel` under a RAM cap: tok/s, TTFT, union bytes."""
     from bmoe_edge.bench import serve_bench
@@ -167,6 +169,8 @@ def bench_serve_cmd(
     if not counts or min(counts) < 1:
         fail(f"--clients {clients!r}: at least one client")
     matrix = serve_bench.default_cells(counts, long_prompt, chunk)
+    if cache_ab:
+        matrix = serve_bench.with_ab(matrix, *serve_bench.CACHE_AB)
     matrix = _only_cells(matrix, cells)
     models = {m.stem: m for m in model}
     serve_bench.campaign(models, out, matrix, cap=ram_cap, cap_method=cap_method, tokens=tokens, repeats=repeats,
