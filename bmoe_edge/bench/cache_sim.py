@@ -483,7 +483,18 @@ def report(traces: dict[str, Trace], budgets: Sequence[int],
                     if kind != "equal" and not (p.name.startswith("lfu-mult") or p.name in ("lru", "belady", "static")):
                         continue
                     rows.append(_row(label, budget, kind, replay(trace, p, shares_of(trace, budget))))
+            frequency, lru = engine_policies(budget)
+            rows += [_row(label, budget, "engine", replay(trace, frequency, filled_shares(trace, budget))),
+                     _row(label, budget, "engine", replay(trace, lru, equal_shares(trace, budget)))]
     return rows
+
+
+def engine_policies(budget: int) -> list[Policy]:
+    """The engine's ExpertCache itself, both rankings (its own shares), to check the replay against."""
+    from bmoe_edge.engine import native
+
+    factory = native.load().parts.ExpertCache
+    return [Native(factory, budget, "frequency"), Native(factory, budget, "lru")]
 
 
 def table(rows: Sequence[dict[str, object]]) -> str:
