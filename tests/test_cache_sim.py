@@ -95,3 +95,39 @@ def test_the_cache_ab_twins_every_serve_cell_and_compares_each_with_its_own_one_
 
     text = sb.summary([cell("p1-c1", 2.0), cell("p1-c1-lru", 1.0), cell("p4-c4", 3.0), cell("p4-c4-lru", 3.0)], [])
     assert "| m | 0 | p4-c4 | 3.00 | 1.50 |" in text and "| m | 0 | p4-c4-lru | 3.00 | 3.00 |" in text
+
+
+def test_a_parallel_engines_route_trace_replays_to_its_own_hit_counts(tmp_path: Path) -> None:
+    """The engine's --route-trace of a --parallel run (a step per batch) fed to the replay at the engine's
+    budget gives exactly the hits and lookups the engine counted: the simulator is the engine's cache."""
+    from dataclasses import replace
+
+    from bmoe_edge.bench.layout import gguf_layout
+    from bmoe_edge.engine import Engine
+    from bmoe_edge.engine.batching import generate_together
+    from bmoe_edge.proof.batch_gate import BATCH_PROMPTS
+    from bmoe_edge.proof.gates import BASE
+    from bmoe_edge.synthetic import tinymoe
+
+    model = tinymoe.fixture("qwen3moe", "Q8_0")
+    layout = gguf_layout(model)
+    sizes = [0] * (1 + max(layout.layers()))
+    for il in layout.layers():
+        sizes[il] = layout.bytes_per_expert(il)
+    budget = 3 * sum(sizes) + sizes[0] + 1   # 3 a layer and one more for layer 0
+    trace = tmp_path / "t.csv"
+    config = replace(BASE, parallel=4, prefill_chunk=64, cache_mb=budget / 2**20, route_trace=str(trace))
+    with Engine(model, config) as engine:
+        # one-token prompts: every slot in every step, and no prompt chunk (a chunk's step lends the cache's
+        # memory to its compute buffers, which the replay does not model)
+        prompts = [engine.tokenize(p)[1:2] for p in BATCH_PROMPTS[:4]]
+        gens = generate_together(engine, prompts, 12)
+    assert all(g.stop_reason == "max_tokens" for g in gens)
+    trace.with_suffix(".json").write_text(json.dumps({"expert_bytes": sizes, "n_expert": layout.n_expert}))
+    steps = cs.read_trace(trace).steps
+    assert len(steps) == len(gens[0].metrics) == 12 and [s.tokens for s in steps] == [4] * 12
+    replayed = cs.replay(cs.Trace(steps, tuple(sizes), layout.n_expert), cs.Lfu(32, mult=True),
+                         cs.filled_shares(cs.Trace(steps, tuple(sizes), layout.n_expert), budget))
+    assert (replayed.hits, replayed.lookups) == (sum(m.cache_hits for m in gens[0].metrics),
+                                                  sum(m.cache_lookups for m in gens[0].metrics))
+    assert 0 < replayed.hits < replayed.lookups and sum(m.evictions for m in gens[0].metrics) > 0
