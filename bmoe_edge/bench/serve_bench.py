@@ -79,6 +79,9 @@ class CellRow:
     long_prompt_s: float = 0.0   # a gap cell: the long prompt's request, start to first token
     max_rss_bytes: int = 0
     cap_bytes: int = 0
+    bytes_read: float = 0.0       # the server's expert reads in the cell (the warm-up's not counted)
+    prefill_bytes_read: float = 0.0   # ... of them while decoding prompts
+    read_stall_s: float = 0.0
     note: str = ""
 
 
@@ -236,7 +239,8 @@ def run_cell(model: Path, label: str, cell: ServeCell, repeat: int, *, cap_bytes
                   delta("bmoe_batch_union_expert_bytes_total"), delta("bmoe_batch_summed_expert_bytes_total"),
                   after.get("bmoe_inter_token_gap_seconds_max", 0.0), cell.long_prompt,
                   (clients[1].times[0] - long_t0) if cell.long_prompt and clients[1].times else 0.0,
-                  result.max_usage_bytes, cap_bytes,
+                  result.max_usage_bytes, cap_bytes, delta("bmoe_expert_bytes_read_total"),
+                  delta("bmoe_prefill_bytes_read_total"), delta("bmoe_read_stall_seconds_total"),
                   "; ".join(x for x in (errors, result.note, f"{result.oom_kills} OOM kills" * bool(result.oom_kills))
                             if x))
     return row, rows
@@ -289,7 +293,7 @@ def summary(cells: list[dict[str, str]], clients: list[dict[str, str]]) -> str:
     the same repeat (an A/B twin, `p4-c4-lru`, against `p1-c1-lru`; ratios within one run: the machine is
     noisy)."""
     lines = ["| model | repeat | cell | aggregate tok/s | x p1-c1 | per-client tok/s | TTFT first-last s | "
-             "union/summed | client 0 worst gap s |", "|---|---|---|---|---|---|---|---|---|"]
+             "union/summed | MB read per decoded token | client 0 worst gap s |", "|---" * 10 + "|"]
     by_run: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
     for c in cells:
         by_run.setdefault((c["model"], c["repeat"]), {})[c["cell"]] = c
@@ -302,7 +306,12 @@ def summary(cells: list[dict[str, str]], clients: list[dict[str, str]]) -> str:
             gap = next((float(r["worst_gap_s"]) for r in mine if r["client"] == "0"), 0.0)
             agg = float(c["aggregate_tok_s"])
             share = float(c["union_bytes"]) / float(c["summed_bytes"]) if float(c["summed_bytes"]) else 0.0
+            # a client's first token comes from its prompt's step: the decodes are the rest, with the bytes
+            # read outside prompt steps
+            decoded = float(c.get("tokens", 0) or 0) - float(c.get("clients", 0) or 0)
+            decode_bytes = float(c.get("bytes_read", 0) or 0) - float(c.get("prefill_bytes_read", 0) or 0)
+            per_token = decode_bytes / decoded / 1e6 if decoded > 0 else 0.0
             lines.append(f"| {model} | {repeat} | {label} | {agg:.2f} | {agg / base if base else 0:.2f} | "
                          f"{min(per, default=0):.2f}-{max(per, default=0):.2f} | {float(c['first_ttft_s']):.1f}-"
-                         f"{float(c['last_ttft_s']):.1f} | {share:.2f} | {gap:.2f} |")
+                         f"{float(c['last_ttft_s']):.1f} | {share:.2f} | {per_token:.0f} | {gap:.2f} |")
     return "\n".join(lines) + "\n"
