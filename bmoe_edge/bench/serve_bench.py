@@ -79,9 +79,9 @@ class CellRow:
     long_prompt_s: float = 0.0   # a gap cell: the long prompt's request, start to first token
     max_rss_bytes: int = 0
     cap_bytes: int = 0
-    bytes_read: float = 0.0       # the server's expert reads in the cell (the warm-up's not counted)
-    prefill_bytes_read: float = 0.0   # ... of them while decoding prompts
-    read_stall_s: float = 0.0
+    bytes_read: float = 0.0       # the server's expert reads in the cell, each step once (warm-up not counted)
+    decode_bytes_read: float = 0.0    # ... of its decode-only steps (--parallel > 1; 0 for one at a time)
+    read_stall_s: float = 0.0     # summed over the requests (a shared step's once per sequence in it)
     note: str = ""
 
 
@@ -239,8 +239,11 @@ def run_cell(model: Path, label: str, cell: ServeCell, repeat: int, *, cap_bytes
                   delta("bmoe_batch_union_expert_bytes_total"), delta("bmoe_batch_summed_expert_bytes_total"),
                   after.get("bmoe_inter_token_gap_seconds_max", 0.0), cell.long_prompt,
                   (clients[1].times[0] - long_t0) if cell.long_prompt and clients[1].times else 0.0,
-                  result.max_usage_bytes, cap_bytes, delta("bmoe_expert_bytes_read_total"),
-                  delta("bmoe_prefill_bytes_read_total"), delta("bmoe_read_stall_seconds_total"),
+                  result.max_usage_bytes, cap_bytes,
+                  delta("bmoe_batch_bytes_read_total") if cell.parallel > 1 else delta("bmoe_expert_bytes_read_total"),
+                  delta("bmoe_batch_decode_bytes_read_total") if cell.parallel > 1
+                  else delta("bmoe_expert_bytes_read_total") - delta("bmoe_prefill_bytes_read_total"),
+                  delta("bmoe_read_stall_seconds_total"),
                   "; ".join(x for x in (errors, result.note, f"{result.oom_kills} OOM kills" * bool(result.oom_kills))
                             if x))
     return row, rows
@@ -306,11 +309,10 @@ def summary(cells: list[dict[str, str]], clients: list[dict[str, str]]) -> str:
             gap = next((float(r["worst_gap_s"]) for r in mine if r["client"] == "0"), 0.0)
             agg = float(c["aggregate_tok_s"])
             share = float(c["union_bytes"]) / float(c["summed_bytes"]) if float(c["summed_bytes"]) else 0.0
-            # a client's first token comes from its prompt's step: the decodes are the rest, with the bytes
-            # read outside prompt steps
+            # a client's first token comes from its prompt's step: the decodes are the rest (a step where a
+            # client is still in its prompt decodes the others' tokens too: an approximation there)
             decoded = float(c.get("tokens", 0) or 0) - float(c.get("clients", 0) or 0)
-            decode_bytes = float(c.get("bytes_read", 0) or 0) - float(c.get("prefill_bytes_read", 0) or 0)
-            per_token = decode_bytes / decoded / 1e6 if decoded > 0 else 0.0
+            per_token = float(c.get("decode_bytes_read", 0) or 0) / decoded / 1e6 if decoded > 0 else 0.0
             lines.append(f"| {model} | {repeat} | {label} | {agg:.2f} | {agg / base if base else 0:.2f} | "
                          f"{min(per, default=0):.2f}-{max(per, default=0):.2f} | {float(c['first_ttft_s']):.1f}-"
                          f"{float(c['last_ttft_s']):.1f} | {share:.2f} | {per_token:.0f} | {gap:.2f} |")
