@@ -19,8 +19,10 @@ PAGE = os.sysconf("SC_PAGESIZE")
 
 # --- the cache policy -------------------------------------------------------------------------
 
-def _cache(budget_experts_per_layer: float, layers: int = 4, n_expert: int = 16, size: int = 100):
-    return T.ExpertCache(int(budget_experts_per_layer * layers * size), [size] * layers, [n_expert] * layers)
+def _cache(budget_experts_per_layer: float, layers: int = 4, n_expert: int = 16, size: int = 100,
+           ranking: str = "frequency"):
+    return T.ExpertCache(int(budget_experts_per_layer * layers * size), [size] * layers, [n_expert] * layers,
+                         ranking)
 
 
 def test_the_budget_becomes_an_equal_share_of_experts_per_layer() -> None:
@@ -33,7 +35,7 @@ def test_the_budget_becomes_an_equal_share_of_experts_per_layer() -> None:
 
 
 def test_lru_within_a_layer_and_the_pinned_layer_is_never_a_victim() -> None:
-    c = _cache(2)
+    c = _cache(2, ranking="lru")  # the cache before issue 30 (frequency: native/tests/test_expert_cache.cpp)
     for e in (1, 2, 3):
         c.insert(0, e)
     assert c.evict_over_budget(0) == []  # layer 0 is being computed

@@ -10,12 +10,13 @@ Cells are interleaved within each repeat (the machine is shared and noisy: compa
 from __future__ import annotations
 
 import csv
+import os
 import re
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ class ServeCell:
     clients: int
     long_prompt: int = 0      # a gap cell: the second client's prompt length, tokens
     chunk: int = 128
+    env: tuple[tuple[str, str], ...] = ()   # the server's extra environment (an A/B of a hidden switch)
 
 
 @dataclass
@@ -77,6 +79,9 @@ class CellRow:
     long_prompt_s: float = 0.0   # a gap cell: the long prompt's request, start to first token
     max_rss_bytes: int = 0
     cap_bytes: int = 0
+    bytes_read: float = 0.0       # the server's expert reads in the cell, each step once (warm-up not counted)
+    decode_bytes_read: float = 0.0    # ... of its decode-only steps (--parallel > 1; 0 for one at a time)
+    read_stall_s: float = 0.0     # summed over the requests (a shared step's once per sequence in it)
     note: str = ""
 
 
@@ -102,13 +107,22 @@ def default_cells(clients: list[int], long_prompt: int, chunk: int) -> list[Serv
     return cells
 
 
+# `--cache-ab`: every cell also with the expert cache as it was before issue 30 (LRU, equal shares).
+CACHE_AB = ("-lru", (("BMOE_CACHE_POLICY", "lru"),))
+
+
+def with_ab(cells: list[ServeCell], suffix: str, env: tuple[tuple[str, str], ...]) -> list[ServeCell]:
+    """Each cell, then its twin with `env` and the label + `suffix`: interleaved, so both see the same machine."""
+    return [c for cell in cells for c in (cell, replace(cell, label=cell.label + suffix, env=cell.env + env))]
+
+
 def _start(model: Path, cell: ServeCell, cap: ramcap.MemCap, threads: int, ctx: int,
            log: Path) -> tuple[subprocess.Popen, str, str]:
     args = [sys.executable, "-m", "bmoe_edge", "serve", "-m", str(model), "--port", "0", "-t", str(threads),
             "--ctx", str(ctx), "--parallel", str(cell.parallel), "--prefill-chunk", str(cell.chunk),
             "--queue", "16"]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=cap.preexec)
+                               preexec_fn=cap.preexec, env={**os.environ, **dict(cell.env)})
     assert process.stderr is not None
     deadline = time.monotonic() + 300
     seen = ""
@@ -226,6 +240,10 @@ def run_cell(model: Path, label: str, cell: ServeCell, repeat: int, *, cap_bytes
                   after.get("bmoe_inter_token_gap_seconds_max", 0.0), cell.long_prompt,
                   (clients[1].times[0] - long_t0) if cell.long_prompt and clients[1].times else 0.0,
                   result.max_usage_bytes, cap_bytes,
+                  delta("bmoe_batch_bytes_read_total") if cell.parallel > 1 else delta("bmoe_expert_bytes_read_total"),
+                  delta("bmoe_batch_decode_bytes_read_total") if cell.parallel > 1
+                  else delta("bmoe_expert_bytes_read_total") - delta("bmoe_prefill_bytes_read_total"),
+                  delta("bmoe_read_stall_seconds_total"),
                   "; ".join(x for x in (errors, result.note, f"{result.oom_kills} OOM kills" * bool(result.oom_kills))
                             if x))
     return row, rows
@@ -275,21 +293,27 @@ def _texts(rows: list[Any]) -> list[dict[str, str]]:
 
 def summary(cells: list[dict[str, str]], clients: list[dict[str, str]]) -> str:
     """The findings table from cells.csv and clients.csv: per model and repeat, each cell against p1-c1 of
-    the same repeat (ratios within one run: the machine is noisy)."""
+    the same repeat (an A/B twin, `p4-c4-lru`, against `p1-c1-lru`; ratios within one run: the machine is
+    noisy)."""
     lines = ["| model | repeat | cell | aggregate tok/s | x p1-c1 | per-client tok/s | TTFT first-last s | "
-             "union/summed | client 0 worst gap s |", "|---|---|---|---|---|---|---|---|---|"]
+             "union/summed | MB read per decoded token | client 0 worst gap s |", "|---" * 10 + "|"]
     by_run: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
     for c in cells:
         by_run.setdefault((c["model"], c["repeat"]), {})[c["cell"]] = c
     for (model, repeat), run in by_run.items():
-        base = float(run.get("p1-c1", {}).get("aggregate_tok_s", 0) or 0)
         for label, c in run.items():
+            twin = "".join("-" + p for p in label.split("-")[2:])   # an A/B twin's suffix: against its own p1-c1
+            base = float(run.get("p1-c1" + twin, {}).get("aggregate_tok_s", 0) or 0)
             mine = [r for r in clients if r["model"] == model and r["repeat"] == repeat and r["cell"] == label]
             per = [float(r["decode_tok_s"]) for r in mine if not (int(c["long_prompt"]) and r["client"] == "1")]
             gap = next((float(r["worst_gap_s"]) for r in mine if r["client"] == "0"), 0.0)
             agg = float(c["aggregate_tok_s"])
             share = float(c["union_bytes"]) / float(c["summed_bytes"]) if float(c["summed_bytes"]) else 0.0
+            # a client's first token comes from its prompt's step: the decodes are the rest (a step where a
+            # client is still in its prompt decodes the others' tokens too: an approximation there)
+            decoded = float(c.get("tokens", 0) or 0) - float(c.get("clients", 0) or 0)
+            per_token = float(c.get("decode_bytes_read", 0) or 0) / decoded / 1e6 if decoded > 0 else 0.0
             lines.append(f"| {model} | {repeat} | {label} | {agg:.2f} | {agg / base if base else 0:.2f} | "
                          f"{min(per, default=0):.2f}-{max(per, default=0):.2f} | {float(c['first_ttft_s']):.1f}-"
-                         f"{float(c['last_ttft_s']):.1f} | {share:.2f} | {gap:.2f} |")
+                         f"{float(c['last_ttft_s']):.1f} | {share:.2f} | {per_token:.0f} | {gap:.2f} |")
     return "\n".join(lines) + "\n"

@@ -160,6 +160,8 @@ def bench_serve_cmd(
     cells: Annotated[str | None, typer.Option("--cells", help="Only these labels (comma list).")] = None,
     cap_method: Annotated[str, typer.Option("--cap-method", help="auto, cgroup-v1, cgroup-v2, balloon.")] = "auto",
     out: Annotated[Path, typer.Option("--out", help="Output directory (cells.csv, clients.csv).")] = Path("bench-out"),
+    cache_ab: Annotated[bool, typer.Option("--cache-ab", hidden=True,
+                                           help="Each cell also with the LRU expert cache (label -lru).")] = False,
 ) -> None:
     """Concurrent streaming clients against a real `serve --parallel` under a RAM cap: tok/s, TTFT, union bytes."""
     from bmoe_edge.bench import serve_bench
@@ -171,10 +173,32 @@ def bench_serve_cmd(
     if not counts or min(counts) < 1:
         fail(f"--clients {clients!r}: at least one client")
     matrix = serve_bench.default_cells(counts, long_prompt, chunk)
+    if cache_ab:
+        matrix = serve_bench.with_ab(matrix, *serve_bench.CACHE_AB)
     matrix = _only_cells(matrix, cells)
     models = {m.stem: m for m in model}
     serve_bench.campaign(models, out, matrix, cap=ram_cap, cap_method=cap_method, tokens=tokens, repeats=repeats,
                          threads=threads, ctx=ctx, say=typer.echo)
+
+
+@bench_app.command("cache-sim")
+def bench_cache_sim_cmd(
+    trace: Annotated[list[Path], typer.Argument(help="Route traces (CSV) with their .json sidecars.")],
+    budget: Annotated[str, typer.Option("--budget-mib", help="Cache budgets to replay at, MiB (comma list).")] = "537",
+    out: Annotated[Path, typer.Option("--out", help="Output directory (cache-sim.csv, cache-sim.md).")] = Path("."),
+) -> None:
+    """Replay route traces against expert-cache policies offline: hit rate and bytes read per token."""
+    from bmoe_edge.bench import cache_sim
+
+    try:
+        budgets = [float(x) for x in budget.split(",") if x.strip()]
+    except ValueError:
+        fail(f"--budget-mib {budget!r}: a comma list of MiB")
+    for path in trace:
+        if not path.is_file() or not path.with_suffix(".json").is_file():
+            fail(f"{path}: a route trace and its .json sidecar (expert_bytes, n_expert) are needed")
+    rows = cache_sim.run(trace, budgets, out)
+    typer.echo(cache_sim.table(rows), nl=False)
 
 
 @bench_app.command("summary")

@@ -45,6 +45,11 @@ def prometheus(stats: Stats, queue_depth: int, rejected: int, batch: BatchStats 
          "they routed to (each read at most once for all sequences).", batch.union_bytes),
         ("bmoe_batch_summed_expert_bytes_total", "counter", "... and what their sequences route to each alone.",
          batch.summed_bytes),
+        ("bmoe_batch_bytes_read_total", "counter", "Bytes read by the batched decodes, each step once "
+         "(bmoe_expert_bytes_read_total adds a shared step's reads to each request it gave a token).",
+         batch.bytes_read),
+        ("bmoe_batch_decode_bytes_read_total", "counter", "... by the decode-only ones (no prompt chunk).",
+         batch.decode_bytes_read),
         ("bmoe_inter_token_gap_seconds_max", "gauge", "The longest wait of any stream between two of its tokens "
          "since start (a long prompt beside it takes a chunk a step).", batch.worst_gap_seconds),
     ]

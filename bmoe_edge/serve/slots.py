@@ -32,6 +32,8 @@ class BatchStats:
     max_batch_sequences: int = 0
     union_bytes: int = 0         # decode-only steps: the distinct experts each batch routed to ...
     summed_bytes: int = 0        # ... and what its sequences route to each alone
+    bytes_read: int = 0          # every batched step's reads, once (a request's own metrics are its steps',
+    decode_bytes_read: int = 0   # shared with the others in them); ... of the decode-only steps
     worst_gap_seconds: float = 0.0   # the longest wait of any stream between two of its tokens
     last_gap_seconds: float = 0.0    # ... the longest in the last step
 
@@ -256,6 +258,9 @@ class Scheduler:
         s.batch_tokens += info.n_tokens
         s.last_batch_sequences = info.n_sequences
         s.max_batch_sequences = max(s.max_batch_sequences, info.n_sequences)
+        s.bytes_read += info.bytes_read
+        if info.n_decoding == info.n_sequences:
+            s.decode_bytes_read += info.bytes_read
         if info.summed_bytes:
             s.union_bytes += info.union_bytes
             s.summed_bytes += info.summed_bytes

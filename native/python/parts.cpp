@@ -36,9 +36,18 @@ void bind_parts(nb::module_ & parent) {
     nb::module_ m = parent.def_submodule("parts", "the engine's rooms, bound for bench and unit tests");
 
     nb::class_<ExpertCache>(m, "ExpertCache")
-        .def(nb::init<uint64_t, std::vector<uint64_t>, std::vector<int>>(), nb::arg("budget_bytes"),
-             nb::arg("expert_bytes"), nb::arg("n_expert"))
-        .def("touch", [](ExpertCache & c, int layer, int expert) { return c.touch({layer, expert}); })
+        .def("__init__",
+             [](ExpertCache * c, uint64_t budget, std::vector<uint64_t> bytes, std::vector<int> n, const std::string & ranking) {
+                 if (ranking != "frequency" && ranking != "lru") {
+                     throw bmoe::Error("ranking is frequency or lru, not " + ranking);
+                 }
+                 new (c) ExpertCache(budget, std::move(bytes), std::move(n),
+                                     ranking == "lru" ? Ranking::Lru : Ranking::Frequency);
+             },
+             nb::arg("budget_bytes"), nb::arg("expert_bytes"), nb::arg("n_expert"), nb::arg("ranking") = "frequency")
+        .def("visit", &ExpertCache::visit)
+        .def("touch", [](ExpertCache & c, int layer, int expert, int uses) { return c.touch({layer, expert}, uses); },
+             nb::arg("layer"), nb::arg("expert"), nb::arg("uses") = 1)
         .def("insert", [](ExpertCache & c, int layer, int expert) { c.insert({layer, expert}); })
         .def("evict_over_budget",
              [](ExpertCache & c, int pinned) {
@@ -51,6 +60,7 @@ void bind_parts(nb::module_ & parent) {
         .def("evict_layer", &ExpertCache::evict_layer)
         .def("set_budget", &ExpertCache::set_budget)
         .def_prop_ro("per_layer", &ExpertCache::per_layer)
+        .def("share", &ExpertCache::share)
         .def_prop_ro("resident_bytes", &ExpertCache::resident_bytes)
         .def("__len__", &ExpertCache::size);
 

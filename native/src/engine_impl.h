@@ -106,6 +106,7 @@ struct Engine::Impl {
     };
     std::deque<Verified> accepted_outputs;
     std::vector<detail::Slot> slots;  // --parallel's sequences (sequences.cpp); empty until the first slot_begin
+    int slot_steps = 0;               // step_slots' calls so far: the route trace's step numbers of a batch
     bool want_logits = false;
     int n_logprobs = -1;                    // sampling.logprobs of this generation (-1: none)
     bool greedy = true;                     // speculation only where it cannot change the tokens

@@ -4,6 +4,8 @@
 // `predicted`: with --prefetch, the experts guessed for this layer before its router ran (for the
 // whole batch: their union), empty otherwise.
 // `step` is the engine's decode step (0 = the prompt), `pos` the token's position in the context.
+// A --parallel step (step_slots) is numbered by its call since the engine opened, and `pos` is the
+// token's index in that step's batch (the decoding slots' tokens first, in slot order, then a prompt chunk).
 // In a model's last layer llama.cpp computes only the tokens whose logits are wanted: a prompt's
 // last layer has one row (its last token); a speculative step's has all of them.
 // The file is opened when the engine starts (a path that cannot be written fails there, before

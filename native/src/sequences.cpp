@@ -210,8 +210,15 @@ BatchStep Engine::step_slots() {
         m.read_ahead = d.prefetch->reads_ahead();
         d.seam->set_reading_ahead(m.read_ahead);
     }
+    if (d.route_trace) {
+        d.route_trace->begin_step(d.slot_steps);
+    }
+    ++d.slot_steps;
     try {
         d.run_decode(0, n_tokens, [&] { return llama_decode(d.ctx.get(), b.batch); });
+        if (d.route_trace) {
+            d.route_trace->end_step();
+        }
     } catch (...) {
         // Keys and values of a half-decoded batch: nobody can vouch for them, in any slot.
         llama_memory_clear(llama_get_memory(d.ctx.get()), true);

@@ -54,7 +54,8 @@ std::vector<int> experts_by_layer(const std::vector<StreamedTensor> & tensors) {
 Streamer::Streamer(std::vector<StreamedTensor> tensors, std::vector<SliceFile *> files, std::vector<Mirror *> mirrors,
                    PagePool & pool, ReadLanes & lanes, int compute_threads, double io_timeout_s)
     : tensors_(std::move(tensors)), files_(std::move(files)), mirrors_(std::move(mirrors)), pool_(pool),
-      cache_(0, expert_bytes_by_layer(tensors_), experts_by_layer(tensors_)), lanes_(lanes),
+      cache_(0, expert_bytes_by_layer(tensors_), experts_by_layer(tensors_), ExpertCache::ranking_from_env()),
+      lanes_(lanes),
       compute_threads_(std::max(1, compute_threads)), io_timeout_s_(io_timeout_s) {
     int max_layer = -1;
     for (const auto & t : tensors_) {
@@ -147,6 +148,15 @@ std::vector<int> Streamer::admit(int layer, const std::vector<int> & routed, std
                                  std::vector<int> & adopted) {
     experts = routed;
     std::sort(experts.begin(), experts.end());
+    // How many of the batch's tokens routed to each: the cache counts an expert several sequences share
+    // for each of them.
+    std::vector<int> uses;
+    for (size_t i = 0; i < experts.size(); ++i) {
+        if (i == 0 || experts[i] != experts[i - 1]) {
+            uses.push_back(0);
+        }
+        ++uses.back();
+    }
     experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
     const int n_expert = tensors_[by_layer_[static_cast<size_t>(layer)].front()].n_expert;
     if (!experts.empty() && (experts.front() < 0 || experts.back() >= n_expert)) {
@@ -159,12 +169,14 @@ std::vector<int> Streamer::admit(int layer, const std::vector<int> & routed, std
     }
     std::vector<int> missing;
     adopted.clear();
-    for (int e : experts) {
+    cache_.visit(layer);
+    for (size_t i = 0; i < experts.size(); ++i) {
+        const int e = experts[i];
         ++counters_.lookups;
         if (routed_.insert((static_cast<uint64_t>(layer) << 32) | static_cast<uint32_t>(e)).second) {
             counters_.routed_bytes += bytes_per_expert(layer);
         }
-        if (cache_.touch({layer, e})) {
+        if (cache_.touch({layer, e}, uses[i])) {
             ++counters_.hits;
         } else if (staged(layer, e)) {
             adopted.push_back(e);  // mapped and read (or reading) ahead: it holds its slices already
