@@ -35,6 +35,28 @@ struct AllLogitsBatch {
     AllLogitsBatch & operator=(const AllLogitsBatch &) = delete;
 };
 
+// A batch's compute threads for one scope (a long prompt's: every core), the decode's again after it.
+class PromptThreads {
+public:
+    PromptThreads(llama_context * ctx, int decode_threads, int batch_threads)
+        : ctx_(batch_threads != decode_threads ? ctx : nullptr), decode_threads_(decode_threads) {
+        if (ctx_ != nullptr) {
+            llama_set_n_threads(ctx_, decode_threads, batch_threads);
+        }
+    }
+    ~PromptThreads() {
+        if (ctx_ != nullptr) {
+            llama_set_n_threads(ctx_, decode_threads_, decode_threads_);
+        }
+    }
+    PromptThreads(const PromptThreads &) = delete;
+    PromptThreads & operator=(const PromptThreads &) = delete;
+
+private:
+    llama_context * ctx_;
+    int decode_threads_;
+};
+
 std::string logits_of(llama_context * ctx, const llama_vocab * vocab, int32_t index) {
     const float * logits = llama_get_logits_ith(ctx, index);
     return {reinterpret_cast<const char *>(logits), static_cast<size_t>(llama_vocab_n_tokens(vocab)) * sizeof(float)};
@@ -181,9 +203,11 @@ void Engine::Impl::run_decode(int first_pos, int n, const std::function<int()> &
 
 void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
     try {
+        // In calls of at most the ubatch a prompt affords where that is less than the context's (size_cache).
+        const int per_call = prompt_ubatch < config.ubatch ? std::min(config.batch, prompt_ubatch) : config.batch;
         for (size_t done = 0; done < tokens.size();) {
             const auto n =
-                static_cast<int32_t>(std::min<size_t>(tokens.size() - done, static_cast<size_t>(config.batch)));
+                static_cast<int32_t>(std::min<size_t>(tokens.size() - done, static_cast<size_t>(per_call)));
             const auto first = static_cast<llama_pos>(in_context.size());
             run_decode(first, n, [&] {
                 if (all_logits) {
@@ -490,7 +514,9 @@ bool Engine::next(StepResult & out) {
 void Engine::Impl::make_room_for_prompt(int n_tokens) {
     detail::Streamer & streamer = *streaming.streamer;
     const uint64_t budget = streamer.cache().budget();
-    const uint64_t room = memory->before_prompt(budget, streamer.pool_held_bytes(), n_tokens, config.ubatch);
+    // A prompt decoded in ubatches of prompt_ubatch writes that share of the compute buffers (made for ubatch).
+    const uint64_t room = memory->before_prompt(budget, streamer.pool_held_bytes(), std::min(n_tokens, prompt_ubatch),
+                                                config.ubatch);
     if (room != budget) {
         streamer.set_budget(room);
     }
@@ -564,7 +590,13 @@ bool Engine::Impl::step_once(StepResult & out) {
     if (prompt) {
         d.make_room_for_prompt(static_cast<int>(batch.size()));
     }
-    d.decode(batch, !draft.empty());
+    // A long prompt computes on every core (create_context says why); a decode's few tokens wait on their
+    // reads, and there a spinning compute thread per core starves the lanes.
+    const bool all_cores = d.pending.size() >= static_cast<size_t>(Impl::kPromptAllCoresTokens);
+    {
+        const PromptThreads threads(d.ctx.get(), d.decode_threads, all_cores ? d.prompt_threads : d.decode_threads);
+        d.decode(batch, !draft.empty());
+    }
     if (prompt) {
         out.metrics.released_bytes = d.give_prompt_memory_back();
     }
