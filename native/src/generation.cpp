@@ -7,6 +7,7 @@
 
 #include "bmoe/error.h"
 #include "engine_impl.h"
+#include "llama_runtime.h"
 #include "ngram_draft.h"
 #include "telemetry.h"
 
@@ -33,28 +34,6 @@ struct AllLogitsBatch {
     ~AllLogitsBatch() { llama_batch_free(batch); }
     AllLogitsBatch(const AllLogitsBatch &) = delete;
     AllLogitsBatch & operator=(const AllLogitsBatch &) = delete;
-};
-
-// A batch's compute threads for one scope (a long prompt's: every core), the decode's again after it.
-class PromptThreads {
-public:
-    PromptThreads(llama_context * ctx, int decode_threads, int batch_threads)
-        : ctx_(batch_threads != decode_threads ? ctx : nullptr), decode_threads_(decode_threads) {
-        if (ctx_ != nullptr) {
-            llama_set_n_threads(ctx_, decode_threads, batch_threads);
-        }
-    }
-    ~PromptThreads() {
-        if (ctx_ != nullptr) {
-            llama_set_n_threads(ctx_, decode_threads_, decode_threads_);
-        }
-    }
-    PromptThreads(const PromptThreads &) = delete;
-    PromptThreads & operator=(const PromptThreads &) = delete;
-
-private:
-    llama_context * ctx_;
-    int decode_threads_;
 };
 
 std::string logits_of(llama_context * ctx, const llama_vocab * vocab, int32_t index) {
@@ -594,7 +573,7 @@ bool Engine::Impl::step_once(StepResult & out) {
     // reads, and there a spinning compute thread per core starves the lanes.
     const bool all_cores = d.pending.size() >= static_cast<size_t>(Impl::kPromptAllCoresTokens);
     {
-        const PromptThreads threads(d.ctx.get(), d.decode_threads, all_cores ? d.prompt_threads : d.decode_threads);
+        const detail::BatchThreads threads(d.ctx.get(), d.decode_threads, all_cores ? d.prompt_threads : d.decode_threads);
         d.decode(batch, !draft.empty());
     }
     if (prompt) {
