@@ -96,7 +96,10 @@ def test_fitting_never_grows_a_setting_and_keeps_what_was_given() -> None:
 
     table = StreamConfig()
     long_prompt = "x" * 5000
-    assert runner.fit_to_job(table, long_prompt, 4000) == table
+    # A long prompt in one ubatch up to the table's context (each ubatch reads the routed experts again).
+    fitted = runner.fit_to_job(table, long_prompt, 4000)
+    assert (fitted.ctx, fitted.batch, fitted.ubatch) == (table.ctx, table.ctx, table.ctx)
+    assert runner.fit_to_job(table, 700, 64).ubatch == 704
     short = runner.fit_to_job(table, "Hi", 8)
     assert (short.ctx, short.batch, short.ubatch) == (256, 64, 64)
     kept = runner.fit_to_job(StreamConfig(ctx=1024, batch=256, ubatch=128), "Hi", 8, fixed={"ctx", "ubatch"})

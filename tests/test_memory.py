@@ -72,19 +72,40 @@ def _run_in(cg: Path, limit: int, body: str, *args: str, timeout: float = 300) -
 
 def test_a_limit_too_small_for_the_model_is_one_error_before_decoding(cgroup: Path) -> None:
     model = tinymoe.fixture("qwen3moe", "Q8_0")
-    # A large batch allocates ~500 MiB of compute buffer that the warm-up has not touched yet.
+    # A large batch allocates ~500 MiB of compute buffer that the warm-up has not touched yet. With the cache
+    # off nothing can make room for a prompt's: an error. With auto, prompts are decoded in the ubatch the
+    # limit affords (a prompt's compute buffers are written only while it is decoded, the cache emptied then),
+    # and the run info says which: a resident reference must use it too.
     body = """
-        c = n.StreamConfig(); c.cache_mb = -1; c.threads = 1; c.ctx = 4096; c.batch = 4096; c.ubatch = 4096
         try:
-            n.Engine(sys.argv[2], c)
-        except n.EngineError as e:
+            from bmoe_edge.engine.session import Engine
+            from bmoe_edge.engine.settings import StreamConfig
+            cache = float(sys.argv[3]) if sys.argv[3] != "auto" else "auto"
+            cfg = StreamConfig(cache_mb=cache, threads=1, ctx=4096, batch=4096, ubatch=4096)
+            with Engine(sys.argv[2], cfg) as e:
+                r = e.run(" ".join(f"Line {i}: the fox met the sailor." for i in range(60)), 4)
+                print("OPEN", e.run_info["ubatch"], r.tokens, e.run_info["warning"])
+        except Exception as e:
             print("ERROR", e)
     """
-    out = _run_in(cgroup, 200 * MiB, body, str(model))
+    out = _run_in(cgroup, 200 * MiB, body, str(model), "0")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("ERROR the memory limit of cgroup v1 "), out.stdout
     assert "too small for this model: it needs" in out.stdout and "lower --ctx/--batch" in out.stdout
+    auto = _run_in(cgroup, 200 * MiB, body, str(model), "auto")
+    assert auto.returncode == 0, auto.stderr
+    assert auto.stdout.startswith("OPEN "), auto.stdout
+    ubatch = int(auto.stdout.split()[1])
+    assert 64 <= ubatch < 4096 and f"prompts are decoded in ubatches of {ubatch} tokens" in auto.stdout
     assert _oom_kills(cgroup) == 0
+    # The prompt (more than one such ubatch) decodes under the limit, its tokens those of a resident run
+    # at that ubatch.
+    from bmoe_edge.engine.session import Engine
+    from bmoe_edge.engine.settings import StreamConfig
+    resident = StreamConfig(stream=False, threads=1, ctx=4096, batch=4096, ubatch=ubatch)
+    with Engine(model, resident) as e:
+        tokens = e.run(" ".join(f"Line {i}: the fox met the sailor." for i in range(60)), 4).tokens
+    assert str(tokens) in auto.stdout, (auto.stdout, tokens)
 
 
 def test_auto_sizes_the_cache_from_the_cgroup_limit_not_the_machine(cgroup: Path) -> None:

@@ -33,9 +33,12 @@ def fit_to_job(config: StreamConfig, prompt: str | int, max_tokens: int, fixed: 
     past the table's value. `prompt`: its text, or its token count where that is known (a benchmark's prompt of
     N tokens).
 
-    A long prompt keeps the batch it is decoded in (up to 512): the compute buffers that batch writes go back
-    to the expert cache once the prompt is in (docs/memory.md), and fewer ubatches read the routed experts
-    fewer times."""
+    A long prompt is decoded in one ubatch up to the table's context (2048 tokens), not the table's 512: each
+    ubatch of a long prompt routes to nearly every expert of every layer, so four ubatches of a 2,048-token
+    prompt read its experts 3.4 times over (docs/bench-data/2026-12-02/long-prompt). The compute buffers
+    that ubatch writes are the cache's except while the prompt is decoded (docs/memory.md), and where the
+    memory limit cannot hold them the engine decodes the prompt in the ubatch it can (its run info's
+    `ubatch`)."""
     exact = isinstance(prompt, int)
     prompt_tokens = prompt if exact else len(prompt.encode("utf-8")) + 8
     drafts = config.draft_max + 1
@@ -45,11 +48,13 @@ def fit_to_job(config: StreamConfig, prompt: str | int, max_tokens: int, fixed: 
         # bound from bytes does not (it can be four times the tokens, and the KV cache is written whole).
         needed = _align_up(prompt_tokens + max_tokens + drafts, 256)
         sized["ctx"] = needed if exact else min(config.ctx, needed)
+    # A prompt in one ubatch, up to the table's context; a given batch or ubatch is the most it may grow to.
+    longest = max(config.batch, config.ctx) if not {"batch", "ubatch"} & set(fixed) else config.batch
     if "batch" not in fixed:  # never below a physical batch that was given (llama.cpp would clamp it)
         needed = max(64, _align_up(max(prompt_tokens, drafts), 64), config.ubatch if "ubatch" in fixed else 0)
-        sized["batch"] = min(config.batch, needed)
+        sized["batch"] = min(longest, needed)
     if "ubatch" not in fixed:
-        sized["ubatch"] = min(config.ubatch, sized.get("batch", config.batch))
+        sized["ubatch"] = sized.get("batch", config.batch) if "batch" not in fixed else min(config.ubatch, config.batch)
     # One job is one sequence: a profile's --parallel is a server's, and each slot more is a KV cache more.
     sized["parallel"] = 1
     return replace(config, **sized)

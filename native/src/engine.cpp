@@ -158,6 +158,7 @@ void Engine::Impl::record_settings(const std::string & path) {
     info.ctx = config.ctx;
     info.batch = config.batch;
     info.ubatch = config.ubatch;
+    prompt_ubatch = config.ubatch;
     info.flash_attn = config.flash_attn;
     info.fault = describe(fault);
     info.speculative = to_string(config.speculative);
@@ -388,7 +389,7 @@ llama_context_params Engine::Impl::context_params() const {
     const int cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
     const int threads = config.threads > 0 ? config.threads : config.stream ? std::max(1, cores - 1) : cores;
     params.n_threads = threads;
-    params.n_threads_batch = threads;
+    params.n_threads_batch = threads;  // a long prompt takes every core only around its own batch (step_once)
     params.flash_attn_type = config.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     params.no_perf = true;
     // A recurrent state cannot be cut back to the accepted drafts; where llama.cpp can keep a snapshot
@@ -409,6 +410,14 @@ llama_context_params Engine::Impl::context_params() const {
 void Engine::Impl::create_context() {
     const llama_context_params params = context_params();
     info.threads = params.n_threads;
+    decode_threads = params.n_threads;
+    // 0 = auto while streaming: a long prompt's batch is compute-bound (each of its ubatches computes for
+    // seconds per layer while that layer's reads, started by its router, land in a fraction of it), so it
+    // computes on every core, as a resident run does; the lanes sleep in the kernel on their reads and
+    // need little CPU. With one core left to them, a 512-token prompt at the Pi 5 Gen 2 class took 1.94x
+    // the resident prefill, with 23 ms of its 27.8 s stalled on reads (docs/bench-data/2026-12-02).
+    const int cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+    prompt_threads = config.threads == 0 && config.stream ? std::max(decode_threads, cores) : decode_threads;
     detail::clear_llama_error();
     ctx.reset(llama_init_from_model(model.get(), params));
     if (!ctx) {
@@ -486,7 +495,21 @@ void Engine::Impl::size_cache() {
         }
     }
     memory = std::make_unique<detail::MemoryBudget>(config, std::move(footprint), streamer.cache().bytes_per_token_slot());
-    const detail::BudgetReport report = memory->initial(detail::read_memory());
+    // A prompt's compute buffers are written only while it is decoded, and the cache makes room for them then
+    // (before_prompt): the ubatch is what that room affords, so a context sized for a long prompt in one ubatch
+    // cannot take a small board over its limit (a fixed or no cache has nothing to give: its ubatch is as
+    // asked, and a limit too small for it is an error below). A smaller one is said: a resident reference
+    // must use it too (llama.cpp's float results may depend on the ubatch split).
+    if (config.cache_mb == kAuto) {
+        prompt_ubatch = memory->fit_prompt_ubatch(config.ubatch, streamer.pool_held_bytes());
+    }
+    detail::BudgetReport report = memory->initial(detail::read_memory());
+    if (prompt_ubatch < config.ubatch) {
+        info.ubatch = prompt_ubatch;
+        report.note += std::string(report.note.empty() ? "" : "; ") + "prompts are decoded in ubatches of " +
+                       std::to_string(prompt_ubatch) + " tokens, not " + std::to_string(config.ubatch) +
+                       ": the memory limit cannot hold the compute buffers of more";
+    }
     info.cache_mode = config.cache_mb == 0 ? "off" : config.cache_mb == kAuto ? "auto" : "fixed";
     info.cache_budget_mb = static_cast<double>(report.budget) / 1048576.0;
     info.cache_note = report.note;

@@ -114,6 +114,14 @@ struct Engine::Impl {
     // clears the KV cache) starts a new one. Empty while healthy.
     std::string failure;
     int step = 0;
+    // Compute threads of a decode and of a prompt's batch (create_context): a prompt of at least
+    // kPromptAllCoresTokens is compute-bound, and its reads hide behind its compute (generation.cpp).
+    int decode_threads = 1;
+    int prompt_threads = 1;
+    static constexpr int kPromptAllCoresTokens = 64;
+    // The physical batch a prompt is decoded in: the context's ubatch, or less where the memory limit cannot
+    // hold its compute buffers beside the model even with the cache emptied (size_cache, docs/memory.md).
+    int prompt_ubatch = 1;
 
     Speculative speculation = Speculative::Off;  // what --speculative resolved to at open (never Auto)
     detail::DraftPolicy draft_policy;

@@ -7,6 +7,7 @@
 
 #include "bmoe/error.h"
 #include "engine_impl.h"
+#include "llama_runtime.h"
 #include "ngram_draft.h"
 #include "telemetry.h"
 
@@ -181,9 +182,11 @@ void Engine::Impl::run_decode(int first_pos, int n, const std::function<int()> &
 
 void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
     try {
+        // In calls of at most the ubatch a prompt affords where that is less than the context's (size_cache).
+        const int per_call = prompt_ubatch < config.ubatch ? std::min(config.batch, prompt_ubatch) : config.batch;
         for (size_t done = 0; done < tokens.size();) {
             const auto n =
-                static_cast<int32_t>(std::min<size_t>(tokens.size() - done, static_cast<size_t>(config.batch)));
+                static_cast<int32_t>(std::min<size_t>(tokens.size() - done, static_cast<size_t>(per_call)));
             const auto first = static_cast<llama_pos>(in_context.size());
             run_decode(first, n, [&] {
                 if (all_logits) {
@@ -490,7 +493,9 @@ bool Engine::next(StepResult & out) {
 void Engine::Impl::make_room_for_prompt(int n_tokens) {
     detail::Streamer & streamer = *streaming.streamer;
     const uint64_t budget = streamer.cache().budget();
-    const uint64_t room = memory->before_prompt(budget, streamer.pool_held_bytes(), n_tokens, config.ubatch);
+    // A prompt decoded in ubatches of prompt_ubatch writes that share of the compute buffers (made for ubatch).
+    const uint64_t room = memory->before_prompt(budget, streamer.pool_held_bytes(), std::min(n_tokens, prompt_ubatch),
+                                                config.ubatch);
     if (room != budget) {
         streamer.set_budget(room);
     }
@@ -564,7 +569,13 @@ bool Engine::Impl::step_once(StepResult & out) {
     if (prompt) {
         d.make_room_for_prompt(static_cast<int>(batch.size()));
     }
-    d.decode(batch, !draft.empty());
+    // A long prompt computes on every core (create_context says why); a decode's few tokens wait on their
+    // reads, and there a spinning compute thread per core starves the lanes.
+    const bool all_cores = d.pending.size() >= static_cast<size_t>(Impl::kPromptAllCoresTokens);
+    {
+        const detail::BatchThreads threads(d.ctx.get(), d.decode_threads, all_cores ? d.prompt_threads : d.decode_threads);
+        d.decode(batch, !draft.empty());
+    }
     if (prompt) {
         out.metrics.released_bytes = d.give_prompt_memory_back();
     }

@@ -62,4 +62,17 @@ void clear_llama_error() {
     g_partial_line.clear();
 }
 
+BatchThreads::BatchThreads(llama_context * ctx, int decode_threads, int batch_threads)
+    : ctx_(batch_threads != decode_threads ? ctx : nullptr), decode_threads_(decode_threads) {
+    if (ctx_ != nullptr) {
+        llama_set_n_threads(ctx_, decode_threads, batch_threads);
+    }
+}
+
+BatchThreads::~BatchThreads() {
+    if (ctx_ != nullptr) {
+        llama_set_n_threads(ctx_, decode_threads_, decode_threads_);
+    }
+}
+
 }  // namespace bmoe::detail

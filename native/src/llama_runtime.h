@@ -4,7 +4,22 @@
 
 #include <string>
 
+struct llama_context;
+
 namespace bmoe::detail {
+
+// A batch's compute threads for one scope (a long prompt's: every core), the decode's again after it.
+class BatchThreads {
+public:
+    BatchThreads(llama_context * ctx, int decode_threads, int batch_threads);
+    ~BatchThreads();
+    BatchThreads(const BatchThreads &) = delete;
+    BatchThreads & operator=(const BatchThreads &) = delete;
+
+private:
+    llama_context * ctx_;  // null: nothing to change
+    int decode_threads_;
+};
 
 // Idempotent and thread-safe.
 void ensure_llama_backend();

@@ -138,31 +138,62 @@ uint64_t BudgetPolicy::adapt(uint64_t current, uint64_t pool_held, uint64_t step
     return current;
 }
 
+int64_t BudgetPolicy::prompt_room(const MemoryReading & m, uint64_t pool_held, uint64_t pending) const {
+    const int64_t margin = config_.cache_margin_mb * static_cast<int64_t>(kMiB);
+    return headroom(m, pool_held).bytes - to_signed(pending + in_flight_bytes_) - margin;
+}
+
 uint64_t BudgetPolicy::rebase(uint64_t current, uint64_t pool_held, const MemoryReading & m, uint64_t pending,
                               Clock::time_point now) {
     if (!adaptive_) {
         return current;
     }
     last_check_ = now;
-    const int64_t margin = config_.cache_margin_mb * static_cast<int64_t>(kMiB);
-    const int64_t left = headroom(m, pool_held).bytes - to_signed(pending + in_flight_bytes_) - margin;
+    const int64_t left = prompt_room(m, pool_held, pending);
     return std::min(left > 0 ? static_cast<uint64_t>(left) : 0, cap_);
+}
+
+int BudgetPolicy::affordable_ubatch(int ubatch, uint64_t scratch, int64_t room) {
+    if (ubatch <= kUbatchStep || to_signed(scratch) <= room) {
+        return ubatch;
+    }
+    const double per_token = static_cast<double>(scratch) / static_cast<double>(ubatch);
+    const auto fits = static_cast<int64_t>(static_cast<double>(std::max<int64_t>(room, 0)) / per_token);
+    const int64_t stepped = fits / kUbatchStep * kUbatchStep;
+    return static_cast<int>(std::clamp<int64_t>(stepped, kUbatchStep, ubatch));
 }
 
 MemoryBudget::MemoryBudget(const StreamConfig & config, Footprint footprint, uint64_t slot_bytes)
     : footprint_(std::move(footprint)),
       policy_(config, footprint_.in_flight_bytes, footprint_.mappings_cap_bytes, slot_bytes) {}
 
-uint64_t MemoryBudget::pending() const {
+uint64_t MemoryBudget::untouched(const std::vector<Region> & regions) const {
     uint64_t total = 0;
-    for (const Region & r : footprint_.to_touch) {
+    for (const Region & r : regions) {
         total += r.size - std::min(r.size, resident_bytes_of(r.data, r.size));
     }
-    uint64_t scratch = 0;
-    for (const Region & r : footprint_.scratch) {
-        scratch += r.size - std::min(r.size, resident_bytes_of(r.data, r.size));
-    }
-    return total + static_cast<uint64_t>(scratch_share_ * static_cast<double>(scratch));
+    return total;
+}
+
+uint64_t MemoryBudget::pending() const {
+    return untouched(footprint_.to_touch) +
+           static_cast<uint64_t>(scratch_share_ * static_cast<double>(untouched(footprint_.scratch)));
+}
+
+uint64_t MemoryBudget::wide_bytes(int n_tokens, int ubatch) const {
+    const int64_t routed = std::min<int64_t>(footprint_.n_expert,
+                                             static_cast<int64_t>(std::min(n_tokens, ubatch)) * footprint_.n_expert_used);
+    return routed > footprint_.n_expert_used
+               ? 2 * footprint_.expert_bytes_widest * static_cast<uint64_t>(routed - footprint_.n_expert_used)
+               : 0;
+}
+
+int MemoryBudget::fit_prompt_ubatch(int ubatch, uint64_t pool_held) {
+    const uint64_t others = untouched(footprint_.to_touch) + wide_bytes(ubatch, ubatch);
+    const int fitted = BudgetPolicy::affordable_ubatch(ubatch, untouched(footprint_.scratch),
+                                                       policy_.prompt_room(read_memory(), pool_held, others));
+    scratch_share_ = static_cast<double>(fitted) / static_cast<double>(std::max(1, ubatch));
+    return fitted;
 }
 
 uint64_t MemoryBudget::before_prompt(uint64_t current, uint64_t pool_held, int n_tokens, int ubatch) {
@@ -172,13 +203,8 @@ uint64_t MemoryBudget::before_prompt(uint64_t current, uint64_t pool_held, int n
     // Two layers' experts beyond a decode's (the in-flight allowance counts a decode's): measured on the 3 GB
     // preset, a 2,048-token prompt in 4 ubatches without this room sat at its cgroup limit (5 million limit
     // hits) and the decodes after it re-read dense pages at 0.25x the speed.
-    const int64_t routed = std::min<int64_t>(footprint_.n_expert,
-                                             static_cast<int64_t>(std::min(n_tokens, ubatch)) * footprint_.n_expert_used);
-    const uint64_t wide = routed > footprint_.n_expert_used
-                              ? 2 * footprint_.expert_bytes_widest * static_cast<uint64_t>(routed - footprint_.n_expert_used)
-                              : 0;
-    const uint64_t target =
-        policy_.rebase(current, pool_held, read_memory(), pending() + wide, BudgetPolicy::Clock::now());
+    const uint64_t target = policy_.rebase(current, pool_held, read_memory(), pending() + wide_bytes(n_tokens, ubatch),
+                                           BudgetPolicy::Clock::now());
     return std::min(current, target);
 }
 

@@ -85,6 +85,18 @@ public:
 
     bool adaptive() const { return adaptive_; }
 
+    // What a prompt may write in compute buffers with the cache emptied: the headroom less the bytes still to
+    // touch besides them (`pending`), the experts in flight and the margin. Negative when nothing is left.
+    int64_t prompt_room(const MemoryReading & reading, uint64_t pool_held, uint64_t pending) const;
+    // The physical batch (ubatch) a prompt is decoded in: the context's `ubatch` where its compute buffers
+    // (`scratch` bytes still to write for `ubatch` tokens) fit `room`, else the largest multiple of
+    // kUbatchStep whose share of them does (they grow about linearly with the tokens: activations per
+    // token, and without flash attention the KQ scores, n_ctx x n_head floats per token), never below
+    // kUbatchStep (or `ubatch` where that is smaller). Fewer ubatches read a prompt's routed experts fewer
+    // times: each ubatch of a long prompt routes to nearly every expert of every layer.
+    static constexpr int kUbatchStep = 64;
+    static int affordable_ubatch(int ubatch, uint64_t scratch, int64_t room);
+
     // What a cgroup could still give this process: its limit less its usage, plus the page cache the
     // kernel takes back first (never our own mapped dense weights). Negative when it is over.
     static int64_t cgroup_free(const CgroupMemory & c, const MemoryReading & reading);
@@ -123,6 +135,9 @@ public:
     // 512 tokens wrote ~200 MiB there on the 3 GB preset that the decodes after it never touch again.
     uint64_t before_prompt(uint64_t current, uint64_t pool_held, int n_tokens, int ubatch);
     uint64_t after_prompt(uint64_t current, uint64_t pool_held, const std::vector<Region> & scratch);
+    // At open, before initial: the ubatch a prompt can afford under the memory limit now (affordable_ubatch);
+    // the compute buffers are counted from then on as that ubatch's share of them.
+    int fit_prompt_ubatch(int ubatch, uint64_t pool_held);
     // Bytes given back by the last after_prompt.
     uint64_t released_bytes() const { return released_; }
 
@@ -130,6 +145,9 @@ public:
 
 private:
     uint64_t pending() const;
+    uint64_t untouched(const std::vector<Region> & regions) const;
+    // Two layers of a prompt's experts beyond a decode's (before_prompt says why).
+    uint64_t wide_bytes(int n_tokens, int ubatch) const;
 
     Footprint footprint_;
     BudgetPolicy policy_;

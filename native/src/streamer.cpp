@@ -206,13 +206,33 @@ std::vector<int> Streamer::admit(int layer, const std::vector<int> & routed, std
 }
 
 std::vector<ReadJob> Streamer::jobs_for(int layer, const std::vector<int> & missing,
-                                        std::vector<std::pair<size_t, int>> * targets) {
-    // Projection-major, experts ascending: the order the expert matmuls consume them.
+                                        std::vector<std::pair<size_t, int>> * targets, std::vector<size_t> * firsts) {
+    // Projection-major, experts ascending: the order the expert matmuls consume them. A prompt's batch misses
+    // nearly every expert of a layer: one job per slice there made each lane wake ~200 times a layer, and
+    // with the prompt computing on every core each wake waited for one (its reads took 2x as long at the Pi 5
+    // Gen 2 class, docs/bench-data/2026-12-02/long-prompt-2). Adjacent slices are adjacent in the file and in
+    // the mirror: one read fills them (not when each slice is checked against its own checksum).
+    const auto & mine = by_layer_[static_cast<size_t>(layer)];
+    const bool merge = firsts != nullptr && !mine.empty() &&
+                       2 * missing.size() >= static_cast<size_t>(tensors_[mine.front()].n_expert);
     std::vector<ReadJob> jobs;
-    for (size_t i : by_layer_[static_cast<size_t>(layer)]) {
+    size_t n_targets = 0;
+    for (size_t i : mine) {
         const StreamedTensor & t = tensors_[i];
-        for (int e : missing) {
-            jobs.push_back({files_[t.file], t.offset + static_cast<uint64_t>(e) * t.expert_bytes, t.expert_bytes});
+        for (size_t k = 0; k < missing.size(); ++k) {
+            const int e = missing[k];
+            const uint64_t offset = t.offset + static_cast<uint64_t>(e) * t.expert_bytes;
+            const bool extend = merge && t.sums.empty() && k > 0 && missing[k - 1] == e - 1 &&
+                                jobs.back().offset + jobs.back().length == offset &&
+                                jobs.back().length + t.expert_bytes <= kMergeBytes;
+            if (extend) {
+                jobs.back().length += t.expert_bytes;
+            } else {
+                jobs.push_back({files_[t.file], offset, t.expert_bytes});
+                if (firsts != nullptr) {
+                    firsts->push_back(n_targets);
+                }
+            }
             if (!t.sums.empty()) {
                 jobs.back().verify = true;
                 jobs.back().crc32c = t.sums[static_cast<size_t>(e)];
@@ -221,7 +241,11 @@ std::vector<ReadJob> Streamer::jobs_for(int layer, const std::vector<int> & miss
             if (targets != nullptr) {
                 targets->emplace_back(i, e);
             }
+            ++n_targets;
         }
+    }
+    if (firsts != nullptr) {
+        firsts->push_back(n_targets);
     }
     return jobs;
 }
@@ -302,7 +326,8 @@ void Streamer::make_resident(int layer, const std::vector<int> & routed) {
     adopt_ahead(layer, experts, adopted, 0);
     const auto t0 = Clock::now();
     if (!missing.empty()) {
-        auto batch = std::make_shared<Batch>(jobs_for(layer, missing, nullptr));
+        std::vector<size_t> firsts;
+        auto batch = std::make_shared<Batch>(jobs_for(layer, missing, nullptr, &firsts));
         counters_.slice_bytes += static_cast<uint64_t>(missing.size()) * bytes_per_expert(layer);
         lanes_.submit(batch);
         try {
@@ -385,10 +410,13 @@ void Streamer::publish(int layer, const std::vector<int> & routed) {
     }
     counters_.slice_bytes += static_cast<uint64_t>(missing.size()) * bytes_per_expert(layer);
     auto targets = std::make_shared<std::vector<std::pair<size_t, int>>>();
-    std::vector<ReadJob> jobs = jobs_for(layer, missing, targets.get());
-    in_flight_ = std::make_shared<Batch>(std::move(jobs), [this, targets, generation](size_t index, bool ok) {
+    auto firsts = std::make_shared<std::vector<size_t>>();
+    std::vector<ReadJob> jobs = jobs_for(layer, missing, targets.get(), firsts.get());
+    in_flight_ = std::make_shared<Batch>(std::move(jobs), [this, targets, firsts, generation](size_t index, bool ok) {
         if (ok) {
-            mark_ready((*targets)[index].first, (*targets)[index].second, generation);
+            for (size_t j = (*firsts)[index]; j < (*firsts)[index + 1]; ++j) {
+                mark_ready((*targets)[j].first, (*targets)[j].second, generation);
+            }
         } else {
             mark_failed();
         }

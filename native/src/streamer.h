@@ -135,8 +135,12 @@ private:
     // Cache lookups, residency accounting and eviction for one layer: returns the missing experts.
     std::vector<int> admit(int layer, const std::vector<int> & routed, std::vector<int> & experts,
                            std::vector<int> & adopted);
+    // `firsts` (publish, make_resident): a batch missing at least half of a layer's experts (a prompt's) reads
+    // runs of adjacent experts of a projection as one job of up to kMergeBytes, and firsts[j] is job j's first
+    // target (job j fills targets firsts[j] .. firsts[j + 1] - 1); without it one job per slice.
     std::vector<ReadJob> jobs_for(int layer, const std::vector<int> & missing,
-                                  std::vector<std::pair<size_t, int>> * targets);
+                                  std::vector<std::pair<size_t, int>> * targets, std::vector<size_t> * firsts = nullptr);
+    static constexpr uint64_t kMergeBytes = 4ULL << 20;
     void forget(int layer, const std::vector<int> & missing);
     // After a failed wait: forget the layer's slices, or, when the batch was abandoned on its
     // deadline, quarantine them (see streamer.cpp).

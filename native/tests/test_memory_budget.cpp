@@ -245,3 +245,27 @@ POLICY_TEST(budget_rebase_takes_a_prompt_s_compute_buffers_at_once_and_gives_the
     off.initial(cgroup(1314, 0), kPending, t0);
     CHECK_EQ(off.rebase(0, 0, cgroup(1314, 0), 0, t0 + milliseconds(10)), 0);
 }
+
+POLICY_TEST(budget_a_prompt_s_ubatch_is_the_one_its_compute_buffers_fit) {
+    // The 3 GB preset at ctx 2304 (flash attention off): 302 MiB of compute buffers for a ubatch of 2048
+    // (~151 KiB a token: the KQ scores, 2304 x 12 heads x 4 B, and the activations).
+    const uint64_t scratch = 302 * MiB;
+    // Room for all of them: the context's ubatch, the prompt in one.
+    CHECK_EQ(BudgetPolicy::affordable_ubatch(2048, scratch, 500 * static_cast<int64_t>(MiB)), 2048);
+    CHECK_EQ(BudgetPolicy::affordable_ubatch(2048, scratch, 302 * static_cast<int64_t>(MiB)), 2048);
+    // Room for half: the largest multiple of 64 whose share fits (151 MiB: 1024 tokens).
+    CHECK_EQ(BudgetPolicy::affordable_ubatch(2048, scratch, 151 * static_cast<int64_t>(MiB)), 1024);
+    CHECK_EQ(BudgetPolicy::affordable_ubatch(2048, scratch, 150 * static_cast<int64_t>(MiB)), 960);
+    // Never below 64 tokens (a prompt read once per handful of tokens would be worse than the limit says),
+    // nor with no room at all (the budget's own check says so at open); a small ubatch is kept.
+    CHECK_EQ(BudgetPolicy::affordable_ubatch(2048, scratch, 1 * static_cast<int64_t>(MiB)), 64);
+    CHECK_EQ(BudgetPolicy::affordable_ubatch(2048, scratch, -100 * static_cast<int64_t>(MiB)), 64);
+    CHECK_EQ(BudgetPolicy::affordable_ubatch(32, scratch, 0), 32);
+    // What a prompt's compute buffers may use: the headroom less the rest still to touch, the experts in
+    // flight and the margin, with the cache emptied.
+    BudgetPolicy p = policy(config());
+    CHECK_EQ(p.prompt_room(cgroup(1314, 0), 0, 200 * MiB), static_cast<int64_t>(1000 * MiB));
+    CHECK_EQ(p.prompt_room(cgroup(1314, 400), 0, 200 * MiB), static_cast<int64_t>(600 * MiB));
+    // The pool's pages are the cache's: a prompt may have them.
+    CHECK_EQ(p.prompt_room(cgroup(1314, 400), 300 * MiB, 200 * MiB), static_cast<int64_t>(900 * MiB));
+}
