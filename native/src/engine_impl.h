@@ -150,6 +150,8 @@ struct Engine::Impl {
     // the route trace told, overlap's reads drained, the seam's error thrown first.
     void run_decode(int first_pos, int n, const std::function<int()> & run);
     detail::MtpDraft::Decode draft_decoder();
+    // Whether the MTP head's layers (every chained block) keep a share of the expert cache.
+    void cache_heads(bool on);
     std::vector<llama_token> draft_for(llama_pos used);
     llama_token verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out);
     void emit(StepResult & out, llama_token token);

@@ -276,9 +276,7 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     d.draft_policy = detail::DraftPolicy(d.config.draft_max, d.speculation == Speculative::Mtp ? Impl::kMtpGiveUp : 0);
     if (d.mtp) {  // a new generation: the head drafts again (greedy only), its layer cached again
         d.mtp->set_enabled(d.greedy);
-        if (d.streaming.streamer) {
-            d.streaming.streamer->set_layer_active(d.info.n_layer, d.greedy);
-        }
+        d.cache_heads(d.greedy);
     }
     d.accepted.clear();
     d.accepted_outputs.clear();
@@ -461,8 +459,8 @@ llama_token Engine::Impl::verify(std::vector<llama_token> & batch, size_t n_draf
     out.metrics.drafted = static_cast<int>(n_draft);
     out.metrics.accepted = static_cast<int>(kept);
     draft_policy.update(out.metrics.drafted, out.metrics.accepted);
-    if (mtp && draft_policy.gave_up() && streaming.streamer) {  // the head's share of the cache to the trunk
-        streaming.streamer->set_layer_active(info.n_layer, false);
+    if (mtp && draft_policy.gave_up()) {  // the head's share of the cache to the trunk
+        cache_heads(false);
     }
     accepted.assign(chosen.begin() + 1, chosen.end());
     pending.assign(1, chosen.back());

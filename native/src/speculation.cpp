@@ -51,6 +51,14 @@ detail::MtpDraft::Decode Engine::Impl::draft_decoder() {
     return [this](llama_pos first, int n, const std::function<int()> & run) { run_decode(first, n, run); };
 }
 
+void Engine::Impl::cache_heads(bool on) {
+    if (mtp && streaming.streamer) {
+        for (int h = 0; h < mtp->layers(); ++h) {
+            streaming.streamer->set_layer_active(info.n_layer + h, on);
+        }
+    }
+}
+
 std::vector<llama_token> Engine::Impl::draft_for(llama_pos used) {
     // Greedy only (a draft cannot change what the model picks), and not on a prompt (its logits for
     // every position would cost n_vocab floats each).
