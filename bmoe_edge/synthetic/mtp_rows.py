@@ -98,9 +98,9 @@ def _head_tensors(row: Any, d: Any, seed: int, head: str, trunk: dict[str, Any],
 
 def write_mtp_moe(path: Path, arch: str, quant: str, *, head: str = "agree", seed: int = 0,
                   n_layer: int = TRUNK_LAYERS, n_embd: int | None = None, n_ff_exp: int | None = None,
-                  vocab_size: int | None = None) -> Path:
+                  n_expert: int | None = None, vocab_size: int | None = None) -> Path:
     """Write a tiny `arch` model in `quant` with its MTP blocks (`MTP_HEADS`) after its `n_layer` trunk
-    layers (bigger dimensions than the gate fixtures' for measurements)."""
+    layers (bigger dimensions and more experts than the gate fixtures' for measurements)."""
     import gguf
 
     _check(arch, quant, head)
@@ -110,6 +110,8 @@ def write_mtp_moe(path: Path, arch: str, quant: str, *, head: str = "agree", see
     d = replace(d, n_vocab=full_vocab_size() if vocab_size is None else vocab_size, n_nextn=heads)
     if n_ff_exp is not None:  # glm4moe's shared expert is n_ff_exp wide (expert_shared_count 1)
         d = replace(d, n_ff_shexp=n_ff_exp)
+    if n_expert is not None:
+        d = replace(d, n_expert=n_expert)
     tensors = tinymoe._model_tensors(row, replace(d, n_nextn=0), seed)
     trunk = dict(tensors)
     for il in range(n_layer, n_layer + heads):  # before output_norm/output
