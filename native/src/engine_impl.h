@@ -121,6 +121,9 @@ struct Engine::Impl {
     // The MTP head's drafts cost head decodes (and a catch-up feed after each pause): after this many
     // outright rejections in a row (4 + 8 + 16 + 32 + 64 decodes of pauses between them) it stops.
     static constexpr int kMtpGiveUp = 7;
+    // While paused, the head sees only the last this many decodes before it drafts again (its context
+    // restarts there): a catch-up over the whole pause would read most of its layer's experts.
+    static constexpr int kMtpResumeFeed = 4;
 
     void open(const std::string & path);
     // open's steps, in the order it takes them (engine.cpp)

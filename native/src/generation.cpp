@@ -193,8 +193,9 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
                 return llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
             });
             // The hidden states the head drafts from: kept only while it may draft (greedy, not given
-            // up), else they would pile up to the context's length; it restarts after such a gap.
-            if (mtp && greedy && !draft_policy.gave_up()) {
+            // up, at most kMtpResumeFeed decodes before a pause ends), else they would pile up to the
+            // context's length; it restarts after such a gap.
+            if (mtp && greedy && !draft_policy.gave_up() && draft_policy.paused() < kMtpResumeFeed) {
                 mtp->observe(tokens.data() + done, n, first);
             }
             in_context.insert(in_context.end(), tokens.begin() + static_cast<long>(done),
