@@ -61,6 +61,8 @@ def test_chained_heads_draft_one_step_each_through_their_own_layers(tmp_path) ->
     with open(trace) as f:
         layers = {int(row["layer"]) for row in csv.DictReader(f)}
     assert {4, 5, 6} <= layers
+    _, info = _run(model, steps=2, stream=True, speculative="auto")  # chained heads did not pay (findings)
+    assert info["speculative"] == "ngram"
 
 
 def test_a_corrupted_read_of_a_chained_heads_experts_fails_the_cell() -> None:
