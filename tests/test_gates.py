@@ -35,7 +35,7 @@ def test_full_gate_matrix_passes_through_the_cli() -> None:
 def test_the_sample_covers_every_architecture_type_and_configuration_of_the_full_matrix() -> None:
     """What the suite gives up by not running the full matrix: combinations, never a dimension. The
     sample has every depth architecture, weight type and case once (and a split cell); with the
-    breadth and the MTP cells, which the suite runs whole (test_archs.py, test_mtp.py), every
+    breadth (which the suite runs whole, test_archs.py) and the MTP sample (test_mtp.py), every
     architecture, type and configuration of full_matrix() is in a cell the suite runs."""
     sample, breadth, full = gates.sample_matrix(), gates.breadth_matrix(), gates.full_matrix()
     key = lambda c: (c.fixture, c.case.name)  # noqa: E731
@@ -46,7 +46,7 @@ def test_the_sample_covers_every_architecture_type_and_configuration_of_the_full
     assert [c.case.name for c in sample if c.fixture.split == 1] == list(gates.CASES)
     assert [c.fixture.split for c in sample if c.fixture.split > 1] == [3]
     assert len({c.fixture.arch for c in sample if c.fixture.split == 1}) == len(gates.CONFIG_ARCHS)
-    run = sample + breadth + gates.mtp_matrix() + gates.release_sample()
+    run = sample + breadth + gates.mtp_sample() + gates.release_sample()
     for dimension in (lambda c: c.fixture.arch, lambda c: c.fixture.quant, lambda c: c.case.name,
                       lambda c: c.fixture.split):
         assert {dimension(c) for c in run} == {dimension(c) for c in full}

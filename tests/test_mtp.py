@@ -1,13 +1,16 @@
 """Speculative decoding from the model's own MTP head (`--speculative mtp`, docs/architecture.md).
 
-The gate cells (gates.MTP_CASES on the MTP fixtures): greedy tokens equal plain decoding, logits
-bit for bit equal a resident run that speculates too, and the head's drafts both accepted and
-rejected; a head that disagrees makes the draft policy back off; a model without a head is refused
-(mtp) or falls back to prompt lookup (auto).
+The gate cells (gates.MTP_CASES on the MTP fixtures, gates.mtp_sample()): greedy tokens equal plain
+decoding, logits bit for bit equal a resident run that speculates too, and the head's drafts both
+accepted and rejected; a head that disagrees makes the draft policy back off; a model without a head
+is refused (mtp) or falls back to prompt lookup (auto). step35's chained heads: head i drafts step i,
+each head's layer streamed.
 """
 
 from __future__ import annotations
 
+import csv
+import re
 from dataclasses import replace
 
 import pytest
@@ -21,11 +24,12 @@ from bmoe_edge.synthetic.specs import fixture_resolver
 
 @pytest.fixture(scope="module")
 def mtp_results() -> list[gates.CellResult]:
-    return list(gates.run_gates(gates.mtp_matrix(), fixture_resolver(None), steps=gates.QUICK_STEPS * 2))
+    return list(gates.run_gates(gates.mtp_sample(), fixture_resolver(None), steps=gates.QUICK_STEPS * 2))
 
 
 def test_mtp_gate_cells_pass(mtp_results: list[gates.CellResult]) -> None:
-    assert len(mtp_results) == len(gates.MTP_FIXTURES) * len(gates.MTP_CASES) + 1
+    chained = sum(1 for s in gates.MTP_FIXTURES if s.arch in gates.CHAINED_MTP_ARCHS)
+    assert len(mtp_results) == (len(gates.MTP_FIXTURES) - chained) * len(gates.MTP_CASES) + chained + 1
     failed = [gates.format_result(r) for r in mtp_results if not r.passed]
     assert not failed, failed
     hybrid_ngram = mtp_results[-1]  # qwen35moe's recurrent state cut back to the accepted drafts
@@ -37,11 +41,50 @@ def test_mtp_drafts_accepted_and_rejected(mtp_results: list[gates.CellResult]) -
     for r in mtp_results:
         drafted, accepted = by_head.get(r.arch, (0, 0))
         by_head[r.arch] = (drafted + r.drafted, accepted + r.accepted)
-    for arch in ("glm4moe", "qwen35moe"):
+    for arch in mtp_rows.MTP_ARCHS:
         agree, noisy, rand = (by_head[f"{arch}+mtp-{h}"] for h in ("agree", "noisy", "random"))
         assert agree[1] >= 0.9 * agree[0] > 0  # the head that agrees with the model: nearly all accepted
         assert 0 < noisy[1] < noisy[0]  # accepted and rejected
         assert rand[1] < 0.2 * max(rand[0], 1)
+
+
+def test_chained_heads_draft_one_step_each_through_their_own_layers(tmp_path) -> None:
+    # step35's three heads: draft step i runs head i (layer 4 + i) over the draft prefix, so a step
+    # drafts at most 3 tokens whatever --draft-max says, and every head's experts are routed (streamed).
+    model = mtp_rows.mtp_fixture("step35", "Q8_0", head="agree")
+    trace = tmp_path / "route.csv"
+    plain, _ = _run(model, stream=False, speculative="off")
+    gen, info = _run(model, stream=True, speculative="mtp", draft_max=8, route_trace=str(trace))
+    assert gen.tokens == plain.tokens and info["speculative"] == "mtp"
+    drafted = [m.drafted for m in gen.metrics if m.drafted]
+    assert max(drafted) == 3 and sum(m.accepted for m in gen.metrics) >= 0.9 * sum(drafted)
+    with open(trace) as f:
+        layers = {int(row["layer"]) for row in csv.DictReader(f)}
+    assert {4, 5, 6} <= layers
+    _, info = _run(model, steps=2, stream=True, speculative="auto")  # chained heads did not pay (findings)
+    assert info["speculative"] == "ngram"
+
+
+def test_a_corrupted_read_of_a_chained_heads_experts_fails_the_cell() -> None:
+    # Serial, one lane: read #146 is one of the second head's experts (blk.5), read while it drafts
+    # the second token of a step; the model's tokens and logits stay, the drafts change.
+    import gguf
+
+    spec = gates.FixtureSpec("step35", "Q8_0", mtp="noisy")
+    model = fixture_resolver(None)(spec)
+    config = replace(gates.BASE, stream=True, speculative="mtp", io_threads=1, fault="fail:146")
+    with Engine(model, config) as e, pytest.raises(BmoeError, match="injected fault") as failed:
+        e.run(gates.PROMPTS[0], 24)
+    offset = int(re.search(r"at offset (\d+)", str(failed.value)).group(1))
+    tensor = next(t.name for t in gguf.GGUFReader(str(model)).tensors
+                  if t.data_offset <= offset < t.data_offset + t.n_bytes)
+    assert tensor.startswith("blk.5.ffn_") and "_exps" in tensor, tensor
+    good = gates.MTP_CASES["speculative-mtp-serial"]
+    bad = replace(good, name="speculative-mtp-corrupt", overrides={**good.overrides, "io_threads": 1,
+                                                                   "fault": "corrupt:146"})
+    (result,) = gates.run_gates([gates.GateCell(spec, bad)], fixture_resolver(None), steps=24)
+    assert result.equal_tokens and result.equal_logits, result
+    assert not result.passed and "drafts differ" in result.error, result
 
 
 def _run(model, steps: int = 48, **settings):

@@ -83,15 +83,16 @@ CASES: dict[str, StreamCase] = {c.name: c for c in (
 
 # The model's own MTP head drafts (`--speculative mtp`; auto picks it where the model has one), on the
 # MTP fixtures (glm4moe: attention; qwen35moe: a hybrid trunk, its recurrent state rolled back from
-# snapshots): a head that agrees with the model (drafts accepted), a noisy one (accepted and
-# rejected, often in one step) and a random one (rejected: the draft policy backs off).
+# snapshots; step35: three chained heads, head i drafting step i): a head that agrees with the model
+# (drafts accepted), a noisy one (accepted and rejected, often in one step) and a random one
+# (rejected: the draft policy backs off).
 MTP_CASES: dict[str, StreamCase] = {c.name: c for c in (
     StreamCase("speculative-mtp", cache=0.3, overrides={"overlap": True, "speculative": "mtp"}),
     StreamCase("speculative-mtp-serial", overrides={"speculative": "mtp"}),
     StreamCase("speculative-auto-prefetch", cache=0.3,
                overrides={"overlap": True, "speculative": "auto", "prefetch": "predict"}),
 )}
-MTP_FIXTURES = tuple(FixtureSpec(arch, "Q8_0", mtp=head) for arch in ("glm4moe", "qwen35moe")
+MTP_FIXTURES = tuple(FixtureSpec(arch, "Q8_0", mtp=head) for arch in ("glm4moe", "qwen35moe", "step35")
                      for head in ("agree", "noisy", "random"))
 
 
@@ -190,6 +191,20 @@ def mtp_matrix() -> list[GateCell]:
     state cut back to the accepted drafts from llama.cpp's per-position snapshots."""
     return [GateCell(spec, case) for spec in MTP_FIXTURES for case in MTP_CASES.values()] + \
         [GateCell(FixtureSpec("qwen35moe", "Q8_0"), CASES["speculative-ngram"])]
+
+
+CHAINED_MTP_ARCHS = ("step35",)
+
+
+def mtp_sample() -> list[GateCell]:
+    """The suite's share of mtp_matrix() (the rest is `bmoe-edge gates`): the single-head fixtures whole,
+    and on the chained heads' fixtures one case per head (head j, case j: each head and each case once);
+    prompt lookup on the hybrid trunk stays last."""
+    cases = list(MTP_CASES.values())
+    chained = [s for s in MTP_FIXTURES if s.arch in CHAINED_MTP_ARCHS]
+    cells = mtp_matrix()
+    return [c for c in cells[:-1] if c.fixture.arch not in CHAINED_MTP_ARCHS] + \
+        [GateCell(s, cases[j % len(cases)]) for j, s in enumerate(chained)] + cells[-1:]
 
 
 def sample_matrix() -> list[GateCell]:

@@ -130,6 +130,9 @@ struct Engine::Impl {
     // The MTP head's drafts cost head decodes (and a catch-up feed after each pause): after this many
     // outright rejections in a row (4 + 8 + 16 + 32 + 64 decodes of pauses between them) it stops.
     static constexpr int kMtpGiveUp = 7;
+    // While paused, the head sees only the last this many decodes before it drafts again (its context
+    // restarts there): a catch-up over the whole pause would read most of its layer's experts.
+    static constexpr int kMtpResumeFeed = 4;
 
     void open(const std::string & path);
     // open's steps, in the order it takes them (engine.cpp)
@@ -159,6 +162,8 @@ struct Engine::Impl {
     // the route trace told, overlap's reads drained, the seam's error thrown first.
     void run_decode(int first_pos, int n, const std::function<int()> & run);
     detail::MtpDraft::Decode draft_decoder();
+    // Whether the MTP head's layers (every chained block) keep a share of the expert cache.
+    void cache_heads(bool on);
     std::vector<llama_token> draft_for(llama_pos used);
     llama_token verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out);
     void emit(StepResult & out, llama_token token);

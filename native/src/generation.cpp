@@ -196,8 +196,9 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
                 return llama_decode(ctx.get(), llama_batch_get_one(tokens.data() + done, n));
             });
             // The hidden states the head drafts from: kept only while it may draft (greedy, not given
-            // up), else they would pile up to the context's length; it restarts after such a gap.
-            if (mtp && greedy && !draft_policy.gave_up()) {
+            // up, at most kMtpResumeFeed decodes before a pause ends), else they would pile up to the
+            // context's length; it restarts after such a gap.
+            if (mtp && greedy && !draft_policy.gave_up() && draft_policy.paused() < kMtpResumeFeed) {
                 mtp->observe(tokens.data() + done, n, first);
             }
             in_context.insert(in_context.end(), tokens.begin() + static_cast<long>(done),
@@ -279,9 +280,7 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     d.draft_policy = detail::DraftPolicy(d.config.draft_max, d.speculation == Speculative::Mtp ? Impl::kMtpGiveUp : 0);
     if (d.mtp) {  // a new generation: the head drafts again (greedy only), its layer cached again
         d.mtp->set_enabled(d.greedy);
-        if (d.streaming.streamer) {
-            d.streaming.streamer->set_layer_active(d.info.n_layer, d.greedy);
-        }
+        d.cache_heads(d.greedy);
     }
     d.accepted.clear();
     d.accepted_outputs.clear();
@@ -464,8 +463,8 @@ llama_token Engine::Impl::verify(std::vector<llama_token> & batch, size_t n_draf
     out.metrics.drafted = static_cast<int>(n_draft);
     out.metrics.accepted = static_cast<int>(kept);
     draft_policy.update(out.metrics.drafted, out.metrics.accepted);
-    if (mtp && draft_policy.gave_up() && streaming.streamer) {  // the head's share of the cache to the trunk
-        streaming.streamer->set_layer_active(info.n_layer, false);
+    if (mtp && draft_policy.gave_up()) {  // the head's share of the cache to the trunk
+        cache_heads(false);
     }
     accepted.assign(chosen.begin() + 1, chosen.end());
     pending.assign(1, chosen.back());

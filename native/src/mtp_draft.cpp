@@ -27,7 +27,10 @@ int MtpDraft::heads(const llama_model * model) { return std::max(0, llama_model_
 
 MtpDraft::MtpDraft(llama_model * model, llama_context * target, llama_context_params params)
     : target_(target), vocab_(llama_model_get_vocab(model)),
-      n_embd_(static_cast<size_t>(llama_model_n_embd_out(model))), hidden_(n_embd_, 0.0f) {
+      n_embd_(static_cast<size_t>(llama_model_n_embd_out(model))), heads_(heads(model)),
+      // Several next-n blocks chain (the pin's driver: n_mtp_layers > 1 without a shared KV), one per
+      // draft step; an architecture whose graph_mtp ignores the offset runs its first block each time.
+      chained_(heads_ > 1), hidden_(n_embd_, 0.0f) {
     params.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
     params.n_ctx = llama_n_ctx(target);
     params.n_rs_seq = 0;
@@ -48,6 +51,15 @@ MtpDraft::~MtpDraft() = default;
 
 void MtpDraft::set_enabled(bool on) { llama_set_embeddings_nextn(target_, on, false); }
 
+void MtpDraft::select_head(int head, llama_pos from) {
+    // Each block's keys and values are its own layer's, but the cells (positions) are shared by all:
+    // the positions a block is about to decode are cleared, and it rebuilds its layer there (the pin's
+    // common/speculative.cpp does the same; the cells come back in the same place, so the other
+    // blocks' layers there stay theirs).
+    llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, from, -1);
+    llama_set_nextn_layer_offset(ctx_.get(), head);
+}
+
 void MtpDraft::decode_rows(const llama_token * tokens, const float * rows, int n, llama_pos first, bool output,
                            const Decode & decode) {
     std::unique_ptr<llama_batch_ext, BatchFree> batch(llama_batch_ext_init(ctx_.get()));
@@ -65,7 +77,12 @@ void MtpDraft::decode_rows(const llama_token * tokens, const float * rows, int n
 
 void MtpDraft::warm_up(llama_token token, const Decode & decode) {
     const std::vector<float> zeros(n_embd_, 0.0f);
-    decode_rows(&token, zeros.data(), 1, 0, true, decode);
+    for (int head = 0; head < layers(); ++head) {  // every block's experts captured
+        if (chained_) {
+            select_head(head, 0);
+        }
+        decode_rows(&token, zeros.data(), 1, 0, true, decode);
+    }
     clear();
 }
 
@@ -104,18 +121,27 @@ void MtpDraft::truncate(llama_pos n) {
 
 void MtpDraft::clear() {
     llama_memory_clear(llama_get_memory(ctx_.get()), true);
+    if (chained_) {
+        llama_set_nextn_layer_offset(ctx_.get(), 0);
+    }
     base_ = 0;
     unfed_.clear();
     hidden_.assign(n_embd_, 0.0f);
 }
 
-// The positions the target decoded since the last draft, each token with the hidden state before it.
+// The positions the target decoded since the last draft, each token with the hidden state before it
+// (chained heads: to every block in turn).
 void MtpDraft::feed(int batch, const Decode & decode) {
-    for (size_t done = 0; done < unfed_.size();) {
-        const size_t n = std::min(unfed_.size() - done, static_cast<size_t>(std::max(1, batch)));
-        decode_rows(unfed_.data() + done, hidden_.data() + done * n_embd_, static_cast<int>(n),
-                    base_ + static_cast<llama_pos>(done), false, decode);
-        done += n;
+    for (int head = 0; head < layers() && !unfed_.empty(); ++head) {
+        if (chained_) {
+            select_head(head, base_);
+        }
+        for (size_t done = 0; done < unfed_.size();) {
+            const size_t n = std::min(unfed_.size() - done, static_cast<size_t>(std::max(1, batch)));
+            decode_rows(unfed_.data() + done, hidden_.data() + done * n_embd_, static_cast<int>(n),
+                        base_ + static_cast<llama_pos>(done), false, decode);
+            done += n;
+        }
     }
     base_ += static_cast<llama_pos>(unfed_.size());
     hidden_.erase(hidden_.begin(), hidden_.end() - static_cast<long>(n_embd_));
@@ -129,19 +155,34 @@ std::vector<llama_token> MtpDraft::draft(llama_token last, llama_pos pos, int ma
     }
     std::vector<llama_token> out;
     const int32_t n_vocab = llama_vocab_n_tokens(vocab_);
-    llama_token token = last;
+    // One head: the latest token and state, one position further each step. Chained: block i decodes
+    // the whole prefix (last, d1 .. di) with the states before each (the target's, then blocks 0 ..
+    // i-1's), its own layer having nothing at the draft positions yet.
+    std::vector<llama_token> tokens{last};
+    std::vector<float> rows(hidden_.end() - static_cast<long>(n_embd_), hidden_.end());
+    const int steps = chained_ ? std::min(max, heads_) : max;
     try {
         feed(batch, decode);
-        std::vector<float> h(hidden_.end() - static_cast<long>(n_embd_), hidden_.end());
-        for (int i = 0; i < max; ++i) {
-            decode_rows(&token, h.data(), 1, pos + i, true, decode);
-            token = argmax(llama_get_logits_ith(ctx_.get(), 0), n_vocab);
+        for (int i = 0; i < steps; ++i) {
+            if (chained_) {
+                select_head(i, pos);
+                decode_rows(tokens.data(), rows.data(), i + 1, pos, true, decode);
+            } else {
+                decode_rows(&tokens.back(), rows.data(), 1, pos + i, true, decode);
+            }
+            const llama_token token = argmax(llama_get_logits_ith(ctx_.get(), -1), n_vocab);
             out.push_back(token);
-            const float * next = llama_get_embeddings_nextn_ith(ctx_.get(), 0);
+            const float * next = llama_get_embeddings_nextn_ith(ctx_.get(), -1);
             if (next == nullptr || llama_vocab_is_eog(vocab_, token)) {
                 break;
             }
-            std::memcpy(h.data(), next, n_embd_ * sizeof(float));
+            if (chained_) {
+                tokens.push_back(token);
+                rows.insert(rows.end(), next, next + n_embd_);
+            } else {
+                tokens.back() = token;
+                std::memcpy(rows.data(), next, n_embd_ * sizeof(float));
+            }
         }
     } catch (...) {  // a failed decode (a read error) leaves the head's context unknown: it starts afresh
         clear();
@@ -149,6 +190,9 @@ std::vector<llama_token> MtpDraft::draft(llama_token last, llama_pos pos, int ma
     }
     // The draft positions go: the head is fed what the target verifies, with the target's states.
     llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, pos, -1);
+    if (chained_) {
+        llama_set_nextn_layer_offset(ctx_.get(), 0);
+    }
     return out;
 }
 

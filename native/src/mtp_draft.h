@@ -12,7 +12,10 @@
 // Greedy, one head (qwen35moe/glm4moe/deepseek-style `graph_mtp`): the head is fed every position
 // the target decoded (lazily, in one batch before the next draft), then drafts token after token,
 // its own hidden state carried to the next; the draft positions are removed again before the target
-// verifies. What the engine decodes on the draft context goes through `Decode` (the engine's seam
+// verifies. Chained heads (a model with several next-n blocks, Step 3.5): one trained block per draft
+// step, chosen with llama_set_nextn_layer_offset, as the pin's common/speculative.cpp does: every
+// block is fed the target's positions, and draft step i runs block i over the whole draft prefix
+// (each block's KV is its own layer's), so a step drafts at most as many tokens as there are blocks. What the engine decodes on the draft context goes through `Decode` (the engine's seam
 // errors, overlap drain, route trace): this class never reads an expert itself.
 #pragma once
 
@@ -41,6 +44,9 @@ public:
     MtpDraft & operator=(const MtpDraft &) = delete;
 
     llama_context * context() const { return ctx_.get(); }
+    // The head layers the draft context runs (1, or every block when they chain): layers
+    // n_layer .. n_layer + layers() - 1, whose experts the streamer caches beside the trunk's.
+    int layers() const { return chained_ ? heads_ : 1; }
 
     // Whether the target outputs the hidden states the head needs (off: sampled decoding, no drafts;
     // the target's last layer then computes only the tokens whose logits are asked for).
@@ -63,6 +69,8 @@ private:
     void feed(int batch, const Decode & decode);
     void decode_rows(const llama_token * tokens, const float * rows, int n, llama_pos first, bool output,
                      const Decode & decode);
+    // Chained heads: block `head` is what the next decode runs, its positions from `from` on cleared first.
+    void select_head(int head, llama_pos from);
 
     struct ContextFree {
         void operator()(llama_context * c) const { llama_free(c); }
@@ -71,6 +79,8 @@ private:
     std::unique_ptr<llama_context, ContextFree> ctx_;
     const llama_vocab * vocab_;
     size_t n_embd_;
+    int heads_;
+    bool chained_;
     llama_pos base_ = 0;               // the head's context holds positions [0, base_)
     std::vector<llama_token> unfed_;   // tokens at base_, base_ + 1, ... the target decoded since
     std::vector<float> hidden_;        // the target's hidden states at base_ - 1, base_, ... (zeros before 0)

@@ -24,6 +24,7 @@ public:
     int length();  // 0: do not draft this step
     void update(int drafted, int accepted);
     bool gave_up() const { return give_up_ > 0 && misses_ >= give_up_; }
+    int paused() const { return pause_; }  // decodes left in the current pause (0: drafting)
 
 private:
     int max_;

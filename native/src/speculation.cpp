@@ -21,11 +21,14 @@ void Engine::Impl::set_up_speculation() {
     // snapshots (context_params asks for one per draft; the architectures without them get none).
     const bool recurrent = llama_model_is_recurrent(model.get()) || llama_model_is_hybrid(model.get());
     const bool rolls_back = !recurrent || llama_n_rs_seq(ctx.get()) >= static_cast<uint32_t>(config.draft_max);
+    // Chained heads (more than one next-n block, Step 3.5) did not pay at the Pi 5 Gen 2 class even when
+    // they agreed with the model (0.97x; a random one 0.77x: every probe feeds all the blocks, which
+    // split the cache until the give-up; docs/bench-data/2026-12-02/mtp): auto leaves them to `mtp`.
     if (speculation == Speculative::Auto) {  // on a recurrent trunk prompt lookup is not worth its snapshots
-        speculation = !rolls_back                ? Speculative::Off
-                      : heads > 0 && !rpc        ? Speculative::Mtp
-                      : recurrent                ? Speculative::Off
-                                                 : Speculative::Ngram;
+        speculation = !rolls_back                      ? Speculative::Off
+                      : heads == 1 && !rpc             ? Speculative::Mtp
+                      : recurrent                      ? Speculative::Off
+                                                       : Speculative::Ngram;
     }
     if (speculation != Speculative::Off && !rolls_back) {
         throw Error("speculative decoding cannot roll back this model's context ('" + info.architecture +
@@ -49,6 +52,14 @@ void Engine::Impl::set_up_speculation() {
 // The head's decodes, checked like the target's (the seam's error, overlap's drain, the trace).
 detail::MtpDraft::Decode Engine::Impl::draft_decoder() {
     return [this](llama_pos first, int n, const std::function<int()> & run) { run_decode(first, n, run); };
+}
+
+void Engine::Impl::cache_heads(bool on) {
+    if (mtp && streaming.streamer) {
+        for (int h = 0; h < mtp->layers(); ++h) {
+            streaming.streamer->set_layer_active(info.n_layer + h, on);
+        }
+    }
 }
 
 std::vector<llama_token> Engine::Impl::draft_for(llama_pos used) {

@@ -103,7 +103,7 @@ BMOE_CHOICE(Toggle, BMOE_TOGGLES)
       "points at a cached expert with weight zero.")                                                                  \
     X(Speculative, speculative, Speculative::Off, 0, 0, Rule::Plain, Profile::Optional, kFlag,                        \
       "Speculative decoding (greedy decoding only; identical tokens): drafts verified in one batch. ngram = "       \
-      "prompt-lookup drafts; mtp = the model's own MTP (next-n) head; auto = mtp where the model has a head, else "  \
+      "prompt-lookup drafts; mtp = the model's own MTP (next-n) head; auto = mtp where the model has one head, else "  \
       "ngram. Drafting backs off while the model rejects the drafts.")                                               \
     X(int, draft_max, 8, 1, 64, Rule::Plain, Profile::Optional, kFlag,                                                \
       "Speculative decoding: draft at most this many tokens.")                                                        \
