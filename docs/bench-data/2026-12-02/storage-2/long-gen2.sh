@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Issue 31: the 24-token cells of quiet.sh end inside read-ahead auto's first probe (4 windows of 8
+# decodes), so `defaults` there is 2/3 read-ahead whatever the policy would choose. 160 tokens: the
+# probe, its choice, and a stretch of it; `defaults` (the rpi5 profile: 2 lanes, auto) against the
+# same cache at 2 lanes without read-ahead, at the Pi 5 Gen 2 class, 2 repeats.
+#   MODELS=/tmp/storage-models docs/bench-data/2026-12-02/storage-2/long-gen2.sh
+set -euo pipefail
+cd "$(dirname "$0")"
+BMOE=${BMOE:-../../../../.venv/bin/bmoe-edge}
+MODELS=${MODELS:-/tmp/storage-models}
+$BMOE bench stream -m "$MODELS/q3g-skewed.gguf" --ram-cap 40% --storage rpi5-nvme-gen2 \
+  --tokens 160 --repeats 2 --cells defaults,auto-overlap-od2 --io-seconds 1 --long-prompts "" \
+  --out quiet-gen2-160 > quiet-gen2-160.log 2>&1
