@@ -79,12 +79,7 @@ def test_a_corrupted_read_of_a_chained_heads_experts_fails_the_cell() -> None:
     tensor = next(t.name for t in gguf.GGUFReader(str(model)).tensors
                   if t.data_offset <= offset < t.data_offset + t.n_bytes)
     assert tensor.startswith("blk.5.ffn_") and "_exps" in tensor, tensor
-    good = gates.MTP_CASES["speculative-mtp-serial"]
-    bad = replace(good, name="speculative-mtp-corrupt", overrides={**good.overrides, "io_threads": 1,
-                                                                   "fault": "corrupt:146"})
-    (result,) = gates.run_gates([gates.GateCell(spec, bad)], fixture_resolver(None), steps=24)
-    assert result.equal_tokens and result.equal_logits, result
-    assert not result.passed and "drafts differ" in result.error, result
+    _assert_a_corrupted_read_fails_on_the_drafts(spec, 146)
 
 
 def _run(model, steps: int = 48, **settings):
@@ -133,9 +128,15 @@ def test_a_corrupted_read_of_the_heads_experts_fails_the_cell_on_its_drafts() ->
     # Serial, one lane: the 68th slice read is one of the head's (layer 4). The model's tokens and
     # logits do not depend on the head, its drafts do: the cell compares them with the resident run's.
     spec = gates.FixtureSpec("glm4moe", "Q8_0", mtp="noisy")
+    _assert_a_corrupted_read_fails_on_the_drafts(spec, 68)
+
+
+def _assert_a_corrupted_read_fails_on_the_drafts(spec: gates.FixtureSpec, read: int) -> None:
+    """The serial MTP cell with the `read`-th slice read corrupted: tokens and logits equal (the model's do
+    not depend on its heads), the cell failed on the drafts (the heads' do)."""
     good = gates.MTP_CASES["speculative-mtp-serial"]
     bad = replace(good, name="speculative-mtp-corrupt", overrides={**good.overrides, "io_threads": 1,
-                                                                   "fault": "corrupt:68"})
+                                                                   "fault": f"corrupt:{read}"})
     (result,) = gates.run_gates([gates.GateCell(spec, bad)], fixture_resolver(None), steps=24)
     assert result.equal_tokens and result.equal_logits, result
     assert not result.passed and "drafts differ" in result.error, result
