@@ -482,9 +482,7 @@ void Engine::Impl::size_cache() {
     const uint64_t routed = std::min<uint64_t>(static_cast<uint64_t>(info.n_expert),
                                                static_cast<uint64_t>(info.n_expert_used) * config.parallel);
     const uint64_t slices = routed * projections;
-    const uint64_t layer_in_flight = routed * widest_layer + slices * 2 * info.page_size;
-    footprint.read_ahead_bytes = config.prefetch != Prefetch::Off ? layer_in_flight : 0;
-    footprint.in_flight_bytes = 2 * layer_in_flight + footprint.read_ahead_bytes;
+    footprint.in_flight_bytes = (config.prefetch != Prefetch::Off ? 3 : 2) * (routed * widest_layer + slices * 2 * info.page_size);
     // Each cached slice is a mapping moved into the mirror, splitting the reservation around it,
     // and leaves the same split behind in the pool.
     const uint64_t maps_free = detail::mappings_left();

@@ -158,9 +158,6 @@ struct Engine::Impl {
     // made room for first and go back to the cache after it (docs/memory.md). After: the bytes given back.
     void make_room_for_prompt(int n_tokens);
     uint64_t give_prompt_memory_back();
-    // Each step, before it runs: whether the seam reads ahead, and the cache's budget with read-ahead's
-    // room in flight while it does not (BudgetPolicy::reading_ahead).
-    void set_reading_ahead(bool on);
     // One llama_decode-like call of `n` tokens from `first_pos` on either context, the engine's way:
     // the route trace told, overlap's reads drained, the seam's error thrown first.
     void run_decode(int first_pos, int n, const std::function<int()> & run);

@@ -330,18 +330,6 @@ uint64_t Engine::Impl::give_prompt_memory_back() {
     return memory->released_bytes();
 }
 
-void Engine::Impl::set_reading_ahead(bool on) {
-    seam->set_reading_ahead(on);
-    if (memory && streaming.streamer) {  // read-ahead's room in flight is the cache's while it is off
-        detail::Streamer & streamer = *streaming.streamer;
-        const uint64_t budget = streamer.cache().budget();
-        const uint64_t moved = memory->reading_ahead(budget, on);
-        if (moved != budget) {
-            streamer.set_budget(moved);
-        }
-    }
-}
-
 bool Engine::Impl::step_once(StepResult & out) {
     Impl & d = *this;
     if (!d.accepted.empty()) {  // a token the last speculative step already verified: no decode
@@ -381,7 +369,7 @@ bool Engine::Impl::step_once(StepResult & out) {
     }
     if (d.prefetch) {
         out.metrics.read_ahead = d.prefetch->reads_ahead();
-        d.set_reading_ahead(out.metrics.read_ahead);
+        d.seam->set_reading_ahead(out.metrics.read_ahead);
     }
     // Inside the step's time and counters: an MTP head's drafts are decodes, with reads of their own.
     const std::vector<llama_token> draft = d.draft_for(used);

@@ -29,12 +29,8 @@ std::string mib(uint64_t bytes) {
 }
 
 BudgetPolicy::BudgetPolicy(const StreamConfig & config, uint64_t in_flight_bytes, uint64_t mappings_cap_bytes,
-                           uint64_t slot_bytes, uint64_t read_ahead_bytes)
-    : config_(config),
-      in_flight_bytes_(in_flight_bytes),
-      mappings_cap_bytes_(mappings_cap_bytes),
-      slot_bytes_(slot_bytes),
-      read_ahead_bytes_(std::min(read_ahead_bytes, in_flight_bytes)) {}
+                           uint64_t slot_bytes)
+    : config_(config), in_flight_bytes_(in_flight_bytes), mappings_cap_bytes_(mappings_cap_bytes), slot_bytes_(slot_bytes) {}
 
 // What a cgroup could still give: its limit less its usage, plus the page cache the kernel takes
 // back first — never counting our own mapped file pages (dense weights) as reclaimable.
@@ -123,7 +119,7 @@ uint64_t BudgetPolicy::adapt(uint64_t current, uint64_t pool_held, uint64_t step
     }
     last_check_ = now;
     const int64_t margin = config_.cache_margin_mb * static_cast<int64_t>(kMiB);
-    const int64_t left = headroom(m, pool_held).bytes - to_signed(pending + in_flight()) - margin;
+    const int64_t left = headroom(m, pool_held).bytes - to_signed(pending + in_flight_bytes_) - margin;
     uint64_t target = std::min(left > 0 ? static_cast<uint64_t>(left) : 0, cap_);
     // Small moves either way are noise (the margin absorbs them); pressure always shrinks.
     const uint64_t step = std::max(slot_bytes_, current / 16);
@@ -144,7 +140,7 @@ uint64_t BudgetPolicy::adapt(uint64_t current, uint64_t pool_held, uint64_t step
 
 int64_t BudgetPolicy::prompt_room(const MemoryReading & m, uint64_t pool_held, uint64_t pending) const {
     const int64_t margin = config_.cache_margin_mb * static_cast<int64_t>(kMiB);
-    return headroom(m, pool_held).bytes - to_signed(pending + in_flight()) - margin;
+    return headroom(m, pool_held).bytes - to_signed(pending + in_flight_bytes_) - margin;
 }
 
 uint64_t BudgetPolicy::rebase(uint64_t current, uint64_t pool_held, const MemoryReading & m, uint64_t pending,
@@ -155,24 +151,6 @@ uint64_t BudgetPolicy::rebase(uint64_t current, uint64_t pool_held, const Memory
     last_check_ = now;
     const int64_t left = prompt_room(m, pool_held, pending);
     return std::min(left > 0 ? static_cast<uint64_t>(left) : 0, cap_);
-}
-
-uint64_t BudgetPolicy::reading_ahead(uint64_t current, bool on) {
-    if (on == reading_ahead_) {
-        return current;
-    }
-    reading_ahead_ = on;
-    if (!adaptive_) {
-        return current;
-    }
-    if (on) {  // take back what was lent, whatever the budget did since (it never goes below zero)
-        const uint64_t back = std::min(lent_, current);
-        lent_ = 0;
-        return current - back;
-    }
-    const uint64_t grown = std::min(current + read_ahead_bytes_, std::max(current, cap_));
-    lent_ = grown - current;
-    return grown;
 }
 
 int BudgetPolicy::affordable_ubatch(int ubatch, uint64_t scratch, int64_t room) {
@@ -187,7 +165,7 @@ int BudgetPolicy::affordable_ubatch(int ubatch, uint64_t scratch, int64_t room) 
 
 MemoryBudget::MemoryBudget(const StreamConfig & config, Footprint footprint, uint64_t slot_bytes)
     : footprint_(std::move(footprint)),
-      policy_(config, footprint_.in_flight_bytes, footprint_.mappings_cap_bytes, slot_bytes, footprint_.read_ahead_bytes) {}
+      policy_(config, footprint_.in_flight_bytes, footprint_.mappings_cap_bytes, slot_bytes) {}
 
 uint64_t MemoryBudget::untouched(const std::vector<Region> & regions) const {
     uint64_t total = 0;

@@ -36,7 +36,6 @@ struct Footprint {
     int n_expert = 0;
     int n_expert_used = 0;
     uint64_t in_flight_bytes = 0;  // experts resident beyond the cache: the layer computed and the next
-    uint64_t read_ahead_bytes = 0;  // of those, read-ahead's layer of guesses (0 without --prefetch)
     uint64_t mappings_cap_bytes = UINT64_MAX;  // the most the cache can map under vm.max_map_count
 };
 
@@ -63,10 +62,9 @@ public:
     static constexpr double kPressureAvg10 = 20.0;
     static constexpr uint64_t kPressureMajorFaults = 256;
 
-    // `in_flight_bytes`, `mappings_cap_bytes` and `read_ahead_bytes` as in Footprint; `slot_bytes`: one
-    // expert of every layer, the smallest budget that can hit.
-    BudgetPolicy(const StreamConfig & config, uint64_t in_flight_bytes, uint64_t mappings_cap_bytes, uint64_t slot_bytes,
-                 uint64_t read_ahead_bytes = 0);
+    // `in_flight_bytes` and `mappings_cap_bytes` as in Footprint; `slot_bytes`: one expert of every
+    // layer, the smallest budget that can hit.
+    BudgetPolicy(const StreamConfig & config, uint64_t in_flight_bytes, uint64_t mappings_cap_bytes, uint64_t slot_bytes);
 
     // The budget at open, with `pending` bytes the process will still touch. Throws bmoe::Error when
     // a limit cannot hold the model even without a cache (the message says how much it needs).
@@ -86,14 +84,6 @@ public:
                     Clock::time_point now);
 
     bool adaptive() const { return adaptive_; }
-
-    // Read-ahead's layer of guesses is counted in flight from open; while the read-ahead policy has it off
-    // (auto's probe measured that it does not pay: a saturated drive) those bytes are the cache's, and
-    // they are taken back when it reads ahead again. At a drive with no idle time a cache 14 MiB smaller
-    // read 1.3% more bytes a token (docs/bench-data/2026-12-02/storage-2). The budget after the move:
-    // `current` with the bytes lent or taken back (within the cap); `current` when nothing changes or
-    // the budget does not adapt.
-    uint64_t reading_ahead(uint64_t current, bool on);
 
     // What a prompt may write in compute buffers with the cache emptied: the headroom less the bytes still to
     // touch besides them (`pending`), the experts in flight and the margin. Negative when nothing is left.
@@ -119,16 +109,10 @@ private:
     };
     Headroom headroom(const MemoryReading & reading, uint64_t pool_held) const;
 
-    // The experts in flight now: all of them, less read-ahead's while the cache holds them.
-    uint64_t in_flight() const { return in_flight_bytes_ - lent_; }
-
     StreamConfig config_;
     uint64_t in_flight_bytes_;
     uint64_t mappings_cap_bytes_;
     uint64_t slot_bytes_;
-    uint64_t read_ahead_bytes_;
-    bool reading_ahead_ = true;  // as counted at open
-    uint64_t lent_ = 0;          // of read_ahead_bytes_, what the cache holds now
     uint64_t cap_ = 0;  // the most the cache may grow to: the fixed request, or auto's ceiling
     bool adaptive_ = false;
     Clock::time_point last_check_{};
@@ -144,8 +128,6 @@ public:
     BudgetReport initial(const MemoryReading & reading);
     // While running (call once per token; it reads memory at most every few hundred ms).
     uint64_t adapt(uint64_t current, uint64_t pool_held, uint64_t step_major_faults);
-    // Each step, whether it reads ahead (BudgetPolicy::reading_ahead): the budget after.
-    uint64_t reading_ahead(uint64_t current, bool on) { return policy_.reading_ahead(current, on); }
     // Around a prompt of `n_tokens` (a batch of more than one token, physical batch `ubatch`): before,
     // the budget leaves room for the share of the compute buffers such a batch writes (at open they
     // are counted whole); after, the compute buffers' pages the last graph ran in (`scratch`, the

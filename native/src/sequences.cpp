@@ -208,7 +208,7 @@ BatchStep Engine::step_slots() {
     }
     if (d.prefetch) {
         m.read_ahead = d.prefetch->reads_ahead();
-        d.set_reading_ahead(m.read_ahead);
+        d.seam->set_reading_ahead(m.read_ahead);
     }
     if (d.route_trace) {
         d.route_trace->begin_step(d.slot_steps);

@@ -246,36 +246,6 @@ POLICY_TEST(budget_rebase_takes_a_prompt_s_compute_buffers_at_once_and_gives_the
     CHECK_EQ(off.rebase(0, 0, cgroup(1314, 0), 0, t0 + milliseconds(10)), 0);
 }
 
-POLICY_TEST(budget_read_ahead_s_room_is_the_cache_s_while_it_is_off) {
-    // 50 MiB in flight, of which read-ahead's layer of guesses is 16 MiB (counted at open: 1314 - 200 - 50 - 64).
-    BudgetPolicy p(config(), 50 * MiB, UINT64_MAX, 10 * MiB, 16 * MiB);
-    const uint64_t opened = p.initial(cgroup(1314, 0), kPending, t0).budget;
-    CHECK_EQ(opened, 1000 * MiB);
-    CHECK_EQ(p.reading_ahead(opened, true), opened);            // as at open: nothing moves
-    const uint64_t off = p.reading_ahead(opened, false);         // auto's probe: off
-    CHECK_EQ(off, 1016 * MiB);
-    CHECK_EQ(p.reading_ahead(off, false), off);                  // still off: lent once
-    // adapt counts only what is still in flight: the same reading holds the lent budget (no shrink back)
-    CHECK_EQ(p.adapt(off, 0, 0, cgroup(1314, 0), kPending, t0 + std::chrono::seconds(5)), off);
-    CHECK_EQ(p.rebase(off, 0, cgroup(1314, 0), kPending, t0 + std::chrono::seconds(6)), off);
-    CHECK_EQ(p.reading_ahead(off, true), opened);                // the next probe reads ahead: taken back
-    CHECK_EQ(p.rebase(opened, 0, cgroup(1314, 0), kPending, t0 + std::chrono::seconds(7)), opened);
-    // What was lent is what comes back, even when the cap allowed less, or pressure took the budget since.
-    StreamConfig capped = config();
-    capped.cache_ceil_mb = 1010;
-    BudgetPolicy q(capped, 50 * MiB, UINT64_MAX, 10 * MiB, 16 * MiB);
-    CHECK_EQ(q.initial(cgroup(1314, 0), kPending, t0).budget, 1000 * MiB);
-    CHECK_EQ(q.reading_ahead(1000 * MiB, false), 1010 * MiB);
-    CHECK_EQ(q.reading_ahead(1010 * MiB, true), 1000 * MiB);
-    CHECK_EQ(q.reading_ahead(1000 * MiB, false), 1010 * MiB);
-    CHECK_EQ(q.reading_ahead(5 * MiB, true), 0);
-    // A fixed cache is fixed.
-    BudgetPolicy fixed(config(600), 50 * MiB, UINT64_MAX, 10 * MiB, 16 * MiB);
-    fixed.initial(cgroup(1314, 0), kPending, t0);
-    CHECK_EQ(fixed.reading_ahead(600 * MiB, false), 600 * MiB);
-    CHECK_EQ(fixed.reading_ahead(600 * MiB, true), 600 * MiB);
-}
-
 POLICY_TEST(budget_a_prompt_s_ubatch_is_the_one_its_compute_buffers_fit) {
     // The 3 GB preset at ctx 2304 (flash attention off): 302 MiB of compute buffers for a ubatch of 2048
     // (~151 KiB a token: the KQ scores, 2304 x 12 heads x 4 B, and the activations).
