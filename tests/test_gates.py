@@ -80,11 +80,16 @@ def test_quick_gates_pass() -> None:
 @pytest.mark.parametrize("arch,quant", [("qwen3moe", "Q8_0"), ("gpt-oss", "Q4_0"), ("gemma4", "F16"),
                                         ("qwen2moe", "Q4_K_M"), ("deepseek4", "MXFP4")])
 def test_a_corrupted_read_fails_the_gate(arch: str, quant: str) -> None:
+    # The first read (the prompt's first layer) and two of the decodes' (cache off: every decode reads its
+    # experts, each one used by the token decoded). Not any read of the prompt: it reads a layer's missing
+    # experts in merged jobs, and the last layer's experts that only earlier prompt tokens route to change
+    # nothing the output shows (only the last token's logits are computed): corrupting the middle of such a
+    # job (gemma4's 7th and 8th reads, deepseek4's 16th) rightly leaves tokens and logits equal.
     spec = gates.FixtureSpec(arch, quant)
     good = gates.CASES["cache-off"]
     cells = [gates.GateCell(spec, good)] + [
         gates.GateCell(spec, replace(good, name=f"corrupt-{n}", overrides={"fault": f"corrupt:{n}"}))
-        for n in (1, 7, 40)
+        for n in (1, 40, 100)
     ]
     results = list(gates.run_gates(cells, gates.fixture_resolver(None), steps=12))
     assert results[0].passed, results[0]
