@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 BMOE=${BMOE:-../../../../.venv/bin/bmoe-edge}
 MODELS=${MODELS:-/tmp/storage-models}
+OUT=${OUT:-quiet-gen2-160}  # margin1.sh and room.sh run this pair again into their own folders
 $BMOE bench stream -m "$MODELS/q3g-skewed.gguf" --ram-cap 40% --storage rpi5-nvme-gen2 \
   --tokens 160 --repeats 2 --cells defaults,auto-overlap-od2 --io-seconds 1 --long-prompts "" \
-  --out quiet-gen2-160 > quiet-gen2-160.log 2>&1
+  --out "$OUT" > "$OUT.log" 2>&1

@@ -8,9 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 BMOE=${BMOE:-../../../../.venv/bin/bmoe-edge}
 MODELS=${MODELS:-/tmp/storage-models}
-$BMOE bench stream -m "$MODELS/q3g-skewed.gguf" --ram-cap 40% --storage rpi5-nvme-gen2 \
-  --tokens 160 --repeats 2 --cells defaults,auto-overlap-od2 --io-seconds 1 --long-prompts "" \
-  --out margin1-gen2-160 > margin1-gen2-160.log 2>&1 || echo "gen2 failed"
+OUT=margin1-gen2-160 ./long-gen2.sh || echo "gen2 failed"
 $BMOE bench stream -m "$MODELS/q3g-skewed.gguf" --ram-cap 40% \
   --tokens 200 --repeats 2 --cells pfauto-paired-predict,pfauto-paired-off --io-seconds 1 --long-prompts "" \
   --out margin1-native-paired > margin1-native-paired.log 2>&1 || echo "native failed"

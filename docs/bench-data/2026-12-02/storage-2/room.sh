@@ -5,8 +5,4 @@
 #   MODELS=/tmp/storage-models docs/bench-data/2026-12-02/storage-2/room.sh
 set -euo pipefail
 cd "$(dirname "$0")"
-BMOE=${BMOE:-../../../../.venv/bin/bmoe-edge}
-MODELS=${MODELS:-/tmp/storage-models}
-$BMOE bench stream -m "$MODELS/q3g-skewed.gguf" --ram-cap 40% --storage rpi5-nvme-gen2 \
-  --tokens 160 --repeats 2 --cells defaults,auto-overlap-od2 --io-seconds 1 --long-prompts "" \
-  --out room-gen2-160 > room-gen2-160.log 2>&1 || echo "gen2 failed"
+OUT=room-gen2-160 ./long-gen2.sh || echo "gen2 failed"
