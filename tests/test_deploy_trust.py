@@ -261,6 +261,27 @@ def test_wheel_lock_pins_dependency_wheels_by_hash(tmp_path: Path) -> None:
         build.check_wheel_lock(lock_file, wheels, said.append)
 
 
+def test_a_build_downloads_the_locked_versions_not_the_newest(tmp_path: Path) -> None:
+    """PyPI released uvicorn 0.55 while the lock had 0.54, and a fresh venv installed 0.55: the board's
+    constraints must still name the locked 0.54 (the newest of the locked ones), so the build takes the
+    reviewed wheels instead of refusing a version nobody locked; `--update-lock` follows this machine."""
+    from importlib import metadata
+
+    from bmoe_edge.boards import build
+
+    lock_file = tmp_path / build.WHEEL_LOCK
+    lock_file.write_text("# a lock\n" + "".join(
+        f"{hashlib.sha256(n.encode()).hexdigest()}  {n}\n"
+        for n in ("uvicorn-0.9.0-py3-none-any.whl", "uvicorn-0.10.1-py3-none-any.whl",
+                  "annotated_types-0.0.1-py3-none-any.whl")))
+    pins = build._constraints(lock_file, update=False)
+    assert "uvicorn==0.10.1" in pins and "annotated_types==0.0.1" in pins
+    assert not any(p.lower().startswith(("uvicorn==0.9", "annotated-types==", "annotated_types==0.8")) for p in pins)
+    assert f"PyYAML=={metadata.version('pyyaml')}" in pins          # not locked: this machine's version
+    followed = build._constraints(lock_file, update=True)
+    assert f"uvicorn=={metadata.version('uvicorn')}" in followed and "uvicorn==0.10.1" not in followed
+
+
 # ---------------------------------------------------------------------------------------------------
 # Slow: a real bundle on emulated boards.
 

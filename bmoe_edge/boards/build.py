@@ -34,6 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.version import Version
+
 from bmoe_edge import __version__, llama_source
 from bmoe_edge.boards import bundle, profiles, signing, sysroot
 from bmoe_edge.boards.checks import RPC_SERVER, BuildChecks, check_build, cmake_flags
@@ -52,16 +54,31 @@ def runtime_requirements() -> list[str]:
         return list(tomllib.load(f)["project"]["dependencies"])
 
 
-def _constraints() -> list[str]:
-    """Pin every dependency to what this machine's environment runs (and tests) when it has it."""
+def _constraints(lock: Path, *, update: bool) -> list[str]:
+    """Pin each dependency to the version the wheel lock names, so a build takes what was reviewed
+    whatever PyPI released since or this machine's venv installed; a dependency the lock does not
+    name (and every one under `--update-lock`) to what this machine's environment runs and tests."""
     from importlib import metadata
 
     pins = {}
     for dist in metadata.distributions():
         name = dist.metadata["Name"]
-        if name and dist.version and name.lower().replace("_", "-") != "bmoe-edge":
-            pins[name.lower()] = f"{name}=={dist.version}"
+        if name and dist.version and _normalized(name) != "bmoe-edge":
+            pins[_normalized(name)] = f"{name}=={dist.version}"
+    if not update:
+        locked_versions: dict[str, tuple[Version, str]] = {}
+        for wheel in _read_lock(lock):
+            name, _, rest = wheel.partition("-")
+            version = Version(rest.split("-", 1)[0])
+            if _normalized(name) not in locked_versions or version > locked_versions[_normalized(name)][0]:
+                locked_versions[_normalized(name)] = (version, f"{name}=={version}")   # the newest one locked
+        pins.update((key, pin) for key, (_, pin) in locked_versions.items())
     return sorted(pins.values())
+
+
+def _normalized(name: str) -> str:
+    """A distribution's name as PEP 503 compares it (a wheel file spells `-` as `_`)."""
+    return name.lower().replace("_", "-").replace(".", "-")
 
 
 def platform_tags(profile: BoardProfile) -> list[str]:
@@ -76,13 +93,8 @@ def platform_tags(profile: BoardProfile) -> list[str]:
 WHEEL_LOCK = "board-wheels.lock"   # at the top of the checkout: every dependency wheel a build took, by sha256
 
 
-def check_wheel_lock(lock: Path, wheels: Sequence[Path], log: Callable[[str], None] = print, *,
-                     update: bool = False) -> None:
-    """Dependency wheels pinned by hash: a wheel the lock names must have its sha256 (a wheel replaced
-    on the index or in the cache is refused), and a wheel it does not name is refused too — a changed
-    build environment or index would otherwise pin a new version silently — unless `update`
-    (`build --update-lock`): then it is added and the lock written, to be reviewed and committed.
-    Lines: `<sha256>  <wheel file name>`."""
+def _read_lock(lock: Path) -> dict[str, str]:
+    """The wheel lock's `<sha256>  <wheel file name>` lines, by wheel file name (none without a lock)."""
     pinned: dict[str, str] = {}
     if lock.is_file():
         for n, line in enumerate(lock.read_text(encoding="utf-8").splitlines(), 1):
@@ -91,6 +103,17 @@ def check_wheel_lock(lock: Path, wheels: Sequence[Path], log: Callable[[str], No
                 if len(digest) != 64 or not name:
                     raise BmoeError(f"{lock}, line {n}: expected `<sha256>  <wheel>`")
                 pinned[name.strip()] = digest
+    return pinned
+
+
+def check_wheel_lock(lock: Path, wheels: Sequence[Path], log: Callable[[str], None] = print, *,
+                     update: bool = False) -> None:
+    """Dependency wheels pinned by hash: a wheel the lock names must have its sha256 (a wheel replaced
+    on the index or in the cache is refused), and a wheel it does not name is refused too — a changed
+    build environment or index would otherwise pin a new version silently — unless `update`
+    (`build --update-lock`): then it is added and the lock written, to be reviewed and committed.
+    Lines: `<sha256>  <wheel file name>`."""
+    pinned = _read_lock(lock)
     added = []
     for wheel in wheels:
         digest = llama_source.sha256_file(wheel)
@@ -116,17 +139,18 @@ def dependency_wheels(profile: BoardProfile, log: Callable[[str], None] = print,
                       update_lock: bool = False) -> list[Path]:
     """The board's runtime-dependency wheels (cached by requirement set, platform and Python), each
     checked against the wheel lock (added to it with `update_lock`)."""
-    wheels = _download_wheels(profile, log)
-    check_wheel_lock(PROJECT_ROOT / WHEEL_LOCK, wheels, log, update=update_lock)
+    lock = PROJECT_ROOT / WHEEL_LOCK
+    wheels = _download_wheels(profile, _constraints(lock, update=update_lock), log)
+    check_wheel_lock(lock, wheels, log, update=update_lock)
     return wheels
 
 
-def _download_wheels(profile: BoardProfile, log: Callable[[str], None] = print) -> list[Path]:
+def _download_wheels(profile: BoardProfile, constraints: Sequence[str],
+                     log: Callable[[str], None] = print) -> list[Path]:
     py = profile.python.replace(".", "")
     requirements = runtime_requirements()
-    constraints = _constraints()
     tags = platform_tags(profile)
-    key = hashlib.sha256(json.dumps([requirements, constraints, tags, py]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([requirements, list(constraints), tags, py]).encode()).hexdigest()[:16]
     cache = llama_source.cache_dir() / "wheels" / f"{profile.arch}-cp{py}-{key}"
     done = cache / ".complete"
     if done.is_file():
