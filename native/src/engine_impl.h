@@ -156,7 +156,7 @@ struct Engine::Impl {
     void decode(std::vector<llama_token> & tokens, bool all_logits = false);
     // Around a batch with prompt tokens (a prompt, a --parallel step with a chunk): its compute buffers are
     // made room for first and go back to the cache after it (docs/memory.md). After: the bytes given back.
-    void make_room_for_prompt(int n_tokens);
+    void make_room_for_prompt(int n_tokens, int n_sequences = 1);
     uint64_t give_prompt_memory_back();
     // One llama_decode-like call of `n` tokens from `first_pos` on either context, the engine's way:
     // the route trace told, overlap's reads drained, the seam's error thrown first.

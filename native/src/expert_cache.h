@@ -11,7 +11,8 @@
 //
 // Inside a layer the victim is the expert with the lowest aged use count (Ranking::Frequency): each
 // visit of the layer halves-in-32-visits every count and adds, per routed expert, the number of the
-// batch's tokens that routed to it; ties go least recent first. A --parallel step routes to the union
+// batch's tokens that routed to it (a prompt's batch: of its sequences, Streamer::count_uses_per_sequence);
+// ties go least recent first. A --parallel step routes to the union
 // of several sequences' experts (~22 of 64 a layer for 4 sequences on skewed routing), more than a
 // share at a 40% cap (12): under LRU the step's own order decided what stayed (its highest ids), and
 // the cache kept little that the next step reused. Counts keep the experts every sequence comes back

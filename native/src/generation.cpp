@@ -303,8 +303,9 @@ bool Engine::next(StepResult & out) {
     }
 }
 
-void Engine::Impl::make_room_for_prompt(int n_tokens) {
+void Engine::Impl::make_room_for_prompt(int n_tokens, int n_sequences) {
     detail::Streamer & streamer = *streaming.streamer;
+    streamer.count_uses_per_sequence(n_sequences);
     const uint64_t budget = streamer.cache().budget();
     // A prompt decoded in ubatches of prompt_ubatch writes that share of the compute buffers (made for ubatch).
     const uint64_t room = memory->before_prompt(budget, streamer.pool_held_bytes(), std::min(n_tokens, prompt_ubatch),
@@ -321,6 +322,7 @@ uint64_t Engine::Impl::give_prompt_memory_back() {
     for (const detail::RuntimeBuffer & b : seam->last_scratch()) {
         scratch.push_back({b.data, b.size});
     }
+    streamer.count_uses_per_sequence(0);
     const uint64_t budget = streamer.cache().budget();
     streamer.settle();  // the layers the prompt left over their share, and the pool's spare pages
     const uint64_t after = memory->after_prompt(budget, streamer.pool_held_bytes(), scratch);

@@ -199,7 +199,7 @@ BatchStep Engine::step_slots() {
     // bench's 40% cap.
     const bool chunk = out.n_decoding < out.n_sequences && d.streaming.streamer && d.memory && !d.rpc;
     if (chunk) {
-        d.make_room_for_prompt(n_tokens);
+        d.make_room_for_prompt(n_tokens, out.n_sequences);
     }
     const uint64_t faults0 = detail::major_faults();
     const auto t0 = Clock::now();

@@ -176,7 +176,7 @@ std::vector<int> Streamer::admit(int layer, const std::vector<int> & routed, std
         if (routed_.insert((static_cast<uint64_t>(layer) << 32) | static_cast<uint32_t>(e)).second) {
             counters_.routed_bytes += bytes_per_expert(layer);
         }
-        if (cache_.touch({layer, e}, uses[i])) {
+        if (cache_.touch({layer, e}, std::min(uses[i], uses_cap_))) {
             ++counters_.hits;
         } else if (staged(layer, e)) {
             adopted.push_back(e);  // mapped and read (or reading) ahead: it holds its slices already

@@ -114,6 +114,12 @@ public:
     // A layer that stops running (an MTP head given up on) releases its cached experts and gives its
     // share of the budget to the others; again active when it may run again. Between decodes only.
     void set_layer_active(int layer, bool active);
+    // Around a batch with prompt tokens: each routed expert counts for the cache at most once per sequence
+    // of the batch (`sequences`; 0: every token counts, as in a decode, whose tokens are its sequences).
+    // A prompt is one sequence's step: counted per token, its 2,048 tokens outweighed 256 decodes' worth of
+    // counts, and the cache kept the prompt's experts instead of the answer's (docs/memory.md). Left set by a
+    // prompt that failed, it changes nothing: a decode routes an expert at most once per sequence anyway.
+    void count_uses_per_sequence(int sequences) { uses_cap_ = sequences > 0 ? sequences : kUncapped; }
     const ExpertCache & cache() const { return cache_; }
     std::vector<int> cached_experts(int layer) const {
         return layer >= 0 && layer < n_layers() && !by_layer_[static_cast<size_t>(layer)].empty() ? cache_.resident(layer)
@@ -132,6 +138,8 @@ public:
     int n_layers() const { return static_cast<int>(by_layer_.size()); }
 
 private:
+    static constexpr int kUncapped = 1 << 30;
+    int uses_cap_ = kUncapped;
     // Cache lookups, residency accounting and eviction for one layer: returns the missing experts.
     std::vector<int> admit(int layer, const std::vector<int> & routed, std::vector<int> & experts,
                            std::vector<int> & adopted);
