@@ -1,0 +1,38 @@
+"""Issue 29: is a streamed 512-token prompt slower than the resident one in its reads or in its compute?
+One process per engine, uncapped (the cache holds every expert): streamed, a prompt A (reads its experts)
+then a different prompt B of the same length (every expert cached: no reads); resident, the same A then B.
+Prints each prompt's time (the first step's wall time), bytes read and threads.
+
+    .venv/bin/python docs/bench-data/2026-12-02/long-prompt-3/prompt_compute.py MODEL.gguf [N] [REPEATS]
+"""
+import json
+import subprocess
+import sys
+
+if len(sys.argv) > 3 and sys.argv[3] == "--one":
+    from bmoe_edge.bench.machine import long_prompt
+    from bmoe_edge.cli.bench import _long_prompt_configs
+    from bmoe_edge.engine import Engine, Generation, StreamConfig
+
+    model, n, kind = sys.argv[1], int(sys.argv[2]), sys.argv[4]
+    config = _long_prompt_configs(16, None, [n])[n]
+    config["stream"] = kind == "stream"
+    with Engine(model, StreamConfig(**config)) as e:
+        a = long_prompt(e.tokenize, n)
+        b = [a[0]] + a[1:][::-1]     # the same tokens in another order: another prompt, no reusable prefix
+        for name, prompt in (("A", a), ("B", b)):
+            gen = Generation([])
+            first = next(iter(e.generate(prompt, 1, result=gen)))
+            m = first.metrics
+            print(json.dumps({"kind": kind, "prompt": name, "n": n, "ms": round(m.wall_ms, 1),
+                              "compute_ms": round(m.compute_ms, 1), "stall_ms": round(m.stall_ms, 1),
+                              "read_mb": round(m.bytes_read / 1e6, 1), "hits": m.cache_hits,
+                              "lookups": m.cache_lookups}), flush=True)
+    sys.exit(0)
+
+model = sys.argv[1]
+n = int(sys.argv[2]) if len(sys.argv) > 2 else 512
+repeats = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+for r in range(repeats):
+    for kind in ("stream", "resident") if r % 2 == 0 else ("resident", "stream"):
+        subprocess.run([sys.executable, __file__, model, str(n), "--one", kind], check=True)
