@@ -9,6 +9,25 @@ import json
 import subprocess
 import sys
 
+def shootdowns() -> int:
+    """TLB shootdown interrupts received, all CPUs (/proc/interrupts' TLB line)."""
+    for line in open("/proc/interrupts"):
+        if line.strip().startswith("TLB:"):
+            return sum(int(x) for x in line.split()[1:] if x.isdigit())
+    return 0
+
+
+def context_switches() -> int:
+    """Voluntary and involuntary context switches of every thread of this process."""
+    import glob
+    total = 0
+    for status in glob.glob("/proc/self/task/*/status"):
+        for line in open(status):
+            if "ctxt_switches" in line:
+                total += int(line.split()[1])
+    return total
+
+
 if len(sys.argv) > 3 and sys.argv[3] == "--one":
     from bmoe_edge.bench.machine import long_prompt
     from bmoe_edge.cli.bench import _long_prompt_configs
@@ -22,12 +41,15 @@ if len(sys.argv) > 3 and sys.argv[3] == "--one":
         b = [a[0]] + a[1:][::-1]     # the same tokens in another order: another prompt, no reusable prefix
         for name, prompt in (("A", a), ("B", b)):
             gen = Generation([])
+            tlb0, switches0 = shootdowns(), context_switches()
             first = next(iter(e.generate(prompt, 1, result=gen)))
+            tlb, switches = shootdowns() - tlb0, context_switches() - switches0
             m = first.metrics
             print(json.dumps({"kind": kind, "prompt": name, "n": n, "ms": round(m.wall_ms, 1),
                               "compute_ms": round(m.compute_ms, 1), "stall_ms": round(m.stall_ms, 1),
                               "read_mb": round(m.bytes_read / 1e6, 1), "hits": m.cache_hits,
-                              "lookups": m.cache_lookups}), flush=True)
+                              "lookups": m.cache_lookups, "tlb_shootdowns": tlb,
+                              "context_switches": switches}), flush=True)
     sys.exit(0)
 
 model = sys.argv[1]
