@@ -34,6 +34,20 @@ if len(sys.argv) > 3 and sys.argv[3] == "--one":
     from bmoe_edge.engine import Engine, Generation, StreamConfig
 
     model, n, kind = sys.argv[1], int(sys.argv[2]), sys.argv[4]
+    import os
+    from pathlib import Path
+
+    from bmoe_edge.bench import ramcap
+    if os.environ.get("CAP_MIB"):      # the long-prompt cells' cap (1107 MiB for the 3 GB presets)
+        cg = ramcap.memory_cgroup_v1() / f"pc-{os.getpid()}"
+        cg.mkdir()
+        (cg / "memory.limit_in_bytes").write_text(str(int(os.environ["CAP_MIB"]) << 20))
+        (cg / "cgroup.procs").write_text(str(os.getpid()))
+    if os.environ.get("BPS"):          # the storage class's read throttle (blkio v1, as --storage)
+        bg = Path(f"/sys/fs/cgroup/blkio/pc-{os.getpid()}")
+        bg.mkdir()
+        (bg / "blkio.throttle.read_bps_device").write_text(f"{os.environ.get('DEV', '254:0')} {os.environ['BPS']}\n")
+        (bg / "cgroup.procs").write_text(str(os.getpid()))
     config = _long_prompt_configs(16, None, [n])[n]
     config["stream"] = kind == "stream"
     with Engine(model, StreamConfig(**config)) as e:
@@ -45,7 +59,7 @@ if len(sys.argv) > 3 and sys.argv[3] == "--one":
             first = next(iter(e.generate(prompt, 1, result=gen)))
             tlb, switches = shootdowns() - tlb0, context_switches() - switches0
             m = first.metrics
-            print(json.dumps({"kind": kind, "prompt": name, "n": n, "ms": round(m.wall_ms, 1),
+            print(json.dumps({"kind": kind, "cap_mib": os.environ.get("CAP_MIB", ""), "bps": os.environ.get("BPS", ""), "prompt": name, "n": n, "ms": round(m.wall_ms, 1),
                               "compute_ms": round(m.compute_ms, 1), "stall_ms": round(m.stall_ms, 1),
                               "read_mb": round(m.bytes_read / 1e6, 1), "hits": m.cache_hits,
                               "lookups": m.cache_lookups, "tlb_shootdowns": tlb,
