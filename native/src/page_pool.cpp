@@ -201,7 +201,7 @@ uint64_t PagePool::trim() {
     for (const auto & [first, count] : free_) {
         // A free extent is often part of a huge page whose other units hold slices in the mirror.
         // MADV_DONTNEED alone unmaps such pages but frees none of them: the kernel queues the huge page
-        // for a deferred split and the cgroup keeps charging all of it (measured: 40-140 MiB under a
+        // for a deferred split and the cgroup keeps charging all of it (measured: 103-144 MiB under a
         // 1107 MiB cap, which the budget then cannot give the cache). MADV_COLD splits a huge page it
         // covers only in part, so the DONTNEED after it frees exactly the extent's pages.
         if (huge_units_ > 1) {
