@@ -119,6 +119,13 @@ def _vmstat(*keys: str) -> list[int]:
     return [int(values.get(k, 0)) for k in keys]
 
 
+def _frames(address: int, pages: int) -> list[int]:
+    """The physical page numbers behind `pages` pages at `address` (/proc/self/pagemap; 0 without root)."""
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(address // PAGE * 8)
+        return [v & ((1 << 55) - 1) for v in struct.unpack(f"<{pages}Q", f.read(8 * pages))]
+
+
 def test_a_slice_gets_physically_contiguous_pages_where_the_kernel_has_huge_pages() -> None:
     """The pool grows in huge pages, so a slice's O_DIRECT read is a few DMA segments, not one per
     page (a virtualized disk pays per segment: docs/memory.md)."""
@@ -131,26 +138,17 @@ def test_a_slice_gets_physically_contiguous_pages_where_the_kernel_has_huge_page
     after = _vmstat("thp_fault_alloc", "thp_fault_fallback")
     if after[0] == before[0]:
         pytest.skip(f"the kernel had no huge page to give (fallbacks {after[1] - before[1]})")
-    pages = slice_bytes // PAGE
-    with open("/proc/self/pagemap", "rb") as f:
-        f.seek((m.base_address + 3 * PAGE) // PAGE * 8)
-        frames = [v & ((1 << 55) - 1) for v in struct.unpack(f"<{pages}Q", f.read(8 * pages))]
+    frames = _frames(m.base_address + 3 * PAGE, slice_bytes // PAGE)
     assert all(frames)
     runs = 1 + sum(1 for a, b in pairwise(frames) if b != a + 1)
     assert runs <= 2, runs  # one huge page, or the boundary of two
     m.release(3 * PAGE, slice_bytes)
 
 
-def _frames(address: int, pages: int) -> list[int]:
-    with open("/proc/self/pagemap", "rb") as f:
-        f.seek(address // PAGE * 8)
-        return [v & ((1 << 55) - 1) for v in struct.unpack(f"<{pages}Q", f.read(8 * pages))]
-
-
 def test_trim_frees_the_pages_of_a_huge_page_whose_other_pages_hold_a_slice() -> None:
     """A slice moved into the mirror keeps its huge page alive: trimming the free units beside it
     unmapped their pages and freed none, the kernel queued the huge page for a deferred split and the
-    cgroup kept charging all of it (40-140 MiB the budget could not give the cache, under a 1107 MiB
+    cgroup kept charging all of it (103-144 MiB the budget could not give the cache, under a 1107 MiB
     cap: docs/bench-data/2026-12-02/long-prompt-3). Trimmed pages must be no huge page's any more."""
     if "[never]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text() or os.geteuid() != 0:
         pytest.skip("needs transparent huge pages and root (physical page numbers, /proc/kpageflags)")

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from bmoe_edge import __version__, llama_source
@@ -63,22 +64,19 @@ def _constraints(lock: Path, *, update: bool) -> list[str]:
     pins = {}
     for dist in metadata.distributions():
         name = dist.metadata["Name"]
-        if name and dist.version and _normalized(name) != "bmoe-edge":
-            pins[_normalized(name)] = f"{name}=={dist.version}"
+        if name and dist.version and canonicalize_name(name) != "bmoe-edge":
+            pins[canonicalize_name(name)] = f"{name}=={dist.version}"
     if not update:
-        locked_versions: dict[str, tuple[Version, str]] = {}
+        newest: dict[str, tuple[Version, str]] = {}
         for wheel in _read_lock(lock):
-            name, _, rest = wheel.partition("-")
-            version = Version(rest.split("-", 1)[0])
-            if _normalized(name) not in locked_versions or version > locked_versions[_normalized(name)][0]:
-                locked_versions[_normalized(name)] = (version, f"{name}=={version}")   # the newest one locked
-        pins.update((key, pin) for key, (_, pin) in locked_versions.items())
+            try:
+                key, version, _, _ = parse_wheel_filename(wheel)
+            except InvalidWheelFilename:
+                raise BmoeError(f"{lock}: {wheel!r} is not a wheel file name") from None
+            if key not in newest or version > newest[key][0]:
+                newest[key] = (version, f"{wheel.partition('-')[0]}=={version}")
+        pins.update((key, pin) for key, (_, pin) in newest.items())
     return sorted(pins.values())
-
-
-def _normalized(name: str) -> str:
-    """A distribution's name as PEP 503 compares it (a wheel file spells `-` as `_`)."""
-    return name.lower().replace("_", "-").replace(".", "-")
 
 
 def platform_tags(profile: BoardProfile) -> list[str]:
