@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -40,6 +41,22 @@ def _free_local_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _wait_listening(port: int, label: str, timeout: float = 10.0) -> None:
+    """Until the tunnel's local end accepts. fabric binds it in a thread of its own after forward_local
+    has returned, so a probe right away could be refused by a tunnel about to open (seen on a loaded
+    machine). The test connection reaches the worker and closes at once; an rpc-server drops it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=timeout):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise BmoeError(f"the SSH tunnel to {label} did not open its local port 127.0.0.1:{port} "
+                                f"within {timeout:g} s") from None
+            time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def rpc_tunnels(targets: Sequence[Target], options: SshOptions, worker_port: int = DEFAULT_PORT,
                 say=None) -> Iterator[list[str]]:
@@ -54,6 +71,7 @@ def rpc_tunnels(targets: Sequence[Target], options: SshOptions, worker_port: int
             port = target.rpc_port or worker_port
             stack.enter_context(board.conn.forward_local(local, remote_port=port, remote_host="127.0.0.1",
                                                          local_host="127.0.0.1"))
+            _wait_listening(local, board.label)
             endpoints.append(f"127.0.0.1:{local}")
             if say is not None:
                 say(f"rpc: 127.0.0.1:{local} -> {board.label} 127.0.0.1:{port} (SSH tunnel)")

@@ -10,12 +10,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "bmoe/error.h"
 #include "memory_budget.h"
@@ -85,9 +87,17 @@ void on_ggml_abort(const char * message) {
     }
     const size_t nl = why.find('\n');
     why = nl == std::string::npos ? why : why.substr(0, nl);
+    // A killed worker's connection can break before its listening socket closes (the kernel tears a
+    // dying process down while its backlog still completes handshakes): probe again for a moment
+    // before saying that every worker still answers.
     std::string gone;
-    for (const auto & e : unreachable(endpoints, 1000)) {
-        gone += (gone.empty() ? "" : ", ") + e;
+    for (int attempt = 0; attempt < 8 && gone.empty(); ++attempt) {
+        if (attempt > 0) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(250));
+        }
+        for (const auto & e : unreachable(endpoints, 1000)) {
+            gone += (gone.empty() ? "" : ", ") + e;
+        }
     }
     std::string all;
     for (const auto & e : endpoints) {
