@@ -175,6 +175,29 @@ def test_trim_frees_the_pages_of_a_huge_page_whose_other_pages_hold_a_slice() ->
     m.release(*kept)
 
 
+def test_trim_keeps_the_pages_the_budget_has_room_for_and_reserve_faults_them_in_ahead() -> None:
+    """A budget moved for a prompt's compute buffer trims the pool down to the new budget, not to nothing:
+    trimming every free unit made the same prompt fault its pages in again on the eval thread (at 420 MB/s
+    for a VM's fresh memory: docs/bench-data/2026-12-02/ttft-warm). reserve() faults pages in ahead, in
+    steps, up to a target, reusing trimmed free units before it grows the pool."""
+    m = T.Mirror(file_size=64 << 20, unit=PAGE)
+    m.set_huge_pages(False)
+    m.acquire(0, 40 * PAGE)
+    m.release(0, 40 * PAGE)
+    assert m.pool_held_units == 40 and m.pool_units_in_use == 0
+    assert m.trim(keep_units=25) == 15 and m.pool_held_units == 25
+    assert m.trim(keep_units=30) == 0 and m.pool_held_units == 25   # below the target already: nothing
+    left = m.reserve(target_units=60, step_units=10)                 # the 15 trimmed units first, in steps
+    assert (left, m.pool_held_units, m.pool_size_units) == (25, 35, 40)
+    while m.reserve(target_units=60, step_units=10):
+        pass
+    assert (m.pool_held_units, m.pool_size_units) == (60, 60)        # then growth, to the target exactly
+    m.acquire(0, 60 * PAGE)                                          # taken without growing the pool
+    assert (m.pool_size_units, m.pool_held_units, m.pool_units_in_use) == (60, 60, 60)
+    m.release(0, 60 * PAGE)
+    assert m.trim() == 60 and m.pool_held_units == 0                 # keep 0: every free unit, as before
+
+
 def test_a_pool_without_huge_pages_grows_a_unit_at_a_time() -> None:
     """A cache that holds every expert (the engine's choice) needs no contiguity: no overshoot."""
     m = T.Mirror(file_size=64 << 20, unit=PAGE)

@@ -64,7 +64,7 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
         cells.append(BenchCell("defaults", "stream", dict(defaults), tokens=tokens, group="stream"))
     for n, config in (long_prompts or {}).items():
         cells.append(BenchCell(f"long-prompt-{n}", "stream", dict(config), tokens=tokens, group="stream",
-                               prompt_tokens=n))
+                               prompt_tokens=n, warm_pool=True))
         # The same prompt resident (uncapped): the compute side of time to first token's bound.
         cells.append(BenchCell(f"long-prompt-{n}-resident", "resident", {**config, "stream": False}, capped=False,
                                tokens=2, warmup=1, group="resident", prompt_tokens=n))
@@ -138,7 +138,7 @@ CELL_COLUMNS = (
     "evictions_per_token", "read_ahead_pct", "predicted_right_pct", "ahead_wasted_bytes_per_token",
     "peak_rss_bytes", "cap_method", "cap_mb", "cap_max_usage_mb", "cap_failcnt",
     "cap_oom_kills", "threads", "io_threads", "read_path", "overlap", "prefetch", "cache_mode", "cache_budget_mb",
-    "process_threads", "loadavg_before", "loadavg_after", "load_s", "load_storage_bytes", "distinct_tokens",
+    "process_threads", "loadavg_before", "loadavg_after", "load_s", "load_storage_bytes", "warm_s", "distinct_tokens",
     "stop_reason", "cell_s", "wall_s", "paired_ratio", "paired_mean_ratio", "paired_same_tokens",
     # the prompt's step (every engine cell; what the long-prompt cells are for)
     "prompt_tokens", "prompt_decoded_tokens", "prompt_ms", "prompt_tok_s", "ttft_ms", "prefill_bytes",

@@ -47,11 +47,14 @@ class BenchCell:
     # with the cell's own; the record gets the per-token time ratio against it (see _paired_cell).
     against: dict[str, Any] = field(default_factory=dict)
     prompt_tokens: int = 0  # a long-prompt cell: a prompt of this many tokens (machine.long_prompt), not PROMPT
+    # Before the measured prompt, the pool's pages faulted in up to the cache's budget, as `serve` does while it
+    # waits for a request (a server's next prompt, not a process's first steps); the record says how long it took.
+    warm_pool: bool = False
 
     def spec(self, model: Path, tokens_csv: Path | None) -> dict[str, Any]:
         return {"label": self.label, "kind": self.kind, "model": str(model), "config": self.config,
                 "tokens": self.tokens, "warmup": self.warmup, "io": self.io, "prompt": PROMPT,
-                "prompt_tokens": self.prompt_tokens,
+                "prompt_tokens": self.prompt_tokens, "warm_pool": self.warm_pool,
                 "against": self.against, "tokens_csv": str(tokens_csv) if tokens_csv else ""}
 
 
@@ -76,6 +79,7 @@ def _engine_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, A
         if spec["warmup"]:
             # A long prompt warms up on its reverse: the same experts faulted in, no prefix to reuse.
             engine.run(prompt[::-1] if spec.get("prompt_tokens") else prompt, spec["warmup"])
+        warm_s = _warm_pool(engine) if spec.get("warm_pool") else 0.0
         rows: list[dict[str, Any]] = []
         gen = Generation([])
         prev = proc_read_bytes()
@@ -84,8 +88,16 @@ def _engine_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, A
             rows.append(asdict(token.metrics) | {"storage_bytes": now - prev})
             prev = now
         threads = proc_threads()
-    return (_generation_record(gen, threads, load_s, info) | {"load_storage_bytes": load_storage}
+    return (_generation_record(gen, threads, load_s, info) | {"load_storage_bytes": load_storage, "warm_s": warm_s}
             | _prefill_record(gen, rows)), rows
+
+
+def _warm_pool(engine: Any) -> float:
+    """Seconds to fault the pool's pages in up to the cache's budget (serve's idle steps, back to back)."""
+    t0 = time.perf_counter()
+    while engine.warm_cache_memory():
+        pass
+    return round(time.perf_counter() - t0, 3)
 
 
 def _prefill_record(gen: Generation, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

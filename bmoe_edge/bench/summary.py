@@ -33,7 +33,7 @@ class Agg:
     rows: list[dict[str, str]]
 
     def med(self, key: str) -> float:
-        vals = [to_num(r[key]) for r in self.rows if r.get("status") == "ok"]
+        vals = [to_num(r.get(key)) for r in self.rows if r.get("status") == "ok"]
         return statistics.median(vals) if vals else 0.0
 
     @property
@@ -375,9 +375,10 @@ def summary_markdown(out: Path) -> str:
 
 
 def _long_prompt_lines(aggs: dict[str, Agg], meta: dict[str, Any]) -> list[str]:
-    """The long-prompt cells: the prompt's step (medians over repeats) and decode after it against the
-    shortest prompt's decode; with a resident cell of the same prompt, time to first token against its
-    bound, max(the resident prefill, the distinct routed bytes at the storage class's bandwidth)."""
+    """The long-prompt cells: the seconds the pool took to warm before the prompt (as serve's idle steps), the
+    prompt's step (medians over repeats) and decode after it against the shortest prompt's decode; with a
+    resident cell of the same prompt, time to first token against its bound, max(the resident prefill, the
+    distinct routed bytes at the storage class's bandwidth)."""
     long = sorted((a for a in aggs.values() if a.rows[0].get("prompt_tokens") and a.label.startswith("long-prompt")
                    and a.kind == "stream"), key=lambda a: (a.med("prompt_tokens"), a.label))
     if not long:
@@ -385,10 +386,10 @@ def _long_prompt_lines(aggs: dict[str, Agg], meta: dict[str, Any]) -> list[str]:
     short = long[0]
     mb_s = (meta.get("storage") or {}).get("read_mb_s") or 0
     lines = ["", "## Long prompts (medians over repeats)", "",
-             "| cell | prompt tokens | ubatch | TTFT s | prompt tok/s | prefill MiB | x distinct routed | "
-             f"released MiB | budget after MiB | decode tok/s | x {short.label} | resident prefill s | "
-             f"TTFT x bound{f' at {mb_s:g} MB/s' if mb_s else ''} |",
-             "|" + "---|" * 13]
+             "| cell | prompt tokens | ubatch | pool warmed in s | TTFT s | prompt tok/s | prefill MiB | "
+             f"x distinct routed | released MiB | budget after MiB | decode tok/s | x {short.label} | "
+             f"resident prefill s | TTFT x bound{f' at {mb_s:g} MB/s' if mb_s else ''} |",
+             "|" + "---|" * 14]
     for a in long:
         routed = a.med("prefill_routed_bytes")
         ratio = a.med("prefill_bytes") / routed if routed else 0.0
@@ -398,7 +399,7 @@ def _long_prompt_lines(aggs: dict[str, Agg], meta: dict[str, Any]) -> list[str]:
         bound_s = max(resident_s, routed / (mb_s * 1e6) if mb_s else 0.0)
         ttft_s = a.med("ttft_ms") / 1000
         lines.append(f"| {a.label} | {a.med('prompt_tokens'):.0f} | {a.rows[0].get('ubatch', '') or '-'} | "
-                     f"{ttft_s:.2f} | {a.med('prompt_tok_s'):.1f} | "
+                     f"{a.med('warm_s'):.2f} | {ttft_s:.2f} | {a.med('prompt_tok_s'):.1f} | "
                      f"{a.med('prefill_bytes') / MiB:.0f} | {ratio:.2f} | "
                      f"{a.med('prefill_released_bytes') / MiB:.0f} | {a.med('budget_after_prompt_mb'):.0f} | "
                      f"{a.tok_s_med:.3g} | {decode:.3f} | {f'{resident_s:.2f}' if resident_s else '-'} | "

@@ -160,6 +160,12 @@ class Engine:
         with self._using() as engine:
             engine.reset()
 
+    def warm_cache_memory(self, max_bytes: int = 32 << 20) -> int:
+        """Between generations: fault in up to `max_bytes` of the memory the expert cache may fill, so the next
+        prompt's reads do not wait for the kernel to zero it. Returns the bytes still to do (0: warm)."""
+        with self._using() as engine, native.engine_errors():
+            return int(engine.warm_cache_memory(max_bytes))
+
     def save_state(self, path: str | Path) -> None:
         """Write the context (KV cache and its tokens) to a llama.cpp state file."""
         with self._using() as engine, native.engine_errors():

@@ -34,6 +34,8 @@ def prometheus(stats: Stats, queue_depth: int, rejected: int, batch: BatchStats 
         ("bmoe_resident_memory_bytes", "gauge", "Resident set size after the last token.", stats.rss_bytes),
         ("bmoe_queue_depth", "gauge", "Requests waiting for the engine.", queue_depth),
         ("bmoe_busy", "gauge", "1 while the engine generates.", int(stats.busy)),
+        ("bmoe_expert_pool_to_warm_bytes", "gauge", "Memory the expert cache may fill that the idle engine has yet "
+         "to fault in (0: the next prompt's reads land in pages that exist).", stats.pool_to_warm_bytes),
         ("bmoe_slots", "gauge", "Requests the engine decodes together (--parallel).", batch.slots),
         ("bmoe_slots_busy", "gauge", "Slots generating now.", batch.slots_busy),
         ("bmoe_batch_steps_total", "counter", "Batched decodes (--parallel > 1).", batch.steps),

@@ -74,6 +74,7 @@ class Stats:
     cache_hits: int = 0
     rss_bytes: int = 0
     busy: bool = False
+    pool_to_warm_bytes: int = 0     # what the idle steps have yet to fault in (0: warm, or not begun)
 
     def add(self, reply: chat.Reply) -> None:
         self.prompt_tokens += reply.prompt_tokens
@@ -112,6 +113,9 @@ class Unavailable(Exception):
     """The worker takes no more jobs: it is shutting down, or its thread is gone (the reason)."""
 
 
+WARM_STEP = 8 << 20   # bytes faulted in per idle step: ~20 ms at the slowest first touch measured (a VM's)
+
+
 class _Killed(BaseException):
     """The test hook's way to end the engine thread as an unforeseen fault would."""
 
@@ -137,6 +141,7 @@ class Worker:
         self.closing = False
         self._running: set[Job] = set()
         self._context_tenant = 0   # whose prompt the context holds
+        self._warm = False   # the pool holds the pages the cache's budget allows (see _warm_a_little)
         run = self._run if self._scheduler is None else self._run_batched
         self._thread = threading.Thread(target=run, name="bmoe-engine", daemon=True)
         self._thread.start()
@@ -201,8 +206,9 @@ class Worker:
         try:
             while not self.closing:
                 try:
-                    job = self.jobs.get(timeout=0.1)
+                    job = self.jobs.get(timeout=0.1) if self._warm else self.jobs.get_nowait()
                 except queue.Empty:
+                    self._warm_a_little()
                     continue
                 if job is None:
                     break
@@ -219,11 +225,23 @@ class Worker:
                 finally:
                     self.stats.busy = False
                     self._running.discard(job)
+                    self._warm = False   # the answer moved the cache's budget: warm up to the new one
         except BaseException as exc:
             self.failure = f"the engine thread failed ({type(exc).__name__})"
             raise
         finally:
             self._thread_ended()
+
+    def _warm_a_little(self) -> None:
+        """Idle: fault in the next piece of the memory the expert cache may fill (at most WARM_STEP, tens of ms
+        at worst, so a request arriving meanwhile waits no longer), so the next prompt's reads do not wait for
+        the kernel to zero its pages (docs/memory.md). A failure only stops the warming: the prompt faults its
+        pages in itself, and fails there if the memory is really gone."""
+        try:
+            self.stats.pool_to_warm_bytes = self.engine.warm_cache_memory(WARM_STEP)
+        except BmoeError:
+            self.stats.pool_to_warm_bytes = 0
+        self._warm = self.stats.pool_to_warm_bytes == 0
 
     def _thread_ended(self) -> str:
         """The engine thread stops: why (a failure already said, else "ended" unless the server closes), and
@@ -242,6 +260,11 @@ class Worker:
         try:
             while not self.closing:
                 self._admit()
+                if self._running:
+                    self._warm = False   # the answers move the cache's budget: warm up to the new one after
+                elif not self._warm:
+                    self._warm_a_little()
+                    continue
                 scheduler.run_once(timeout=0.05)
         except BaseException as exc:
             self.failure = f"the engine thread failed ({type(exc).__name__})"

@@ -261,6 +261,8 @@ NB_MODULE(_native, m) {
         .def("begin", &bmoe::Engine::begin, nb::arg("prompt"), nb::arg("sampling"), nb::arg("want_logits") = false,
              nb::arg("reuse_kv") = false, nb::call_guard<nb::gil_scoped_release>())
         .def("next", &bmoe::Engine::next, nb::arg("out"), nb::call_guard<nb::gil_scoped_release>())
+        .def("warm_cache_memory", &bmoe::Engine::warm_cache_memory, nb::arg("max_bytes"),
+             nb::call_guard<nb::gil_scoped_release>())
         .def("score", &bmoe::Engine::score, nb::arg("tokens"), nb::call_guard<nb::gil_scoped_release>())
         .def("score_positions", &bmoe::Engine::score_positions, nb::arg("tokens"), nb::arg("n_top"),
              nb::call_guard<nb::gil_scoped_release>())

@@ -83,7 +83,10 @@ void bind_parts(nb::module_ & parent) {
         .def_prop_ro("pool_size_units", [](MirrorWithPool & w) { return w.pool.size_units(); })
         .def_prop_ro("pool_held_units", [](MirrorWithPool & w) { return w.pool.held_units(); })
         .def("set_huge_pages", [](MirrorWithPool & w, bool on) { w.pool.set_huge_pages(on); })
-        .def("trim", [](MirrorWithPool & w) { return w.pool.trim(); });
+        .def("trim", [](MirrorWithPool & w, uint64_t keep_units) { return w.pool.trim(keep_units); },
+             nb::arg("keep_units") = 0)
+        .def("reserve", [](MirrorWithPool & w, uint64_t target, uint64_t step) { return w.pool.reserve(target, step); },
+             nb::arg("target_units"), nb::arg("step_units"));
 
     nb::class_<BenchReader>(m, "Reader")
         .def("__init__",

@@ -207,6 +207,15 @@ void Engine::reset() {
     impl_->failure.clear();
 }
 
+uint64_t Engine::warm_cache_memory(uint64_t max_bytes) {
+    Impl & d = live();
+    if (!d.streaming.streamer) {
+        return 0;
+    }
+    d.streaming.streamer->drain();  // a read-ahead batch of the last decode must land before the pool moves
+    return d.streaming.streamer->warm_pool(max_bytes);
+}
+
 void Engine::save_state(const std::string & path) const {
     const std::vector<llama_token> & tokens = live().in_context;
     if (!llama_state_save_file(impl_->ctx.get(), path.c_str(), tokens.data(), tokens.size())) {

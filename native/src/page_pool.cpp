@@ -196,9 +196,13 @@ void PagePool::give(PoolExtent extent, bool pages_back) {
     insert_free(extent);
 }
 
-uint64_t PagePool::trim() {
+uint64_t PagePool::trim(uint64_t keep_units) {
     uint64_t dropped = 0;
-    for (const auto & [first, count] : free_) {
+    for (auto it = free_.rbegin(); it != free_.rend() && populated_count_ > keep_units; ++it) {
+        // Only as much of the extent as brings the pool down to keep_units, from its top end.
+        const uint64_t excess = populated_count_ - keep_units;
+        const uint64_t count = std::min(it->second, excess);
+        const uint64_t first = it->first + it->second - count;
         // A free extent is often part of a huge page whose other units hold slices in the mirror.
         // MADV_DONTNEED alone unmaps such pages but frees none of them: the kernel queues the huge page
         // for a deferred split and the cgroup keeps charging all of it (measured: 103-144 MiB under a
@@ -212,6 +216,31 @@ uint64_t PagePool::trim() {
         }
     }
     return dropped;
+}
+
+uint64_t PagePool::reserve(uint64_t target_units, uint64_t step_units) {
+    target_units = std::min(target_units, capacity_units_);
+    // Free units whose pages were trimmed first, then growth (a whole chunk: huge pages).
+    for (auto it = free_.begin(); it != free_.end() && populated_count_ < target_units && step_units > 0; ++it) {
+        for (uint64_t u = it->first; u < it->first + it->second && populated_count_ < target_units && step_units > 0;) {
+            if (populated_[u] != 0) {
+                ++u;
+                continue;
+            }
+            uint64_t end = u;
+            while (end < it->first + it->second && populated_[end] == 0 &&
+                   end - u < std::min(step_units, target_units - populated_count_)) {
+                ++end;
+            }
+            populate({u, end - u});
+            step_units -= end - u;
+            u = end;
+        }
+    }
+    if (populated_count_ < target_units && step_units > 0 && size_units_ < capacity_units_) {
+        grow_by(std::min({step_units, target_units - populated_count_, capacity_units_ - size_units_}));
+    }
+    return target_units > populated_count_ ? target_units - populated_count_ : 0;
 }
 
 }  // namespace bmoe::detail

@@ -44,8 +44,14 @@ public:
     // The extent's pages are back at address(first) (`pages_back`), or lost (the move back failed:
     // they are populated afresh when the units are taken again).
     void give(PoolExtent extent, bool pages_back = true);
-    // Return the pages of every free unit to the kernel (memory pressure); they stay usable.
-    uint64_t trim();
+    // Return free units' pages to the kernel (memory pressure) until the pool holds at most
+    // `keep_units` (0: every free unit's), the highest addresses first; the units stay usable.
+    // Returns how many units gave their pages back.
+    uint64_t trim(uint64_t keep_units = 0);
+    // Populate free units (growing the pool where it must) until it holds `target_units`, at most
+    // `step_units` of them in this call: the memory the cache is going to fill, faulted in while the
+    // engine is idle rather than during a prompt. Returns how many units are still to populate.
+    uint64_t reserve(uint64_t target_units, uint64_t step_units);
 
     uint64_t units_in_use() const { return in_use_; }
     uint64_t size_units() const { return size_units_; }

@@ -492,13 +492,32 @@ void Streamer::set_budget(uint64_t bytes) {
     cache_.set_budget(bytes);
     release_victims(cache_.evict_over_budget(-1));
     if (shrinking) {
-        pool_.trim();  // the evicted experts' pages go back to the kernel, not to the pool
+        trim_to_budget();  // the evicted experts' pages go back to the kernel, not to the pool
     }
 }
 
 void Streamer::settle() {
     release_victims(cache_.evict_over_budget(-1));
-    pool_.trim();
+    trim_to_budget();
+}
+
+void Streamer::trim_to_budget() {
+    // Down to the budget, not to nothing: free units the budget has room for are the pages the next reads
+    // fill. Trimming every free unit made each prompt populate its pool again (the units' pages are zeroed
+    // by the kernel on the eval thread, with the compute threads waiting), and a budget moved for a
+    // prompt's compute buffer gave up pages the same prompt then faulted in again.
+    pool_.trim(std::max(cache_.budget() / pool_.unit(), pool_.units_in_use()));
+}
+
+uint64_t Streamer::warm_pool(uint64_t max_bytes) {
+    // The pool spans the mirrors, dense ranges included: never more than every expert's slices, whatever
+    // the budget (an uncapped run's budget is the machine's memory).
+    uint64_t experts = 0;
+    for (const StreamedTensor & t : tensors_) {
+        experts += static_cast<uint64_t>(t.n_expert) * t.expert_bytes;
+    }
+    const uint64_t target = std::min(cache_.budget(), experts) / pool_.unit();
+    return pool_.reserve(target, std::max<uint64_t>(1, max_bytes / pool_.unit())) * pool_.unit();
 }
 
 void Streamer::trim_spare() {
@@ -510,7 +529,7 @@ void Streamer::trim_spare() {
     const uint64_t held = pool_.held_units() * pool_.unit();
     const uint64_t in_use = pool_.units_in_use() * pool_.unit();
     if (held > std::max(cache_.budget(), in_use) + kSpareSlackBytes) {
-        pool_.trim();
+        trim_to_budget();
     }
 }
 

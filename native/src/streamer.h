@@ -111,6 +111,10 @@ public:
     // the kernel. Otherwise the trimmed units are populated again as they are taken while evicted experts' pages
     // sit spare, and the process grows back over the memory it gave.
     void trim_spare();
+    // While the engine is idle (a server between requests): populate up to `max_bytes` of the pool toward
+    // the cache budget, so the next prompt's reads land in pages that exist instead of waiting for the
+    // kernel to zero fresh ones on the eval thread. Returns the bytes still to populate (0: warm).
+    uint64_t warm_pool(uint64_t max_bytes);
     // A layer that stops running (an MTP head given up on) releases its cached experts and gives its
     // share of the budget to the others; again active when it may run again. Between decodes only.
     void set_layer_active(int layer, bool active);
@@ -193,6 +197,7 @@ private:
     static constexpr int kHangLimit = 3;
     void abandon(const std::shared_ptr<Batch> & batch, int layer, std::vector<int> experts);
     void reap_abandoned();
+    void trim_to_budget();
     std::vector<Abandoned> abandoned_;
     int timeouts_in_a_row_ = 0;
     // The budget's last move was down (memory given back): the pool's spare pages are trimmed after each decode.

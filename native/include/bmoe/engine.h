@@ -100,6 +100,11 @@ public:
     const std::vector<int32_t> & context_tokens() const;
     // Forget the context (the next begin decodes its whole prompt).
     void reset();
+    // Between generations (a server waiting for a request): fault in up to `max_bytes` of the memory the
+    // expert cache's budget allows, so the next prompt does not wait for the kernel to zero it. Returns the
+    // bytes still to fault in (0: done, or nothing is streamed). Never between begin() and the end of its
+    // generation's next() calls, never during step_slots().
+    uint64_t warm_cache_memory(uint64_t max_bytes);
     // llama.cpp's state file: the context's KV cache and its tokens, so a restart can resume a
     // conversation. Loading checks that the file belongs to this model and fits this context.
     void save_state(const std::string & path) const;

@@ -53,6 +53,12 @@ if len(sys.argv) > 3 and sys.argv[3] == "--one":
     with Engine(model, StreamConfig(**config)) as e:
         a = long_prompt(e.tokenize, n)
         b = [a[0]] + a[1:][::-1]     # the same tokens in another order: another prompt, no reusable prefix
+        if os.environ.get("WARM"):   # as serve does between requests: the pool's pages faulted in first
+            import time
+            t = time.perf_counter()
+            while e.warm_cache_memory(32 << 20):
+                pass
+            print(f"warm {time.perf_counter() - t:.2f} s", file=sys.stderr)
         for name, prompt in (("A", a), ("B", b)):
             gen = Generation([])
             tlb0, switches0 = shootdowns(), context_switches()
