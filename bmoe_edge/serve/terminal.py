@@ -8,8 +8,10 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from bmoe_edge.engine import chat
 from bmoe_edge.errors import BmoeError
@@ -138,6 +140,28 @@ def _answer(session: chat.Session, text: str, out=sys.stdout) -> None:
         out.flush()
 
 
+@contextlib.contextmanager
+def _warming(engine: Any) -> Iterator[None]:
+    """While the user types: the engine faults in the memory its expert cache may fill, a step at a time (as
+    `serve` does between requests), so the next answer's prompt does not wait for the kernel to zero it. The
+    next call waits for at most the step under way. A failure only stops the warming. `engine`: the session's
+    `session.Engine` (its `warm_cache_memory` is not part of what a conversation needs of an engine)."""
+    stop = threading.Event()
+
+    def warm() -> None:
+        with contextlib.suppress(BmoeError):
+            while not stop.is_set() and engine.warm_cache_memory():
+                pass
+
+    thread = threading.Thread(target=warm, name="bmoe-warm", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def run(session: chat.Session, *, say: Callable[[str], None] = print) -> None:
     save_history = _readline()
     if session.template.note:
@@ -146,7 +170,8 @@ def run(session: chat.Session, *, say: Callable[[str], None] = print) -> None:
     try:
         while True:
             try:
-                line = input("> ").strip()
+                with _warming(session.engine):
+                    line = input("> ").strip()
             except KeyboardInterrupt:
                 say("")
                 continue

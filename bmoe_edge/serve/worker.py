@@ -113,9 +113,6 @@ class Unavailable(Exception):
     """The worker takes no more jobs: it is shutting down, or its thread is gone (the reason)."""
 
 
-WARM_STEP = 8 << 20   # bytes faulted in per idle step: ~20 ms at the slowest first touch measured (a VM's)
-
-
 class _Killed(BaseException):
     """The test hook's way to end the engine thread as an unforeseen fault would."""
 
@@ -233,12 +230,11 @@ class Worker:
             self._thread_ended()
 
     def _warm_a_little(self) -> None:
-        """Idle: fault in the next piece of the memory the expert cache may fill (at most WARM_STEP, tens of ms
-        at worst, so a request arriving meanwhile waits no longer), so the next prompt's reads do not wait for
-        the kernel to zero its pages (docs/memory.md). A failure only stops the warming: the prompt faults its
-        pages in itself, and fails there if the memory is really gone."""
+        """Idle: fault in the next piece of the memory the expert cache may fill (session.IDLE_WARM_STEP), so
+        the next prompt's reads do not wait for the kernel to zero its pages (docs/memory.md). A failure only
+        stops the warming: the prompt faults its pages in itself, and fails there if the memory is gone."""
         try:
-            self.stats.pool_to_warm_bytes = self.engine.warm_cache_memory(WARM_STEP)
+            self.stats.pool_to_warm_bytes = self.engine.warm_cache_memory()
         except BmoeError:
             self.stats.pool_to_warm_bytes = 0
         self._warm = self.stats.pool_to_warm_bytes == 0
