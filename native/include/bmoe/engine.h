@@ -102,8 +102,8 @@ public:
     void reset();
     // Between generations (a server waiting for a request): fault in up to `max_bytes` of the memory the
     // expert cache's budget allows, so the next prompt does not wait for the kernel to zero it. Returns the
-    // bytes still to fault in (0: done, or nothing is streamed). Never between begin() and the end of its
-    // generation's next() calls, never during step_slots().
+    // bytes still to fault in (0: done, or nothing is streamed). Meant for the gaps between generations; inside
+    // one it first waits for the reads in flight, like the next step would.
     uint64_t warm_cache_memory(uint64_t max_bytes);
     // llama.cpp's state file: the context's KV cache and its tokens, so a restart can resume a
     // conversation. Loading checks that the file belongs to this model and fits this context.
