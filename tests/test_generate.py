@@ -106,6 +106,25 @@ def test_fitting_never_grows_a_setting_and_keeps_what_was_given() -> None:
     assert (kept.ctx, kept.batch, kept.ubatch) == (1024, 128, 128)
 
 
+def test_a_conversation_decodes_a_long_prompt_in_one_ubatch_up_to_its_context() -> None:
+    """serve and chat do not know their prompts ahead: a batch and ubatch of the context (at most
+    CONVERSATION_UBATCH), so a 1,000-token system prompt is not two ubatches that each read every routed
+    expert; given settings and --parallel's chunked prompts keep theirs."""
+    from dataclasses import replace
+
+    from bmoe_edge.engine import runner
+    from bmoe_edge.engine.settings import StreamConfig
+
+    table = StreamConfig()
+    fitted = runner.fit_to_conversation(table)
+    assert (fitted.ctx, fitted.batch, fitted.ubatch) == (table.ctx, table.ctx, table.ctx) and table.ubatch < table.ctx
+    big = runner.fit_to_conversation(replace(table, ctx=16384))
+    assert (big.batch, big.ubatch) == (runner.CONVERSATION_UBATCH, runner.CONVERSATION_UBATCH)
+    assert runner.fit_to_conversation(replace(table, ctx=256)).ubatch == table.batch   # never below the table's
+    assert runner.fit_to_conversation(table, fixed={"ubatch"}) == table
+    assert runner.fit_to_conversation(replace(table, parallel=2)) == replace(table, parallel=2)
+
+
 def test_a_failed_read_stops_generation_with_one_line(model: Path) -> None:
     env = dict(os.environ, BMOE_FAULT="fail:60")
     result = run_cli("generate", "-m", str(model), "-p", "Once upon a time", "-n", "40", "--cache-mb", "0",

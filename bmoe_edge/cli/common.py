@@ -94,19 +94,21 @@ def sampling_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return setting_options(SAMPLING_FLAGS, "sampling")
 
 
-def machine_config(board: str | None, given: dict[str, Any], job: tuple[str, int] | None = None) -> Any:
+def machine_config(board: str | None, given: dict[str, Any], job: tuple[str, int] | None = None, *,
+                   conversation: bool = False) -> Any:
     """The engine settings of a run here: the flags that were given over the profile of `board`, else of
     the machine this runs on (the deployed board's, else host). No knobs is the fast path. With `job`
-    (`generate`'s prompt and -n), the context and batch not given are sized to it (runner.fit_to_job)."""
+    (`generate`'s prompt and -n), the context and batch not given are sized to it (runner.fit_to_job); for a
+    `conversation` (serve, chat: prompts not known ahead), to the context (runner.fit_to_conversation)."""
     from bmoe_edge.boards import profiles
     from bmoe_edge.engine import runner, settings
 
     profile = profiles.load_profile(board or profiles.machine_board())
     config = settings.resolve(profile.engine, given)
-    if job is None:
-        return config
     fixed = set(profile.engine) | {name for name, value in given.items() if value is not None}
-    return runner.fit_to_job(config, *job, fixed=fixed)
+    if job is not None:
+        return runner.fit_to_job(config, *job, fixed=fixed)
+    return runner.fit_to_conversation(config, fixed) if conversation else config
 
 
 def on_board(host: str | None, *, rpc_host: str | None, inventory: Path | None, ssh_config: Path | None,

@@ -57,7 +57,7 @@ def chat_cmd(
     from bmoe_edge.engine.session import Engine
     from bmoe_edge.serve import terminal
 
-    config = machine_config(board, engine)
+    config = machine_config(board, engine, conversation=True)
     with Engine(model, config) as e:
         # --parse-special (an engine setting): message text may spell control tokens; off, it is refused.
         session = chat.Session(e, system=system, template=chat_template, think=think,
@@ -136,7 +136,7 @@ def serve_cmd(
 
     with rpc_tunnelled(engine, rpc_host, rpc_port, inventory=inventory, ssh_config=ssh_config,
                        accept_new_host_key=accept_new_host_key, say=say) as flags:
-        config = machine_config(board, flags)
+        config = machine_config(board, flags, conversation=True)
         server.serve(model, config, bind=bind, port=port, api_keys=keys or (), no_auth=no_auth,
                      allowed_hosts=allowed_host or (), cors_origins=cors_origin or (),
                      max_connections=max_connections, body_timeout_s=body_timeout, queue_size=queue,

@@ -40,11 +40,12 @@ def metrics(url: str) -> dict[str, float]:
         return {k: float(v) for k, v in re.findall(r"^(\w+) (\S+)$", r.read().decode(), re.M)}
 
 
-def one(model: Path, cap_mib: int, mode: str, prompt: str) -> dict[str, object]:
+def one(model: Path, cap_mib: int, mode: str, prompt: str, launcher: tuple[str, ...] = ("-m", "bmoe_edge")
+        ) -> dict[str, object]:
     drop_page_cache(model)
     cap = ramcap.make_cap(cap_mib * 2**20, "auto", ramcap.ReadLimit(block_device(model), GEN2_BPS, GEN2_IOPS))
     cap.prepare()
-    proc = subprocess.Popen([sys.executable, "-m", "bmoe_edge", "serve", "-m", str(model), "--port", "0", "--no-auth"],
+    proc = subprocess.Popen([sys.executable, *launcher, "serve", "-m", str(model), "--port", "0", "--no-auth"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=cap.preexec)
     assert proc.stderr is not None
     try:
