@@ -60,8 +60,8 @@ def fit_to_job(config: StreamConfig, prompt: str | int, max_tokens: int, fixed: 
     return replace(config, **sized)
 
 
-# The largest ubatch a conversation's prompt gets without --batch/--ubatch: a long system prompt and tools in one
-# ubatch, whose attention scores (ubatch x context per head, without flash attention) stay within reach.
+# The largest ubatch a conversation's prompt gets: a long system prompt and tools in one ubatch, whose attention
+# scores (ubatch x context per head, without flash attention) stay within reach of a board's memory.
 CONVERSATION_UBATCH = 2048
 
 
@@ -71,9 +71,9 @@ def fit_to_conversation(config: StreamConfig, fixed: Collection[str] = ()) -> St
     1,000-token system prompt read its experts twice, a 2,000-token one four times (minutes at a board's
     0.43 GB/s). So the batch and ubatch are the context, up to CONVERSATION_UBATCH, as `generate` sizes them
     for a long prompt (fit_to_job): the buffers that ubatch writes are the cache's except while a prompt is
-    decoded, and where the memory limit cannot hold them the engine decodes in the ubatch it can. Given
-    settings are kept; with --parallel N the prompts go in chunks (prefill_chunk) beside the others' decodes,
-    and the table's batch stays."""
+    decoded, and where the memory limit cannot hold them the engine decodes in the ubatch it can. A batch or
+    ubatch a caller fixed is kept; with --parallel N the prompts go in chunks (prefill_chunk) beside the others'
+    decodes, and the table's batch stays."""
     if {"batch", "ubatch"} & set(fixed) or config.parallel > 1:
         return config
     longest = max(config.batch, min(config.ctx, CONVERSATION_UBATCH))
