@@ -213,7 +213,7 @@ uint64_t Engine::warm_cache_memory(uint64_t max_bytes) {
         return 0;
     }
     d.streaming.streamer->drain();  // a read-ahead batch of the last decode must land before the pool moves
-    return d.streaming.streamer->warm_pool(max_bytes);
+    return d.streaming.streamer->warm_pool(max_bytes, d.info.expert_bytes);
 }
 
 void Engine::save_state(const std::string & path) const {

@@ -509,14 +509,10 @@ void Streamer::trim_to_budget() {
     pool_.trim(std::max(cache_.budget() / pool_.unit(), pool_.units_in_use()));
 }
 
-uint64_t Streamer::warm_pool(uint64_t max_bytes) {
+uint64_t Streamer::warm_pool(uint64_t max_bytes, uint64_t all_experts_bytes) {
     // The pool spans the mirrors, dense ranges included: never more than every expert's slices, whatever
     // the budget (an uncapped run's budget is the machine's memory).
-    uint64_t experts = 0;
-    for (const StreamedTensor & t : tensors_) {
-        experts += static_cast<uint64_t>(t.n_expert) * t.expert_bytes;
-    }
-    const uint64_t target = std::min(cache_.budget(), experts) / pool_.unit();
+    const uint64_t target = std::min(cache_.budget(), all_experts_bytes) / pool_.unit();
     return pool_.reserve(target, std::max<uint64_t>(1, max_bytes / pool_.unit())) * pool_.unit();
 }
 

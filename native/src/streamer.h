@@ -112,9 +112,10 @@ public:
     // sit spare, and the process grows back over the memory it gave.
     void trim_spare();
     // While the engine is idle (a server between requests): populate up to `max_bytes` of the pool toward
-    // the cache budget, so the next prompt's reads land in pages that exist instead of waiting for the
+    // the cache budget, never past `all_experts_bytes` (every streamed expert's slices: the run info's
+    // expert_bytes), so the next prompt's reads land in pages that exist instead of waiting for the
     // kernel to zero fresh ones on the eval thread. Returns the bytes still to populate (0: warm).
-    uint64_t warm_pool(uint64_t max_bytes);
+    uint64_t warm_pool(uint64_t max_bytes, uint64_t all_experts_bytes);
     // A layer that stops running (an MTP head given up on) releases its cached experts and gives its
     // share of the budget to the others; again active when it may run again. Between decodes only.
     void set_layer_active(int layer, bool active);
