@@ -20,6 +20,7 @@ from bmoe_edge.synthetic.arch_rows import MOE_ARCHS, ROWS
 from bmoe_edge.synthetic.specs import (  # noqa: F401 - fixture_resolver and quick_fixture_specs: the CLI's
     QUICK_FIXTURES,
     FixtureSpec,
+    draft_model_for,
     fixture_resolver,
     quick_fixture_specs,
 )
@@ -83,7 +84,8 @@ CASES: dict[str, StreamCase] = {c.name: c for c in (
 
 # The model's own MTP head drafts (`--speculative mtp`; auto picks it where the model has one), on the
 # MTP fixtures (glm4moe: attention; qwen35moe: a hybrid trunk, its recurrent state rolled back from
-# snapshots; step35: three chained heads, head i drafting step i): a head that agrees with the model
+# snapshots; step35: three chained heads, head i drafting step i; gemma4: a separate assistant model over
+# the target's KV cache, `--draft-model`, resident): a head that agrees with the model
 # (drafts accepted), a noisy one (accepted and rejected, often in one step) and a random one
 # (rejected: the draft policy backs off).
 MTP_CASES: dict[str, StreamCase] = {c.name: c for c in (
@@ -92,7 +94,7 @@ MTP_CASES: dict[str, StreamCase] = {c.name: c for c in (
     StreamCase("speculative-auto-prefetch", cache=0.3,
                overrides={"overlap": True, "speculative": "auto", "prefetch": "predict"}),
 )}
-MTP_FIXTURES = tuple(FixtureSpec(arch, "Q8_0", mtp=head) for arch in ("glm4moe", "qwen35moe", "step35")
+MTP_FIXTURES = tuple(FixtureSpec(arch, "Q8_0", mtp=head) for arch in ("glm4moe", "qwen35moe", "step35", "gemma4")
                      for head in ("agree", "noisy", "random"))
 
 
@@ -286,14 +288,19 @@ def _first_difference(a: list[Generation], b: list[Generation]) -> tuple[bool, b
     return equal_tokens, equal_logits, first, step
 
 
+def speculating(config: StreamConfig, draft_model: str) -> StreamConfig:
+    """`config` with the fixture's separate draft model where it speculates with the model's own drafts."""
+    return replace(config, draft_model=draft_model) if config.speculative in ("mtp", "auto") else config
+
+
 def check_cell(cell: GateCell, model: Path, resident: list[Generation], all_expert_bytes: int,
-             steps: int, plain: list[Generation] | None = None) -> CellResult:
+             steps: int, plain: list[Generation] | None = None, draft_model: str = "") -> CellResult:
     spec = cell.fixture
     result = CellResult(spec.label, spec.quant, spec.split, cell.case.name, passed=False)
     prompts = [g.prompt_tokens for g in resident] if cell.case.echo else LONG_PROMPTS if cell.case.long_prompt \
         else PROMPTS
     try:
-        with Engine(model, stream_config(cell.case, all_expert_bytes)) as engine:
+        with Engine(model, speculating(stream_config(cell.case, all_expert_bytes), draft_model)) as engine:
             streamed = _generate(engine, cell.case.generations, steps, prompts)
             result.read_path = str(engine.run_info["read_path"])
     except BmoeError as exc:
@@ -331,18 +338,19 @@ def run_gates(cells: Iterable[GateCell], resolve: Callable[[FixtureSpec], Path],
         by_fixture.setdefault(cell.fixture, []).append(cell)
     for spec, group in by_fixture.items():
         model = resolve(spec)
+        draft_model = draft_model_for(spec, model)
         all_expert_bytes = info.model_summary(model).expert_bytes
         most = max(c.case.generations for c in group)
         resident: dict[tuple[int, bool, str, bool], list[Generation]] = {}
 
         def baseline(threads: int, echo: bool, speculative: str, long_prompt: bool = False, model: Path = model,
-                     most: int = most, resident: dict = resident) -> list[Generation]:
+                     most: int = most, resident: dict = resident, draft_model: str = draft_model) -> list[Generation]:
             """Resident runs by the knobs cases change: threads, echoed prompts, speculation, long prompts."""
             key = (threads, echo, speculative, long_prompt)
             if key not in resident:
                 prompts = echo_prompts(baseline(threads, False, "off")) if echo else \
                     LONG_PROMPTS if long_prompt else PROMPTS
-                config = replace(BASE, stream=False, threads=threads, speculative=speculative)
+                config = speculating(replace(BASE, stream=False, threads=threads, speculative=speculative), draft_model)
                 with Engine(model, config) as engine:
                     resident[key] = _generate(engine, most, steps, prompts)
             return resident[key]
@@ -354,7 +362,7 @@ def run_gates(cells: Iterable[GateCell], resolve: Callable[[FixtureSpec], Path],
             # token at a time: its logits are compared with a resident run that speculates too, its
             # tokens also with plain decoding.
             plain = baseline(config.threads, cell.case.echo, "off", cell.case.long_prompt)
-            yield check_cell(cell, model, same, all_expert_bytes, steps, plain)
+            yield check_cell(cell, model, same, all_expert_bytes, steps, plain, draft_model)
 
 
 def emulated_gate_args(bundle_dir: Path, as_json: bool) -> list[str]:

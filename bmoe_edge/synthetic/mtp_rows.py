@@ -25,7 +25,8 @@ attention only) and qwen35moe (Qwen3.5/3.6-MoE: a hybrid trunk whose recurrent s
 cuts back from llama.cpp's per-position snapshots; the head is an attention layer), one head each;
 step35 (Step 3.5 Flash: chained heads, one trained block per draft step, selected with
 `llama_set_nextn_layer_offset`; three here, sliding-window layers as in the row). gemma4's drafts
-come from a separate assistant model (gemma4-assistant), not from blocks in the file.
+come from a separate assistant model (gemma4-assistant), not from blocks in the file: `mtp_fixture`
+writes it beside its target (`assistant_rows`, `specs.draft_model_of`).
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.synthetic import tinymoe
+from bmoe_edge.synthetic import assistant_rows, tinymoe
 from bmoe_edge.synthetic.arch_parts import EMBD_RMS
 from bmoe_edge.synthetic.gguf_kv import KV, arch_kvs, full_vocab_size, general_kvs, vocab_kvs
+from bmoe_edge.synthetic.specs import draft_model_of
 
 # architecture -> its fixture's MTP heads (more than one: chained, head i drafts step i)
 MTP_HEADS: dict[str, int] = {"glm4moe": 1, "qwen35moe": 1, "step35": 3}
@@ -51,8 +53,9 @@ TRUNK_LAYERS = 4
 
 
 def _check(arch: str, quant: str, head: str) -> None:
-    if arch not in MTP_ARCHS:
-        raise BmoeError(f"no MTP fixture for {arch!r} (known: {', '.join(MTP_ARCHS)})")
+    known = (*MTP_ARCHS, *assistant_rows.assistant_archs())
+    if arch not in known:
+        raise BmoeError(f"no MTP fixture for {arch!r} (known: {', '.join(known)})")
     if quant not in tinymoe.DIRECT_QUANTS:
         raise BmoeError(f"MTP fixtures come in {', '.join(tinymoe.DIRECT_QUANTS)}, not {quant!r}")
     if head not in HEADS:
@@ -132,6 +135,7 @@ def mtp_fixture(arch: str = "glm4moe", quant: str = "Q8_0", *, head: str = "agre
     _check(arch, quant, head)
     h = hashlib.sha256(tinymoe.generator_version().encode())
     h.update(Path(__file__).read_bytes())
+    h.update(Path(assistant_rows.__file__).read_bytes())
     cache = tinymoe.fixtures_dir()
     final = cache / f"tiny-mtp-{head}-{arch}-{quant}-seed{seed}-{h.hexdigest()[:12]}.gguf"
     if final.is_file():
@@ -139,7 +143,13 @@ def mtp_fixture(arch: str = "glm4moe", quant: str = "Q8_0", *, head: str = "agre
     cache.mkdir(parents=True, exist_ok=True)
     tmpdir = Path(tempfile.mkdtemp(prefix=".gen-", dir=cache))
     try:
-        os.replace(write_mtp_moe(tmpdir / final.name, arch, quant, head=head, seed=seed), final)
+        if arch in MTP_HEADS:
+            os.replace(write_mtp_moe(tmpdir / final.name, arch, quant, head=head, seed=seed), final)
+        else:  # the assistant first: a target without its draft model is not a fixture
+            target, assistant = assistant_rows.write_target_and_assistant(tmpdir / final.name, arch, quant,
+                                                                          head=head, seed=seed)
+            os.replace(assistant, draft_model_of(final))
+            os.replace(target, final)
     finally:
         for p in tmpdir.iterdir():
             p.unlink()

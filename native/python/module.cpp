@@ -146,7 +146,8 @@ NB_MODULE(_native, m) {
         .def_ro("architecture", &bmoe::Recipe::architecture)
         .def_ro("expert_suffixes", &bmoe::Recipe::expert_suffixes)
         .def_ro("note", &bmoe::Recipe::note)
-        .def_ro("refused", &bmoe::Recipe::refused);
+        .def_ro("refused", &bmoe::Recipe::refused)
+        .def_ro("draft_model", &bmoe::Recipe::draft_model);
     m.def("recipes", &bmoe::recipes);
     m.def("recipe_for", &bmoe::recipe_for);
 

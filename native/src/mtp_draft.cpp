@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "bmoe/error.h"
+#include "bmoe/recipes.h"
+#include "gguf_map.h"
 #include "llama_runtime.h"
 // The staging API (the pin's src/llama-ext.h): the target's hidden states for the head, as the pin's
 // common/speculative.cpp reads them. Only this file includes it.
@@ -21,30 +24,94 @@ llama_token argmax(const float * logits, int32_t n_vocab) {
     return static_cast<llama_token>(std::max_element(logits, logits + n_vocab) - logits);
 }
 
+// "gemma4-assistant for gemma4": the recipe rows that name a draft model.
+std::string assistant_list() {
+    std::string out;
+    for (const Recipe & r : recipes()) {
+        if (!r.draft_model.empty()) {
+            out += (out.empty() ? "" : ", ") + r.draft_model + " for " + r.architecture;
+        }
+    }
+    return out;
+}
+
+std::string meta_text(const llama_model * model, const char * key) {
+    char buf[256];
+    return llama_model_meta_val_str(model, key, buf, sizeof(buf)) < 0 ? std::string() : std::string(buf);
+}
+
 }  // namespace
 
 int MtpDraft::heads(const llama_model * model) { return std::max(0, llama_model_n_layer_nextn(model)); }
 
 MtpDraft::MtpDraft(llama_model * model, llama_context * target, llama_context_params params)
-    : target_(target), vocab_(llama_model_get_vocab(model)),
+    : MtpDraft(nullptr, model, target, params) {}
+
+MtpDraft::MtpDraft(OwnedModel own, llama_model * model, llama_context * target, llama_context_params params)
+    : own_model_(std::move(own)), target_(target), vocab_(llama_model_get_vocab(model)),
       n_embd_(static_cast<size_t>(llama_model_n_embd_out(model))), heads_(heads(model)),
       // Several next-n blocks chain (the pin's driver: n_mtp_layers > 1 without a shared KV), one per
       // draft step; an architecture whose graph_mtp ignores the offset runs its first block each time.
-      chained_(heads_ > 1), hidden_(n_embd_, 0.0f) {
+      chained_(heads_ > 1 && own_model_ == nullptr), shared_(own_model_ != nullptr), hidden_(n_embd_, 0.0f) {
     params.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
     params.n_ctx = llama_n_ctx(target);
     params.n_rs_seq = 0;
     params.ctx_other = target;  // what the models whose head shares the target's memory need
+    if (shared_) {  // the seam matches the target's `blk.N.` names: a separate model's are not those
+        params.cb_eval = nullptr;
+        params.cb_eval_user_data = nullptr;
+    }
     clear_llama_error();
     ctx_.reset(llama_init_from_model(model, params));
     if (!ctx_) {
         const std::string why = last_llama_error();
         throw Error("llama.cpp could not create the MTP draft context" + (why.empty() ? "" : " (" + why + ")"));
     }
+    if (shared_ && llama_get_ctx_other(ctx_.get()) != target) {
+        throw Error("the draft model's context does not share the target's KV cache (llama.cpp set no ctx_other)");
+    }
     // Unmasked on the target: a hidden state for every position it decodes (the head needs them
     // all), while logits stay where they were asked for. Masked on the head: only its output row.
     llama_set_embeddings_nextn(target_, true, false);
     llama_set_embeddings_nextn(ctx_.get(), true, true);
+}
+
+std::unique_ptr<MtpDraft> MtpDraft::assistant(const std::string & path, llama_context * target,
+                                              llama_context_params params) {
+    const llama_model * target_model = llama_get_model(target);
+    const std::string target_arch = meta_text(target_model, "general.architecture");
+    const std::string wanted = recipe_for(target_arch).draft_model;
+    if (wanted.empty()) {
+        throw Error("--draft-model: a '" + target_arch + "' model takes no separate draft model here (one that "
+                    "shares its KV cache: " + assistant_list() + ")");
+    }
+    const std::string arch = GgufMap(path).architecture();  // the header first: never load a wrong model
+    if (arch != wanted) {
+        throw Error(path + ": a '" + arch + "' model is not a draft model for this '" + target_arch + "' model (a '" +
+                    wanted + "' file is)");
+    }
+    llama_model_params mp = llama_model_default_params();
+    mp.load_mode = LLAMA_LOAD_MODE_NONE;  // read into memory: resident, counted before the cache is sized
+    mp.use_extra_bufts = false;
+    mp.n_gpu_layers = 0;
+    clear_llama_error();
+    OwnedModel model(llama_model_load_from_file(path.c_str(), mp));
+    if (!model) {
+        const std::string why = last_llama_error();
+        throw Error(path + ": llama.cpp could not load the draft model" + (why.empty() ? "" : " (" + why + ")"));
+    }
+    const int32_t width = llama_model_n_embd_out(model.get());
+    if (width != llama_model_n_embd_out(target_model)) {
+        throw Error(path + ": the draft model takes hidden states " + std::to_string(width) + " wide, the model's are " +
+                    std::to_string(llama_model_n_embd_out(target_model)));
+    }
+    const int32_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model.get()));
+    if (n_vocab != llama_vocab_n_tokens(llama_model_get_vocab(target_model))) {
+        throw Error(path + ": the draft model's vocabulary (" + std::to_string(n_vocab) +
+                    " tokens) is not the model's");
+    }
+    llama_model * raw = model.get();
+    return std::unique_ptr<MtpDraft>(new MtpDraft(std::move(model), raw, target, params));
 }
 
 MtpDraft::~MtpDraft() = default;
@@ -77,11 +144,13 @@ void MtpDraft::decode_rows(const llama_token * tokens, const float * rows, int n
 
 void MtpDraft::warm_up(llama_token token, const Decode & decode) {
     const std::vector<float> zeros(n_embd_, 0.0f);
-    for (int head = 0; head < layers(); ++head) {  // every block's experts captured
+    // A shared KV holds the target's warm-up token at 0: the draft model's goes after it, as a draft does.
+    const llama_pos pos = shared_ ? 1 : 0;
+    for (int head = 0; head < std::max(1, layers()); ++head) {  // every block's experts captured
         if (chained_) {
             select_head(head, 0);
         }
-        decode_rows(&token, zeros.data(), 1, 0, true, decode);
+        decode_rows(&token, zeros.data(), 1, pos, true, decode);
     }
     clear();
 }
@@ -93,6 +162,9 @@ void MtpDraft::observe(const llama_token * tokens, int n, llama_pos first) {
     } else if (first > next) {  // positions the head never saw: start its context afresh there
         clear();
         base_ = first;
+    }
+    if (shared_) {  // nothing is fed: only the latest decode's states can still be wanted (a verify's cut)
+        feed(0, {});
     }
     for (int i = 0; i < n; ++i) {
         const float * h = llama_get_embeddings_nextn_ith(target_, i);
@@ -106,7 +178,9 @@ void MtpDraft::observe(const llama_token * tokens, int n, llama_pos first) {
 
 void MtpDraft::truncate(llama_pos n) {
     if (n < base_) {  // the head's own context goes back too; the state before n is not kept: zeros
-        llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, n, -1);
+        if (!shared_) {  // a shared KV is the target's: its cut is the target's own
+            llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, n, -1);
+        }
         base_ = n;
         unfed_.clear();
         hidden_.assign(n_embd_, 0.0f);
@@ -120,7 +194,9 @@ void MtpDraft::truncate(llama_pos n) {
 }
 
 void MtpDraft::clear() {
-    llama_memory_clear(llama_get_memory(ctx_.get()), true);
+    if (!shared_) {  // (llama.cpp's clear of a shared cache would reset the target's cells)
+        llama_memory_clear(llama_get_memory(ctx_.get()), true);
+    }
     if (chained_) {
         llama_set_nextn_layer_offset(ctx_.get(), 0);
     }
@@ -130,7 +206,8 @@ void MtpDraft::clear() {
 }
 
 // The positions the target decoded since the last draft, each token with the hidden state before it
-// (chained heads: to every block in turn).
+// (chained heads: to every block in turn; a shared KV needs none: the target's keys and values are
+// the draft model's).
 void MtpDraft::feed(int batch, const Decode & decode) {
     for (int head = 0; head < layers() && !unfed_.empty(); ++head) {
         if (chained_) {
@@ -167,8 +244,8 @@ std::vector<llama_token> MtpDraft::draft(llama_token last, llama_pos pos, int ma
             if (chained_) {
                 select_head(i, pos);
                 decode_rows(tokens.data(), rows.data(), i + 1, pos, true, decode);
-            } else {
-                decode_rows(&tokens.back(), rows.data(), 1, pos + i, true, decode);
+            } else {  // a shared KV: every draft at the target's next position (nothing of it is stored)
+                decode_rows(&tokens.back(), rows.data(), 1, shared_ ? pos : pos + i, true, decode);
             }
             const llama_token token = argmax(llama_get_logits_ith(ctx_.get(), -1), n_vocab);
             out.push_back(token);
@@ -189,7 +266,9 @@ std::vector<llama_token> MtpDraft::draft(llama_token last, llama_pos pos, int ma
         throw;
     }
     // The draft positions go: the head is fed what the target verifies, with the target's states.
-    llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, pos, -1);
+    if (!shared_) {
+        llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, pos, -1);
+    }
     if (chained_) {
         llama_set_nextn_layer_offset(ctx_.get(), 0);
     }

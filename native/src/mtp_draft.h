@@ -15,12 +15,19 @@
 // verifies. Chained heads (a model with several next-n blocks, Step 3.5): one trained block per draft
 // step, chosen with llama_set_nextn_layer_offset, as the pin's common/speculative.cpp does: every
 // block is fed the target's positions, and draft step i runs block i over the whole draft prefix
-// (each block's KV is its own layer's), so a step drafts at most as many tokens as there are blocks. What the engine decodes on the draft context goes through `Decode` (the engine's seam
-// errors, overlap drain, route trace): this class never reads an expert itself.
+// (each block's KV is its own layer's), so a step drafts at most as many tokens as there are blocks.
+// A separate draft model that shares the target's KV (Gemma 4's assistant, `--draft-model`): a small
+// dense model, loaded resident here, whose context (type MTP, `ctx_other` = the target) has no KV of
+// its own: its layers' queries attend over the target's last two layers' keys and values. Nothing is
+// fed; every draft token is decoded at the target's next position with the assistant's own hidden
+// state carried (the pin's driver and the Transformers reference do the same), and the target's verify
+// cut is the assistant's too. What the engine decodes on the draft context goes through `Decode` (the
+// engine's seam errors, overlap drain, route trace): this class never reads an expert itself.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "llama.h"
@@ -39,6 +46,11 @@ public:
     // `params`: the target context's parameters (cb_eval and all); throws bmoe::Error when llama.cpp
     // cannot make an MTP context for this model. Switches the target to output its hidden states.
     MtpDraft(llama_model * model, llama_context * target, llama_context_params params);
+    // A separate draft model sharing the target's KV, from its file (`--draft-model`): checked against
+    // the target (its architecture's assistant, the same hidden size and vocabulary), loaded resident,
+    // its context made without the target's eval callback (none of it streams).
+    static std::unique_ptr<MtpDraft> assistant(const std::string & path, llama_context * target,
+                                               llama_context_params params);
     ~MtpDraft();
     MtpDraft(const MtpDraft &) = delete;
     MtpDraft & operator=(const MtpDraft &) = delete;
@@ -46,13 +58,15 @@ public:
     llama_context * context() const { return ctx_.get(); }
     // The head layers the draft context runs (1, or every block when they chain): layers
     // n_layer .. n_layer + layers() - 1, whose experts the streamer caches beside the trunk's.
-    int layers() const { return chained_ ? heads_ : 1; }
+    // None for a separate draft model (resident, dense).
+    int layers() const { return shared_ ? 0 : chained_ ? heads_ : 1; }
 
     // Whether the target outputs the hidden states the head needs (off: sampled decoding, no drafts;
     // the target's last layer then computes only the tokens whose logits are asked for).
     void set_enabled(bool on);
 
-    // One decode with a zero hidden state (the engine's warm-up capture); leaves the context empty.
+    // One decode with a zero hidden state (the engine's warm-up capture, after the target decoded `token`
+    // at 0); leaves the context empty.
     void warm_up(llama_token token, const Decode & decode);
 
     // The target just decoded `n` tokens from position `first`: their hidden states are kept until
@@ -66,6 +80,12 @@ public:
     std::vector<llama_token> draft(llama_token last, llama_pos pos, int max, int batch, const Decode & decode);
 
 private:
+    struct ModelFree {
+        void operator()(llama_model * m) const { llama_model_free(m); }
+    };
+    using OwnedModel = std::unique_ptr<llama_model, ModelFree>;
+    MtpDraft(OwnedModel own, llama_model * model, llama_context * target, llama_context_params params);
+
     void feed(int batch, const Decode & decode);
     void decode_rows(const llama_token * tokens, const float * rows, int n, llama_pos first, bool output,
                      const Decode & decode);
@@ -75,12 +95,14 @@ private:
     struct ContextFree {
         void operator()(llama_context * c) const { llama_free(c); }
     };
+    OwnedModel own_model_;  // a separate draft model (freed after its context: declared before it)
     llama_context * target_;
     std::unique_ptr<llama_context, ContextFree> ctx_;
     const llama_vocab * vocab_;
     size_t n_embd_;
     int heads_;
     bool chained_;
+    bool shared_;                      // a separate draft model over the target's KV: nothing fed
     llama_pos base_ = 0;               // the head's context holds positions [0, base_)
     std::vector<llama_token> unfed_;   // tokens at base_, base_ + 1, ... the target decoded since
     std::vector<float> hidden_;        // the target's hidden states at base_ - 1, base_, ... (zeros before 0)

@@ -46,6 +46,10 @@ const std::vector<Recipe> & recipes() {
         // Measured: a DSpark (DeepSeek-V4 backbone) fixture loads, but without embeddings and head of its own
         // the context fails ("dflash requires ctx_other to be set"); with them it streams bit-exactly, yet
         // decodes over an empty draft cache the target's features were meant to fill.
+        // Gemma 4's drafts come from a separate assistant model over its KV cache (src/models/gemma4-assistant.cpp;
+        // src/llama-model.cpp maps the assistant's sliding layers to the target's layer n_layer - 2, its full
+        // ones to n_layer - 1).
+        {"gemma4", kExpertSuffixes, "", "", "gemma4-assistant"},
         {"dflash", kExpertSuffixes, "",
          "a speculative draft (DFlash/DSpark): it decodes over the target model's hidden states and borrows its "
          "embeddings and head, so it cannot generate alone (llama.cpp: \"dflash requires ctx_other\")"},
@@ -66,7 +70,7 @@ Recipe recipe_for(const std::string & architecture) {
     if (const Recipe * row = find_recipe(architecture)) {
         return *row;
     }
-    return Recipe{architecture, kExpertSuffixes, "", ""};
+    return Recipe{architecture, kExpertSuffixes, "", "", ""};
 }
 
 }  // namespace bmoe

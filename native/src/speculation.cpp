@@ -11,12 +11,20 @@
 namespace bmoe {
 
 // After the target context exists, before the warm-up capture (the head's graph is captured too).
-// auto: the model's head where it has one, else prompt lookup (whose policy stops drafting where
-// the model rejects the drafts), except on a recurrent trunk: there prompt lookup would need state
-// snapshots at every decode, for drafts that free text seldom has.
+// auto: the model's head where it has one (or its --draft-model), else prompt lookup (whose policy
+// stops drafting where the model rejects the drafts), except on a recurrent trunk: there prompt lookup
+// would need state snapshots at every decode, for drafts that free text seldom has.
 void Engine::Impl::set_up_speculation() {
     speculation = config.speculative;
     const int heads = detail::MtpDraft::heads(model.get());
+    const bool assistant = !config.draft_model.empty();  // a separate draft model (Gemma 4's assistant)
+    if (assistant && (speculation == Speculative::Off || speculation == Speculative::Ngram)) {
+        throw Error("--draft-model drafts with --speculative mtp or auto, not " + std::string(to_string(speculation)));
+    }
+    if (assistant && rpc) {
+        throw Error("--draft-model with RPC workers: the draft model reads the last layers' KV cache, which "
+                    "would be a worker's; run it without --rpc");
+    }
     // A recurrent state is cut back to the accepted drafts only from llama.cpp's per-position
     // snapshots (context_params asks for one per draft; the architectures without them get none).
     const bool recurrent = llama_model_is_recurrent(model.get()) || llama_model_is_hybrid(model.get());
@@ -25,20 +33,22 @@ void Engine::Impl::set_up_speculation() {
     // they agreed with the model (0.97x; a random one 0.77x: every probe feeds all the blocks, which
     // split the cache until the give-up; docs/bench-data/2026-12-02/mtp): auto leaves them to `mtp`.
     if (speculation == Speculative::Auto) {  // on a recurrent trunk prompt lookup is not worth its snapshots
-        speculation = !rolls_back                      ? Speculative::Off
-                      : heads == 1 && !rpc             ? Speculative::Mtp
-                      : recurrent                      ? Speculative::Off
-                                                       : Speculative::Ngram;
+        speculation = !rolls_back                              ? Speculative::Off
+                      : assistant || (heads == 1 && !rpc)      ? Speculative::Mtp
+                      : recurrent                              ? Speculative::Off
+                                                               : Speculative::Ngram;
     }
     if (speculation != Speculative::Off && !rolls_back) {
         throw Error("speculative decoding cannot roll back this model's context ('" + info.architecture +
                     "' keeps a recurrent state, and llama.cpp keeps no snapshots of it): run it without "
                     "--speculative (or with auto)");
     }
-    if (speculation == Speculative::Mtp) {
+    if (speculation == Speculative::Mtp && assistant) {
+        mtp = detail::MtpDraft::assistant(config.draft_model, ctx.get(), context_params());
+    } else if (speculation == Speculative::Mtp) {
         if (heads == 0) {
             throw Error(info.model + ": the model has no MTP head (" + info.architecture +
-                        ".nextn_predict_layers is 0): use --speculative ngram or auto");
+                        ".nextn_predict_layers is 0): use --speculative ngram or auto, or give its --draft-model");
         }
         if (rpc) {
             throw Error("--speculative mtp with RPC workers: the head's layer would be placed by llama.cpp, "

@@ -103,10 +103,13 @@ BMOE_CHOICE(Toggle, BMOE_TOGGLES)
       "points at a cached expert with weight zero.")                                                                  \
     X(Speculative, speculative, Speculative::Off, 0, 0, Rule::Plain, Profile::Optional, kFlag,                        \
       "Speculative decoding (greedy decoding only; identical tokens): drafts verified in one batch. ngram = "       \
-      "prompt-lookup drafts; mtp = the model's own MTP (next-n) head; auto = mtp where the model has one head, else "  \
-      "ngram. Drafting backs off while the model rejects the drafts.")                                               \
+      "prompt-lookup drafts; mtp = the model's own MTP (next-n) head, or --draft-model; auto = mtp where the model "  \
+      "has one head or a --draft-model is given, else ngram. Drafting backs off while the model rejects the drafts.") \
     X(int, draft_max, 8, 1, 64, Rule::Plain, Profile::Optional, kFlag,                                                \
       "Speculative decoding: draft at most this many tokens.")                                                        \
+    X(std::string, draft_model, "", 0, 0, Rule::Plain, Profile::None, kFlag,                                          \
+      "Speculative decoding (mtp, auto): a separate draft model that reads the model's own KV cache (a Gemma 4 "     \
+      "assistant gguf for a Gemma 4 model), loaded resident beside it.")                                              \
     X(std::string, route_trace, "", 0, 0, Rule::Plain, Profile::None, kFlag,                                          \
       "Write every token's routed experts, per layer, to this CSV (streaming only).")                                 \
     X(int64_t, io_timeout, 30, 0, 1000000, Rule::Plain, Profile::Optional, kFlag,                                     \

@@ -16,9 +16,12 @@ struct Recipe {
     std::vector<std::string> expert_suffixes;  // blk.<il>.<suffix>.weight, one per projection
     std::string note;
     std::string refused;  // non-empty: the experts cannot be streamed, and why (one line)
+    // The architecture of a separate draft model that reads this model's KV cache (--draft-model), if
+    // the pinned graph has one: its layers attend over the target's last two (sliding, then full).
+    std::string draft_model;
 };
 
-// The rows that differ from the default (refusals, notes).
+// The rows that differ from the default (refusals, notes, draft models).
 const std::vector<Recipe> & recipes();
 // The row of an architecture, or nullptr when it has none.
 const Recipe * find_recipe(const std::string & architecture);
