@@ -4,7 +4,9 @@ The gate cells (gates.MTP_CASES on the MTP fixtures, gates.mtp_sample()): greedy
 decoding, logits bit for bit equal a resident run that speculates too, and the head's drafts both
 accepted and rejected; a head that disagrees makes the draft policy back off; a model without a head
 is refused (mtp) or falls back to prompt lookup (auto). step35's chained heads: head i drafts step i,
-each head's layer streamed.
+each head's layer streamed. gemma4: a separate assistant model (`--draft-model`) over the target's KV
+cache, checked against the model before it loads; serve speculates with both kinds and answers as
+plain decoding does.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import csv
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +22,7 @@ from bmoe_edge.engine import Engine, Generation
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.proof import gates
 from bmoe_edge.synthetic import mtp_rows, tinymoe
-from bmoe_edge.synthetic.specs import fixture_resolver
+from bmoe_edge.synthetic.specs import draft_model_of, fixture_resolver
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,7 @@ def test_mtp_drafts_accepted_and_rejected(mtp_results: list[gates.CellResult]) -
     for r in mtp_results:
         drafted, accepted = by_head.get(r.arch, (0, 0))
         by_head[r.arch] = (drafted + r.drafted, accepted + r.accepted)
-    for arch in mtp_rows.MTP_ARCHS:
+    for arch in dict.fromkeys(s.arch for s in gates.MTP_FIXTURES):
         agree, noisy, rand = (by_head[f"{arch}+mtp-{h}"] for h in ("agree", "noisy", "random"))
         assert agree[1] >= 0.9 * agree[0] > 0  # the head that agrees with the model: nearly all accepted
         assert 0 < noisy[1] < noisy[0]  # accepted and rejected
@@ -164,13 +167,16 @@ def _generate(engine: Engine, prompt: list[int], steps: int, reuse_kv: bool = Fa
     return gen
 
 
-def test_the_head_follows_a_reused_context_and_a_loaded_state(tmp_path) -> None:
-    model = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="noisy")
+@pytest.mark.parametrize("arch", ["glm4moe", "gemma4"])
+def test_the_head_follows_a_reused_context_and_a_loaded_state(tmp_path, arch: str) -> None:
+    model = mtp_rows.mtp_fixture(arch, "Q8_0", head="noisy")
+    draft = str(draft_model_of(model)) if arch == "gemma4" else ""
     with Engine(model, replace(gates.BASE, stream=False, speculative="off")) as plain_engine:
         first = plain_engine.run(gates.PROMPTS[0], 12)
         longer = first.prompt_tokens + first.tokens + plain_engine.tokenize(" and then", add_special=False)
         want = plain_engine.run(longer, 16).tokens
-    with Engine(model, replace(gates.BASE, stream=True, speculative="mtp", cache_mb=0.5)) as engine:
+    settings = {"stream": True, "speculative": "mtp", "draft_model": draft, "cache_mb": 0.5}
+    with Engine(model, replace(gates.BASE, **settings)) as engine:
         assert engine.run(gates.PROMPTS[0], 12).tokens == first.tokens
         again = _generate(engine, longer, 16, reuse_kv=True)  # the context's prefix kept, the head's too
         assert again.reused_tokens > 0 and again.tokens == want
@@ -210,3 +216,105 @@ def test_a_failed_read_of_the_heads_experts_stops_the_generation_and_the_next_on
         again = engine.run(gates.PROMPTS[0], 24)  # the head's context started afresh
     assert again.tokens == plain.tokens
     assert sum(m.drafted for m in again.metrics) > 0
+
+
+def _assistant(head: str = "noisy") -> tuple[Path, str]:
+    model = mtp_rows.mtp_fixture("gemma4", "Q8_0", head=head)
+    return model, str(draft_model_of(model))
+
+
+def test_a_draft_model_is_checked_against_the_model_before_it_runs(tmp_path) -> None:
+    from bmoe_edge.synthetic import assistant_rows
+
+    model, assistant = _assistant()
+    glm = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="agree")
+    wider, _ = assistant_rows.write_target_and_assistant(tmp_path / "wide.gguf", "gemma4", "Q8_0", n_embd=96)
+    cut = tmp_path / "cut-assistant.gguf"
+    cut.write_bytes(Path(assistant).read_bytes()[: 3 * 2**20])
+    refused = {
+        "drafts with --speculative mtp or auto, not off": (model, {"speculative": "off", "draft_model": assistant}),
+        "not ngram": (model, {"speculative": "ngram", "draft_model": assistant}),
+        "a 'glm4moe' model takes no separate draft model": (glm, {"speculative": "mtp", "draft_model": assistant}),
+        "a 'glm4moe' model is not a draft model for this 'gemma4'": (model, {"speculative": "mtp",
+                                                                           "draft_model": str(glm)}),
+        "takes hidden states 96 wide, the model's are 64": (model, {"speculative": "auto",
+                                                                    "draft_model": str(draft_model_of(wider))}),
+        "cut-assistant.gguf": (model, {"speculative": "mtp", "draft_model": str(cut)}),
+        "missing.gguf": (model, {"speculative": "mtp", "draft_model": str(tmp_path / "missing.gguf")}),
+        "no MTP head .* or give its --draft-model": (model, {"speculative": "mtp"}),
+    }
+    for why, (target, settings) in refused.items():
+        for stream in (False, True):
+            with pytest.raises(BmoeError, match=why):
+                _run(target, steps=2, stream=stream, **settings)
+    _, info = _run(model, steps=2, stream=True, speculative="auto")  # no draft model given: prompt lookup
+    assert info["speculative"] == "ngram"
+
+
+def test_the_assistant_saves_decodes_when_it_agrees_and_backs_off_when_it_does_not() -> None:
+    model, assistant = _assistant("agree")
+    plain, _ = _run(model, stream=False, speculative="off")
+    gen, info = _run(model, stream=True, speculative="auto", draft_model=assistant, cache_mb=0)
+    assert info["speculative"] == "mtp" and gen.tokens == plain.tokens
+    assert sum(1 for m in gen.metrics if m.n_tokens) * 3 <= len(gen.tokens)  # at least 3 tokens per decode
+    model, assistant = _assistant("random")
+    plain, _ = _run(model, stream=False, speculative="off")
+    gen, _ = _run(model, stream=True, speculative="mtp", draft_model=assistant)
+    assert gen.tokens == plain.tokens
+    assert 0 < sum(m.drafted for m in gen.metrics) <= 8 and sum(m.accepted for m in gen.metrics) <= 1
+
+
+def _session_turns(model: Path, **settings) -> tuple[list[str], int]:
+    """Two greedy turns of one chat session (the context kept between them), and the drafts accepted."""
+    from bmoe_edge.engine import Sampling, chat
+
+    with Engine(model, replace(gates.BASE, ctx=1024, **settings)) as engine:
+        session = chat.Session(engine, system="You are terse.", sampling=Sampling(temp=0.0), max_tokens=24)
+        answers, accepted = [], 0
+        for text in ("Tell me about the sea", "And the mountains"):
+            for _ in session.send(text):
+                pass
+            answers.append(session.last.content)
+            accepted += sum(m.accepted for m in session.last.metrics)
+    return answers, accepted
+
+
+@pytest.mark.parametrize("arch", ["glm4moe", "gemma4"])
+def test_a_chat_session_speculates_and_answers_as_plain_decoding(arch: str) -> None:
+    model = mtp_rows.mtp_fixture(arch, "Q8_0", head="agree")
+    draft = str(draft_model_of(model)) if arch == "gemma4" else ""
+    plain, _ = _session_turns(model, stream=False)
+    answers, accepted = _session_turns(model, stream=True, speculative="auto", draft_model=draft)
+    assert answers == plain and accepted > 24
+
+
+def test_serve_speculates_with_the_models_drafts_and_answers_as_plain_decoding() -> None:
+    from test_serve import KEY, start, stop
+
+    gemma, assistant = _assistant("agree")
+    messages = [{"role": "user", "content": "Tell me a story about a fox"}]
+    for model, flags in ((mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="agree"), ["--speculative", "mtp"]),
+                         (gemma, ["--speculative", "auto", "--draft-model", assistant])):
+        seen = {}
+        for name, extra in (("plain", []), ("speculative", flags)):
+            server = start(model, "--ctx", "512", "--api-key", KEY, *extra)
+            try:
+                client = server.client(KEY)
+                ask = {"model": server.model_id, "messages": messages, "max_tokens": 32, "temperature": 0}
+                whole = client.chat.completions.create(**ask).choices[0].message.content
+                streamed = "".join(c.choices[0].delta.content or "" for c in
+                                   client.chat.completions.create(**ask, stream=True) if c.choices)
+                sampled = client.completions.create(model=server.model_id, prompt="Once upon a time", max_tokens=16,
+                                                    temperature=0.9, seed=7).choices[0].text
+                seen[name] = (whole, streamed, sampled, server.metrics())
+            finally:
+                stop(server)
+        (*plain, plain_metrics), (*spec, spec_metrics) = seen["plain"], seen["speculative"]
+        assert spec == plain and spec[0] == spec[1] != "", (model, spec, plain)
+        assert plain_metrics["bmoe_draft_tokens_total"] == 0
+        # Greedy requests draft (two 32-token answers, nearly all accepted); the sampled one does not.
+        assert spec_metrics["bmoe_draft_tokens_accepted_total"] >= 40, spec_metrics
+    batched = start(gemma, "--ctx", "512", "--api-key", KEY, "--parallel", "2", "--speculative", "mtp",
+                    "--draft-model", assistant)
+    stop(batched)
+    assert "speculative decoding runs with --parallel 1" in batched.stderr

@@ -31,6 +31,10 @@ def prometheus(stats: Stats, queue_depth: int, rejected: int, batch: BatchStats 
         ("bmoe_expert_cache_hit_ratio", "gauge", "Expert cache hits / lookups since start.", hit),
         ("bmoe_expert_bytes_read_total", "counter", "Bytes read from storage for experts.", stats.bytes_read),
         ("bmoe_read_stall_seconds_total", "counter", "Compute time spent waiting for reads.", stats.stall_ms / 1000),
+        ("bmoe_draft_tokens_total", "counter", "Speculative decoding (--speculative): draft tokens verified.",
+         stats.drafted),
+        ("bmoe_draft_tokens_accepted_total", "counter", "... and those the model accepted (tokens it did not "
+         "decode one at a time).", stats.accepted),
         ("bmoe_resident_memory_bytes", "gauge", "Resident set size after the last token.", stats.rss_bytes),
         ("bmoe_queue_depth", "gauge", "Requests waiting for the engine.", queue_depth),
         ("bmoe_busy", "gauge", "1 while the engine generates.", int(stats.busy)),

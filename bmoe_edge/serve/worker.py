@@ -72,6 +72,8 @@ class Stats:
     stall_ms: float = 0.0
     cache_lookups: int = 0
     cache_hits: int = 0
+    drafted: int = 0                # speculative decoding: draft tokens verified, and accepted
+    accepted: int = 0
     rss_bytes: int = 0
     busy: bool = False
     pool_to_warm_bytes: int = 0     # what the idle steps have yet to fault in (0: warm, or not begun)
@@ -98,6 +100,8 @@ class Stats:
         self.stall_ms += m.stall_ms
         self.cache_lookups += m.cache_lookups
         self.cache_hits += m.cache_hits
+        self.drafted += m.drafted
+        self.accepted += m.accepted
         self.rss_bytes = m.rss_bytes
 
 

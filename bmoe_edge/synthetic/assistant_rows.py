@@ -90,7 +90,7 @@ def _assistant_tensors(row: Any, d: Any, seed: int, head: str, n_embd: int) -> l
     return out
 
 
-def _assistant_kvs(target_arch: str, arch: str, d: Any, n_embd: int) -> list[Any]:
+def _assistant_kvs(target_arch: str, arch: str, d: Any, n_embd: int, quant: str) -> list[Any]:
     """The assistant's keys: the target row's attention geometry (its queries meet the target's keys),
     its own width and layers."""
     row = tinymoe.ROWS[target_arch]
@@ -101,7 +101,8 @@ def _assistant_kvs(target_arch: str, arch: str, d: Any, n_embd: int) -> list[Any
             Key("feed_forward_length", "ff"), Key("embedding_length_out", "embd"),
             Key("nextn_predict_layers", len(LAYERS)),
             Key("attention.sliding_window_pattern", [k == "swa" for k in LAYERS], "bool_arr"))
-    return [*general_kvs(f"bmoe-tiny-assistant-{target_arch}", tinymoe._FILE_TYPE["F32"], False),
+    return [*general_kvs(f"bmoe-tiny-assistant-{target_arch}-{quant}", tinymoe._FILE_TYPE[quant],
+                         quant not in ("F32", "F16")),
             *arch_kvs(arch, keys, d), *vocab_kvs(d.n_vocab)]
 
 
@@ -109,7 +110,8 @@ def write_target_and_assistant(path: Path, arch: str, quant: str, *, head: str =
                                n_layer: int = 4, n_embd: int | None = None, n_ff_exp: int | None = None,
                                n_expert: int | None = None) -> tuple[Path, Path]:
     """Write a tiny `arch` model in `quant` (the full vocabulary; bigger dimensions and more experts for
-    measurements) and its assistant beside it (`draft_model_of`, F32: resident, nothing of it streams)."""
+    measurements) and its assistant beside it (`draft_model_of`, in the same type: resident, nothing of it
+    streams)."""
     targets = assistant_archs()
     if arch not in targets:
         raise BmoeError(f"no draft-model fixture for {arch!r} (known: {', '.join(targets)})")
@@ -121,7 +123,8 @@ def write_target_and_assistant(path: Path, arch: str, quant: str, *, head: str =
                         "reads those two layers' keys and values")
     target = tinymoe._direct(Path(path), row, quant, d, seed, 1)[0]
     width = d.n_embd + EXTRA_WIDTH
-    tensors = [(name, data, None) for name, data in _assistant_tensors(row, d, seed, head, width)]
-    kvs = _assistant_kvs(arch, targets[arch], d, width)
+    tensors = [(name, *tinymoe._encode(name, data, quant))
+               for name, data in _assistant_tensors(row, d, seed, head, width)]
+    kvs = _assistant_kvs(arch, targets[arch], d, width, quant)
     assistant = tinymoe._write_gguf(draft_model_of(target), targets[arch], kvs, tensors, 1)[0]
     return target, assistant

@@ -3,8 +3,9 @@
 Fixtures (bmoe_edge.synthetic.mtp_rows, written once into ~/.cache/bmoe-edge/bench-mtp): an ARCH trunk
 of 24 layers (the first dense), n_embd 512, experts 1024 wide, 32 experts, top-2 (a token routes to
 1/16 of a layer, as Qwen3's 8 of 128), Q8_0, ~1.4 GB, with its MTP heads (glm4moe: one; step35:
-three, chained) in HEADS variants: agree (the upper side: the head predicts what the model will),
-random (the lower side: every draft rejected).
+three, chained; gemma4: a separate assistant model over its KV cache, resident, given as --draft-model
+to the mtp and auto cells) in HEADS variants: agree (the upper side: the head predicts what the model
+will), random (the lower side: every draft rejected).
 
 Every cell is a fresh process inside a cgroup: memory capped at CAP of the model file (the cache
 sizes itself from it: cache auto), every read of the model's block device throttled to the storage
@@ -14,7 +15,7 @@ threads auto, cache auto) but `speculative`, and CTX/BATCH. In each repeat the c
 run back to back (off, mtp, auto, in an order rotated per repeat), so a ratio is taken within a
 repeat. Writes cells-ARCH-STORAGE.csv (one row per cell) and prints a summary table.
 
-    .venv/bin/python docs/bench-data/2026-12-02/mtp/run.py [--out DIR] [--arch glm4moe|step35]
+    .venv/bin/python docs/bench-data/2026-12-02/mtp/run.py [--out DIR] [--arch glm4moe|step35|gemma4]
         [--storage rpi5-nvme-gen2|native|MB/s] [--cap 40%] [--repeats 3] [--tokens 192]
 """
 
@@ -41,16 +42,31 @@ CTX, BATCH = 1024, 64
 
 
 def fixture(arch: str, head: str) -> Path:
-    from bmoe_edge.synthetic import mtp_rows
+    """The model (gemma4: its assistant beside it, `specs.draft_model_of`, written first)."""
+    from bmoe_edge.synthetic import assistant_rows, mtp_rows
+    from bmoe_edge.synthetic.specs import draft_model_of
 
     cache = Path.home() / ".cache/bmoe-edge/bench-mtp"
     cache.mkdir(parents=True, exist_ok=True)
     path = cache / f"mtp-{arch}-{head}-l24-e512-f1024-x32.gguf"
     if not path.is_file():
         tmp = path.with_suffix(".tmp.gguf")
-        mtp_rows.write_mtp_moe(tmp, arch, "Q8_0", head=head, n_layer=24, n_embd=512, n_ff_exp=1024, n_expert=32)
+        dims = {"n_layer": 24, "n_embd": 512, "n_ff_exp": 1024, "n_expert": 32}
+        if arch in assistant_rows.assistant_archs():
+            _, assistant = assistant_rows.write_target_and_assistant(tmp, arch, "Q8_0", head=head, **dims)
+            assistant.rename(draft_model_of(path))
+        else:
+            mtp_rows.write_mtp_moe(tmp, arch, "Q8_0", head=head, **dims)
         tmp.rename(path)
     return path
+
+
+def draft_model(model: Path, speculative: str) -> str:
+    """The separate draft model a cell speculates with (gemma4's assistant), "" for none."""
+    from bmoe_edge.synthetic.specs import draft_model_of
+
+    path = draft_model_of(model)
+    return str(path) if speculative != "off" and path.is_file() else ""
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
@@ -58,7 +74,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     from bmoe_edge.engine import Engine, StreamConfig
 
     t0 = time.perf_counter()
-    config = StreamConfig(speculative=spec["speculative"], ctx=CTX, batch=BATCH, ubatch=BATCH)
+    config = StreamConfig(speculative=spec["speculative"], draft_model=draft_model(Path(spec["model"]),
+                          spec["speculative"]), ctx=CTX, batch=BATCH, ubatch=BATCH)
     with Engine(spec["model"], config) as engine:
         info = dict(engine.run_info)
         load_s = time.perf_counter() - t0
