@@ -242,6 +242,7 @@ def test_a_draft_model_is_checked_against_the_model_before_it_runs(tmp_path) -> 
         "cut-assistant.gguf": (model, {"speculative": "mtp", "draft_model": str(cut)}),
         "missing.gguf": (model, {"speculative": "mtp", "draft_model": str(tmp_path / "missing.gguf")}),
         "no MTP head .* or give its --draft-model": (model, {"speculative": "mtp"}),
+        "is a draft model: it decodes over a 'gemma4' model's KV cache": (Path(assistant), {}),
     }
     for why, (target, settings) in refused.items():
         for stream in (False, True):

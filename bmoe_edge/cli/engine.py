@@ -187,6 +187,8 @@ def archs_cmd(as_json: Annotated[bool, typer.Option("--json", help="One record p
         return
     for r in rows:
         detail = r.reason or (f"fixture {r.fixture}" if r.fixture else "")
+        if r.draft_model:
+            detail += f"{'; ' if detail else ''}draft model {r.draft_model} (--draft-model)"
         typer.echo(f"{r.architecture:<16} {r.status:<9} {r.source:<32} {detail}")
     typer.echo(f"archs: {len(rows)} MoE architectures: {counts['gated']} gated, {counts['refused']} refused, "
                f"{counts['untested']} untested")

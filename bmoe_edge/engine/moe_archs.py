@@ -131,6 +131,7 @@ class ArchStatus:
     reason: str = ""  # why it is refused
     fixture: str = ""  # the gate fixture row(s) that cover it
     note: str = ""
+    draft_model: str = ""  # the architecture of its separate draft model (--draft-model), if it has one
 
 
 def statuses(gated: dict[str, str], recipes: list) -> list[ArchStatus]:
@@ -142,13 +143,13 @@ def statuses(gated: dict[str, str], recipes: list) -> list[ArchStatus]:
         source = f"src/models/{file}"
         row = rows.get(arch)
         refused = row.refused if row is not None else ""
-        note = row.note if row is not None else ""
+        extra = {"note": row.note, "draft_model": row.draft_model} if row is not None else {}
         if refused:
-            out.append(ArchStatus(arch, "refused", source, reason=refused, note=note))
+            out.append(ArchStatus(arch, "refused", source, reason=refused, **extra))
         elif arch in gated:
-            out.append(ArchStatus(arch, "gated", source, fixture=gated[arch], note=note))
+            out.append(ArchStatus(arch, "gated", source, fixture=gated[arch], **extra))
         else:
-            out.append(ArchStatus(arch, "untested", source, note=note))
+            out.append(ArchStatus(arch, "untested", source, **extra))
     return out
 
 

@@ -205,6 +205,12 @@ void Engine::Impl::check_lossy_settings(const std::string & path) {
 }
 
 void Engine::Impl::refuse_unstreamable(const std::string & path, const Recipe & recipe_row) {
+    for (const Recipe & r : recipes()) {  // streamed or not: it has no KV cache of its own
+        if (r.draft_model == info.architecture) {
+            throw Error(path + ": a '" + info.architecture + "' file is a draft model: it decodes over a '" +
+                        r.architecture + "' model's KV cache; give it to that model as --draft-model");
+        }
+    }
     if (config.stream && !recipe_row.refused.empty()) {  // said before a byte of weights is loaded
         throw Error(path + ": architecture '" + info.architecture + "' cannot be streamed: " + recipe_row.refused +
                     "; run it with --no-stream (bmoe-edge archs)");

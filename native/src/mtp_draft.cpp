@@ -60,6 +60,11 @@ MtpDraft::MtpDraft(OwnedModel own, llama_model * model, llama_context * target, 
     if (shared_) {  // the seam matches the target's `blk.N.` names: a separate model's are not those
         params.cb_eval = nullptr;
         params.cb_eval_user_data = nullptr;
+        // Nothing is fed: it decodes one token at a time, so its compute and output buffers are one
+        // token's (with the target's batch they took 12 MiB more of a 40% cap's cache; bench-data/2026-12-03),
+        // or one per sequence (llama.cpp reserves an output for each at creation).
+        params.n_batch = std::max<uint32_t>(1, params.n_seq_max);
+        params.n_ubatch = params.n_batch;
     }
     clear_llama_error();
     ctx_.reset(llama_init_from_model(model, params));
