@@ -319,3 +319,21 @@ def test_serve_speculates_with_the_models_drafts_and_answers_as_plain_decoding()
                     "--draft-model", assistant)
     stop(batched)
     assert "speculative decoding runs with --parallel 1" in batched.stderr
+
+
+def test_a_draft_model_given_up_on_frees_its_memory_and_the_next_generation_loads_it_again() -> None:
+    # The random assistant: 7 outright rejections in a row, then no more drafts, and its weights are
+    # freed (the adaptive cache may grow into them); a new greedy generation loads it again and drafts.
+    model, assistant = _assistant("random")
+    size = Path(assistant).stat().st_size
+    plain, _ = _run(model, steps=220, stream=False, speculative="off")
+    with Engine(model, replace(gates.BASE, stream=True, cache_mb=0.3, speculative="mtp",
+                               draft_model=assistant)) as engine:
+        for _ in range(2):
+            gen = engine.run(gates.PROMPTS[0], 220)
+            assert gen.tokens == plain.tokens
+            probes = [i for i, m in enumerate(gen.metrics) if m.drafted]
+            assert 5 <= len(probes) <= 8 and probes[-1] < 200, probes
+            # (the resident set is read every few steps, not at each)
+            before, after = gen.metrics[probes[-1] - 1].rss_bytes, gen.metrics[-1].rss_bytes
+            assert before - after >= 0.8 * size, (before, after, size)

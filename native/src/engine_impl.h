@@ -91,6 +91,7 @@ struct Engine::Impl {
     std::unique_ptr<llama_model, detail::ModelDeleter> model;
     std::unique_ptr<llama_context, detail::ContextDeleter> ctx;
     std::unique_ptr<detail::MtpDraft> mtp;  // the model's own draft head (--speculative mtp), over `ctx`
+    uint64_t budget_with_draft_model = 0;   // the cache's budget when a draft model was released
     std::unique_ptr<llama_sampler, detail::SamplerDeleter> sampler;
     const llama_vocab * vocab = nullptr;
     std::unique_ptr<detail::MemoryBudget> memory;
@@ -164,6 +165,10 @@ struct Engine::Impl {
     detail::MtpDraft::Decode draft_decoder();
     // Whether the MTP head's layers (every chained block) keep a share of the expert cache.
     void cache_heads(bool on);
+    // The draft policy gave up (heads' shares, a separate draft model's memory, to the cache), and a
+    // new generation (greedy: drafting again, a released draft model loaded again) (speculation.cpp).
+    void stop_drafting();
+    void resume_drafting();
     std::vector<llama_token> draft_for(llama_pos used);
     llama_token verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out);
     void emit(StepResult & out, llama_token token);

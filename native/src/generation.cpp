@@ -165,8 +165,7 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     d.failure.clear();
     d.draft_policy = detail::DraftPolicy(d.config.draft_max, d.speculation == Speculative::Mtp ? Impl::kMtpGiveUp : 0);
     if (d.mtp) {  // a new generation: the head drafts again (greedy only), its layer cached again
-        d.mtp->set_enabled(d.greedy);
-        d.cache_heads(d.greedy);
+        d.resume_drafting();
     }
     d.accepted.clear();
     d.accepted_outputs.clear();
@@ -287,7 +286,7 @@ llama_token Engine::Impl::verify(std::vector<llama_token> & batch, size_t n_draf
     out.metrics.accepted = static_cast<int>(kept);
     draft_policy.update(out.metrics.drafted, out.metrics.accepted);
     if (mtp && draft_policy.gave_up()) {  // the head's share of the cache to the trunk
-        cache_heads(false);
+        stop_drafting();
     }
     accepted.assign(chosen.begin() + 1, chosen.end());
     pending.assign(1, chosen.back());

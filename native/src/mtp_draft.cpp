@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <string>
 #include <utility>
 
@@ -45,14 +48,16 @@ std::string meta_text(const llama_model * model, const char * key) {
 int MtpDraft::heads(const llama_model * model) { return std::max(0, llama_model_n_layer_nextn(model)); }
 
 MtpDraft::MtpDraft(llama_model * model, llama_context * target, llama_context_params params)
-    : MtpDraft(nullptr, model, target, params) {}
+    : MtpDraft(nullptr, model, target, params, "") {}
 
-MtpDraft::MtpDraft(OwnedModel own, llama_model * model, llama_context * target, llama_context_params params)
+MtpDraft::MtpDraft(OwnedModel own, llama_model * model, llama_context * target, llama_context_params params,
+                   std::string path)
     : own_model_(std::move(own)), target_(target), vocab_(llama_model_get_vocab(model)),
       n_embd_(static_cast<size_t>(llama_model_n_embd_out(model))), heads_(heads(model)),
       // Several next-n blocks chain (the pin's driver: n_mtp_layers > 1 without a shared KV), one per
       // draft step; an architecture whose graph_mtp ignores the offset runs its first block each time.
-      chained_(heads_ > 1 && own_model_ == nullptr), shared_(own_model_ != nullptr), hidden_(n_embd_, 0.0f) {
+      chained_(heads_ > 1 && own_model_ == nullptr), shared_(own_model_ != nullptr), path_(std::move(path)),
+      hidden_(n_embd_, 0.0f) {
     params.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
     params.n_ctx = llama_n_ctx(target);
     params.n_rs_seq = 0;
@@ -61,18 +66,22 @@ MtpDraft::MtpDraft(OwnedModel own, llama_model * model, llama_context * target, 
         params.cb_eval = nullptr;
         params.cb_eval_user_data = nullptr;
         // Nothing is fed: it decodes one token at a time, so its compute and output buffers are one
-        // token's (with the target's batch they took 12 MiB more of a 40% cap's cache; bench-data/2026-12-03),
-        // or one per sequence (llama.cpp reserves an output for each at creation).
+        // token's, or one per sequence (llama.cpp reserves an output for each at creation).
         params.n_batch = std::max<uint32_t>(1, params.n_seq_max);
         params.n_ubatch = params.n_batch;
     }
+    params_ = params;
+    make_context(model);
+}
+
+void MtpDraft::make_context(llama_model * model) {
     clear_llama_error();
-    ctx_.reset(llama_init_from_model(model, params));
+    ctx_.reset(llama_init_from_model(model, params_));
     if (!ctx_) {
         const std::string why = last_llama_error();
         throw Error("llama.cpp could not create the MTP draft context" + (why.empty() ? "" : " (" + why + ")"));
     }
-    if (shared_ && llama_get_ctx_other(ctx_.get()) != target) {
+    if (shared_ && llama_get_ctx_other(ctx_.get()) != target_) {
         throw Error("the draft model's context does not share the target's KV cache (llama.cpp set no ctx_other)");
     }
     // Unmasked on the target: a hidden state for every position it decodes (the head needs them
@@ -83,7 +92,12 @@ MtpDraft::MtpDraft(OwnedModel own, llama_model * model, llama_context * target, 
 
 std::unique_ptr<MtpDraft> MtpDraft::assistant(const std::string & path, llama_context * target,
                                               llama_context_params params) {
-    const llama_model * target_model = llama_get_model(target);
+    OwnedModel model = load_assistant(path, llama_get_model(target));
+    llama_model * raw = model.get();
+    return std::unique_ptr<MtpDraft>(new MtpDraft(std::move(model), raw, target, params, path));
+}
+
+MtpDraft::OwnedModel MtpDraft::load_assistant(const std::string & path, const llama_model * target_model) {
     const std::string target_arch = meta_text(target_model, "general.architecture");
     const std::string wanted = recipe_for(target_arch).draft_model;
     if (wanted.empty()) {
@@ -115,8 +129,34 @@ std::unique_ptr<MtpDraft> MtpDraft::assistant(const std::string & path, llama_co
         throw Error(path + ": the draft model's vocabulary (" + std::to_string(n_vocab) +
                     " tokens) is not the model's");
     }
-    llama_model * raw = model.get();
-    return std::unique_ptr<MtpDraft>(new MtpDraft(std::move(model), raw, target, params));
+    return model;
+}
+
+void MtpDraft::release() {
+    if (!shared_ || released()) {
+        return;
+    }
+    ctx_.reset();
+    own_model_.reset();
+#ifdef __GLIBC__
+    // The weights were allocated from the heap where an earlier engine's frees had raised glibc's mmap
+    // threshold; freed, they would stay in this process's resident set (measured: not a page back).
+    malloc_trim(0);
+#endif
+    vocab_ = nullptr;
+    base_ = 0;
+    unfed_.clear();
+    hidden_.assign(n_embd_, 0.0f);
+}
+
+void MtpDraft::reacquire() {
+    if (!released()) {
+        return;
+    }
+    OwnedModel model = load_assistant(path_, llama_get_model(target_));  // checked again: it may have changed
+    vocab_ = llama_model_get_vocab(model.get());
+    own_model_ = std::move(model);
+    make_context(own_model_.get());
 }
 
 MtpDraft::~MtpDraft() = default;
@@ -161,6 +201,9 @@ void MtpDraft::warm_up(llama_token token, const Decode & decode) {
 }
 
 void MtpDraft::observe(const llama_token * tokens, int n, llama_pos first) {
+    if (released()) {
+        return;
+    }
     const auto next = base_ + static_cast<llama_pos>(unfed_.size());
     if (first < next) {
         truncate(first);
@@ -182,6 +225,9 @@ void MtpDraft::observe(const llama_token * tokens, int n, llama_pos first) {
 }
 
 void MtpDraft::truncate(llama_pos n) {
+    if (released()) {
+        return;
+    }
     if (n < base_) {  // the head's own context goes back too; the state before n is not kept: zeros
         if (!shared_) {  // a shared KV is the target's: its cut is the target's own
             llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, n, -1);
@@ -199,6 +245,9 @@ void MtpDraft::truncate(llama_pos n) {
 }
 
 void MtpDraft::clear() {
+    if (released()) {
+        return;
+    }
     if (!shared_) {  // (llama.cpp's clear of a shared cache would reset the target's cells)
         llama_memory_clear(llama_get_memory(ctx_.get()), true);
     }
@@ -231,6 +280,9 @@ void MtpDraft::feed(int batch, const Decode & decode) {
 }
 
 std::vector<llama_token> MtpDraft::draft(llama_token last, llama_pos pos, int max, int batch, const Decode & decode) {
+    if (released()) {
+        return {};
+    }
     truncate(pos);
     if (base_ + static_cast<llama_pos>(unfed_.size()) != pos) {
         return {};  // the head has not seen what lies before pos (observe restarts it)

@@ -61,6 +61,13 @@ public:
     // None for a separate draft model (resident, dense).
     int layers() const { return shared_ ? 0 : chained_ ? heads_ : 1; }
 
+    // A separate draft model given up on (its drafts rejected): its weights and context freed, so the
+    // cache can grow into their memory; reacquire loads it again (checked again) for a generation that
+    // may draft. Either is a no-op for a head in the model's file and where there is nothing to do.
+    void release();
+    void reacquire();
+    bool released() const { return shared_ && !ctx_; }
+
     // Whether the target outputs the hidden states the head needs (off: sampled decoding, no drafts;
     // the target's last layer then computes only the tokens whose logits are asked for).
     void set_enabled(bool on);
@@ -84,7 +91,10 @@ private:
         void operator()(llama_model * m) const { llama_model_free(m); }
     };
     using OwnedModel = std::unique_ptr<llama_model, ModelFree>;
-    MtpDraft(OwnedModel own, llama_model * model, llama_context * target, llama_context_params params);
+    MtpDraft(OwnedModel own, llama_model * model, llama_context * target, llama_context_params params,
+             std::string path);
+    static OwnedModel load_assistant(const std::string & path, const llama_model * target_model);
+    void make_context(llama_model * model);
 
     void feed(int batch, const Decode & decode);
     void decode_rows(const llama_token * tokens, const float * rows, int n, llama_pos first, bool output,
@@ -103,6 +113,8 @@ private:
     int heads_;
     bool chained_;
     bool shared_;                      // a separate draft model over the target's KV: nothing fed
+    std::string path_;                 // ... its file, and its context's parameters (to load it again)
+    llama_context_params params_{};
     llama_pos base_ = 0;               // the head's context holds positions [0, base_)
     std::vector<llama_token> unfed_;   // tokens at base_, base_ + 1, ... the target decoded since
     std::vector<float> hidden_;        // the target's hidden states at base_ - 1, base_, ... (zeros before 0)

@@ -64,6 +64,31 @@ detail::MtpDraft::Decode Engine::Impl::draft_decoder() {
     return [this](llama_pos first, int n, const std::function<int()> & run) { run_decode(first, n, run); };
 }
 
+// The draft policy gave up on this generation's drafts: the heads' cache shares go to the trunk, and a
+// separate draft model's memory to the cache (the adaptive budget grows into it; measured in
+// bench-data/2026-12-03/mtp-assistant).
+void Engine::Impl::stop_drafting() {
+    cache_heads(false);
+    if (mtp->released()) {
+        return;
+    }
+    budget_with_draft_model = streaming.streamer ? streaming.streamer->cache().budget() : 0;
+    mtp->release();
+}
+
+// A new generation: a greedy one drafts again. A released draft model is loaded again, after the cache
+// went back to the budget it had beside it (so the load cannot take the process over its limit).
+void Engine::Impl::resume_drafting() {
+    if (greedy && mtp->released()) {
+        if (streaming.streamer && budget_with_draft_model > 0) {
+            streaming.streamer->set_budget(std::min(streaming.streamer->cache().budget(), budget_with_draft_model));
+        }
+        mtp->reacquire();
+    }
+    mtp->set_enabled(greedy);
+    cache_heads(greedy);
+}
+
 void Engine::Impl::cache_heads(bool on) {
     if (mtp && streaming.streamer) {
         for (int h = 0; h < mtp->layers(); ++h) {
