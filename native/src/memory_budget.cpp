@@ -228,6 +228,10 @@ uint64_t MemoryBudget::after_prompt(uint64_t current, uint64_t pool_held, const 
     return policy_.rebase(current, pool_held, read_memory(), pending(), BudgetPolicy::Clock::now());
 }
 
+uint64_t MemoryBudget::after_release(uint64_t current, uint64_t pool_held) {
+    return policy_.rebase(current, pool_held, read_memory(), pending(), BudgetPolicy::Clock::now());
+}
+
 BudgetReport MemoryBudget::initial(const MemoryReading & reading) {
     return policy_.initial(reading, pending(), BudgetPolicy::Clock::now());
 }

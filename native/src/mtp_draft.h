@@ -67,6 +67,7 @@ public:
     void release();
     void reacquire();
     bool released() const { return shared_ && !ctx_; }
+    bool separate_model() const { return shared_; }
 
     // Whether the target outputs the hidden states the head needs (off: sampled decoding, no drafts;
     // the target's last layer then computes only the tokens whose logits are asked for).

@@ -65,15 +65,22 @@ detail::MtpDraft::Decode Engine::Impl::draft_decoder() {
 }
 
 // The draft policy gave up on this generation's drafts: the heads' cache shares go to the trunk, and a
-// separate draft model's memory to the cache (the adaptive budget grows into it; measured in
+// separate draft model's memory to the cache (an adaptive budget takes it at once; measured in
 // bench-data/2026-12-03/mtp-assistant).
 void Engine::Impl::stop_drafting() {
     cache_heads(false);
-    if (mtp->released()) {
+    if (!mtp->separate_model() || mtp->released()) {
         return;
     }
-    budget_with_draft_model = streaming.streamer ? streaming.streamer->cache().budget() : 0;
+    detail::Streamer * streamer = streaming.streamer.get();
+    budget_with_draft_model = streamer ? streamer->cache().budget() : 0;
     mtp->release();
+    if (streamer && memory) {
+        const uint64_t grown = memory->after_release(budget_with_draft_model, streamer->pool_held_bytes());
+        if (grown != budget_with_draft_model) {
+            streamer->set_budget(grown);
+        }
+    }
 }
 
 // A new generation: a greedy one drafts again. A released draft model is loaded again, after the cache
