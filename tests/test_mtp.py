@@ -16,6 +16,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bmoe_edge.engine import Engine, Generation
@@ -321,19 +322,34 @@ def test_serve_speculates_with_the_models_drafts_and_answers_as_plain_decoding()
     assert "speculative decoding runs with --parallel 1" in batched.stderr
 
 
-def test_a_draft_model_given_up_on_frees_its_memory_and_the_next_generation_loads_it_again() -> None:
+def test_a_draft_model_given_up_on_frees_its_memory_and_an_empty_context_loads_it_again() -> None:
     # The random assistant: 7 outright rejections in a row, then no more drafts, and its weights are
-    # freed (the adaptive cache may grow into them); a new greedy generation loads it again and drafts.
+    # freed (an adaptive cache takes their memory). A generation that keeps the context's prefix runs
+    # without it (loading it there would reset the target's KV cells: the pin makes a shared cache over
+    # them anew) and still answers as plain decoding; one that starts afresh loads it again and drafts.
     model, assistant = _assistant("random")
     size = Path(assistant).stat().st_size
-    plain, _ = _run(model, steps=220, stream=False, speculative="off")
+    with Engine(model, replace(gates.BASE, stream=False, speculative="off")) as plain_engine:
+        plain = plain_engine.run(gates.PROMPTS[0], 220)
+        longer = plain.prompt_tokens + plain.tokens[:40]
+        plain_longer = plain_engine.run(longer, 24, logits=True)
     with Engine(model, replace(gates.BASE, stream=True, cache_mb=0.3, speculative="mtp",
                                draft_model=assistant)) as engine:
-        for _ in range(2):
+        for again in (False, True):
             gen = engine.run(gates.PROMPTS[0], 220)
             assert gen.tokens == plain.tokens
             probes = [i for i, m in enumerate(gen.metrics) if m.drafted]
-            assert 5 <= len(probes) <= 8 and probes[-1] < 200, probes
+            assert 5 <= len(probes) <= 8 and probes[-1] < 200, (again, probes)
             # (the resident set is read every few steps, not at each)
             before, after = gen.metrics[probes[-1] - 1].rss_bytes, gen.metrics[-1].rss_bytes
             assert before - after >= 0.8 * size, (before, after, size)
+            if not again:
+                kept = Generation(longer)
+                for _ in engine.generate(longer, 24, result=kept, reuse_kv=True, logits=True):
+                    pass
+                assert kept.reused_tokens > 0 and kept.tokens == plain_longer.tokens
+                # the kept prefix is attended to (the tokens alone would not tell: the fixture is a bigram chain)
+                worst = max(float(np.max(np.abs(np.frombuffer(a, np.float32) - np.frombuffer(b, np.float32))))
+                            for a, b in zip(kept.logits, plain_longer.logits, strict=True))
+                assert worst < 1e-3, worst
+                assert sum(m.drafted for m in kept.metrics) == 0

@@ -169,6 +169,8 @@ struct Engine::Impl {
     // new generation (greedy: drafting again, a released draft model loaded again) (speculation.cpp).
     void stop_drafting();
     void resume_drafting();
+    void release_draft_model();
+    void load_draft_model();
     std::vector<llama_token> draft_for(llama_pos used);
     llama_token verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out);
     void emit(StepResult & out, llama_token token);

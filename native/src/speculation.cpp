@@ -65,13 +65,31 @@ detail::MtpDraft::Decode Engine::Impl::draft_decoder() {
 }
 
 // The draft policy gave up on this generation's drafts: the heads' cache shares go to the trunk, and a
-// separate draft model's memory to the cache (an adaptive budget takes it at once; measured in
-// bench-data/2026-12-03/mtp-assistant).
+// separate draft model's memory to the cache. That memory is a share of the cache the draft model
+// takes while it is loaded (a 23 MiB assistant beside a 320 MiB budget: a random one cost 7% more bytes
+// per token over 192 tokens, its drafts all rejected; bench-data/2026-12-03/mtp-assistant).
 void Engine::Impl::stop_drafting() {
     cache_heads(false);
-    if (!mtp->separate_model() || mtp->released()) {
-        return;
+    if (mtp->separate_model() && !mtp->released()) {
+        release_draft_model();
     }
+}
+
+// A new generation: a greedy one drafts again. A released draft model comes back only into an empty
+// context: the pin's KV cache, made over another's cells, resets them (llama_kv_cells::resize in the
+// llama_kv_cache constructor), so loading it beside a kept prefix would wipe the target's cells. Beside
+// a kept prefix (a conversation's next turn) it stays freed, and that generation does not draft.
+void Engine::Impl::resume_drafting() {
+    if (greedy && mtp->released() && in_context.empty()) {
+        load_draft_model();
+    }
+    mtp->set_enabled(greedy);
+    cache_heads(greedy);
+}
+
+// Freed, its memory goes to an adaptive cache at once (adapt's hysteresis would leave it unused:
+// MemoryBudget::after_release).
+void Engine::Impl::release_draft_model() {
     detail::Streamer * streamer = streaming.streamer.get();
     budget_with_draft_model = streamer ? streamer->cache().budget() : 0;
     mtp->release();
@@ -83,17 +101,13 @@ void Engine::Impl::stop_drafting() {
     }
 }
 
-// A new generation: a greedy one drafts again. A released draft model is loaded again, after the cache
-// went back to the budget it had beside it (so the load cannot take the process over its limit).
-void Engine::Impl::resume_drafting() {
-    if (greedy && mtp->released()) {
-        if (streaming.streamer && budget_with_draft_model > 0) {
-            streaming.streamer->set_budget(std::min(streaming.streamer->cache().budget(), budget_with_draft_model));
-        }
-        mtp->reacquire();
+// Loaded again after the cache went back to the budget it had beside it: the load cannot take the
+// process over its limit.
+void Engine::Impl::load_draft_model() {
+    if (streaming.streamer && budget_with_draft_model > 0) {
+        streaming.streamer->set_budget(std::min(streaming.streamer->cache().budget(), budget_with_draft_model));
     }
-    mtp->set_enabled(greedy);
-    cache_heads(greedy);
+    mtp->reacquire();
 }
 
 void Engine::Impl::cache_heads(bool on) {
