@@ -91,7 +91,7 @@ struct Engine::Impl {
     std::unique_ptr<llama_model, detail::ModelDeleter> model;
     std::unique_ptr<llama_context, detail::ContextDeleter> ctx;
     std::unique_ptr<detail::MtpDraft> mtp;  // the model's own draft head (--speculative mtp), over `ctx`
-    uint64_t budget_with_draft_model = 0;   // the cache's budget when a draft model was released
+    uint64_t budget_with_draft_model = 0;   // the cache's budget when a draft model last went to sleep
     std::unique_ptr<llama_sampler, detail::SamplerDeleter> sampler;
     const llama_vocab * vocab = nullptr;
     std::unique_ptr<detail::MemoryBudget> memory;
@@ -134,6 +134,8 @@ struct Engine::Impl {
     // While paused, the head sees only the last this many decodes before it drafts again (its context
     // restarts there): a catch-up over the whole pause would read most of its layer's experts.
     static constexpr int kMtpResumeFeed = 4;
+    // A separate draft model sleeps through a pause this long or longer (pauses: 4, 8, 16, 32, 64).
+    static constexpr int kSleepDraftModelPause = 16;
 
     void open(const std::string & path);
     // open's steps, in the order it takes them (engine.cpp)
@@ -169,8 +171,11 @@ struct Engine::Impl {
     // new generation (greedy: drafting again, a released draft model loaded again) (speculation.cpp).
     void stop_drafting();
     void resume_drafting();
-    void release_draft_model();
-    void load_draft_model();
+    // A separate draft model's pages there only while it may draft: dropped for a long pause and on
+    // giving up, back for the probe that ends a pause; after each verify and before each draft.
+    void hold_draft_model();
+    void sleep_draft_model();
+    void wake_draft_model();
     std::vector<llama_token> draft_for(llama_pos used);
     llama_token verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out);
     void emit(StepResult & out, llama_token token);

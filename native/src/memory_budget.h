@@ -138,9 +138,9 @@ public:
     // At open, before initial: the ubatch a prompt can afford under the memory limit now (affordable_ubatch);
     // the compute buffers are counted from then on as that ubatch's share of them.
     int fit_prompt_ubatch(int ubatch, uint64_t pool_held);
-    // Memory this process freed outside the cache (a draft model given up on): the budget takes what is
-    // there at once, as after a prompt (adapt's hysteresis would leave less than a token's experts
-    // unused: measured, a 23 MiB assistant freed beside a 294 MiB budget whose step is 40 MiB).
+    // Memory this process gave back outside the cache (a sleeping draft model's pages): the budget takes
+    // what is there at once, as after a prompt (adapt's hysteresis would leave less than a token's
+    // experts unused: measured, a 23 MiB assistant beside a 294 MiB budget whose step is 40 MiB).
     uint64_t after_release(uint64_t current, uint64_t pool_held);
     // Bytes given back by the last after_prompt.
     uint64_t released_bytes() const { return released_; }

@@ -1,10 +1,11 @@
 #include "mtp_draft.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
 #include <string>
 #include <utility>
 
@@ -12,6 +13,7 @@
 #include "bmoe/recipes.h"
 #include "gguf_map.h"
 #include "llama_runtime.h"
+#include "telemetry.h"
 // The staging API (the pin's src/llama-ext.h): the target's hidden states for the head, as the pin's
 // common/speculative.cpp reads them. Only this file includes it.
 #include "llama-ext.h"
@@ -70,13 +72,8 @@ MtpDraft::MtpDraft(OwnedModel own, llama_model * model, llama_context * target, 
         params.n_batch = std::max<uint32_t>(1, params.n_seq_max);
         params.n_ubatch = params.n_batch;
     }
-    params_ = params;
-    make_context(model);
-}
-
-void MtpDraft::make_context(llama_model * model) {
     clear_llama_error();
-    ctx_.reset(llama_init_from_model(model, params_));
+    ctx_.reset(llama_init_from_model(model, params));
     if (!ctx_) {
         const std::string why = last_llama_error();
         throw Error("llama.cpp could not create the MTP draft context" + (why.empty() ? "" : " (" + why + ")"));
@@ -88,16 +85,14 @@ void MtpDraft::make_context(llama_model * model) {
     // all), while logits stay where they were asked for. Masked on the head: only its output row.
     llama_set_embeddings_nextn(target_, true, false);
     llama_set_embeddings_nextn(ctx_.get(), true, true);
+    if (shared_) {
+        mapped_ = file_mappings(path_);
+    }
 }
 
 std::unique_ptr<MtpDraft> MtpDraft::assistant(const std::string & path, llama_context * target,
                                               llama_context_params params) {
-    OwnedModel model = load_assistant(path, llama_get_model(target));
-    llama_model * raw = model.get();
-    return std::unique_ptr<MtpDraft>(new MtpDraft(std::move(model), raw, target, params, path));
-}
-
-MtpDraft::OwnedModel MtpDraft::load_assistant(const std::string & path, const llama_model * target_model) {
+    const llama_model * target_model = llama_get_model(target);
     const std::string target_arch = meta_text(target_model, "general.architecture");
     const std::string wanted = recipe_for(target_arch).draft_model;
     if (wanted.empty()) {
@@ -110,8 +105,10 @@ MtpDraft::OwnedModel MtpDraft::load_assistant(const std::string & path, const ll
                     wanted + "' file is)");
     }
     llama_model_params mp = llama_model_default_params();
-    mp.load_mode = LLAMA_LOAD_MODE_NONE;  // read into memory: resident, counted before the cache is sized
-    mp.use_extra_bufts = false;
+    // Mapped: its pages can be dropped while it does not draft (sleep) and come back from the file.
+    // Resident once it has decoded (the warm-up does, while streaming), so the budget counts it.
+    mp.load_mode = LLAMA_LOAD_MODE_MMAP;
+    mp.use_extra_bufts = false;  // its weights are the mapping's bytes
     mp.n_gpu_layers = 0;
     clear_llama_error();
     OwnedModel model(llama_model_load_from_file(path.c_str(), mp));
@@ -129,34 +126,33 @@ MtpDraft::OwnedModel MtpDraft::load_assistant(const std::string & path, const ll
         throw Error(path + ": the draft model's vocabulary (" + std::to_string(n_vocab) +
                     " tokens) is not the model's");
     }
-    return model;
+    llama_model * raw = model.get();
+    return std::unique_ptr<MtpDraft>(new MtpDraft(std::move(model), raw, target, params, path));
 }
 
-void MtpDraft::release() {
-    if (!shared_ || released()) {
+void MtpDraft::sleep() {
+    if (!shared_ || asleep_) {
         return;
     }
-    ctx_.reset();
-    own_model_.reset();
-#ifdef __GLIBC__
-    // The weights were allocated from the heap where an earlier engine's frees had raised glibc's mmap
-    // threshold; freed, they would stay in this process's resident set (measured: not a page back).
-    malloc_trim(0);
-#endif
-    vocab_ = nullptr;
-    base_ = 0;
-    unfed_.clear();
-    hidden_.assign(n_embd_, 0.0f);
+    asleep_ = true;
+    for (const auto & [start, bytes] : mapped_) {  // clean file pages: dropped, read again when touched
+        madvise(start, bytes, MADV_DONTNEED);
+    }
+    const int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC);  // ... and out of the page cache (its charge)
+    if (fd >= 0) {
+        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        close(fd);
+    }
 }
 
-void MtpDraft::reacquire() {
-    if (!released()) {
+void MtpDraft::wake() {
+    if (!asleep_) {
         return;
     }
-    OwnedModel model = load_assistant(path_, llama_get_model(target_));  // checked again: it may have changed
-    vocab_ = llama_model_get_vocab(model.get());
-    own_model_ = std::move(model);
-    make_context(own_model_.get());
+    asleep_ = false;
+    for (const auto & [start, bytes] : mapped_) {  // read ahead, not one fault at a time in the draft
+        madvise(start, bytes, MADV_WILLNEED);
+    }
 }
 
 MtpDraft::~MtpDraft() = default;
@@ -201,9 +197,6 @@ void MtpDraft::warm_up(llama_token token, const Decode & decode) {
 }
 
 void MtpDraft::observe(const llama_token * tokens, int n, llama_pos first) {
-    if (released()) {
-        return;
-    }
     const auto next = base_ + static_cast<llama_pos>(unfed_.size());
     if (first < next) {
         truncate(first);
@@ -225,9 +218,6 @@ void MtpDraft::observe(const llama_token * tokens, int n, llama_pos first) {
 }
 
 void MtpDraft::truncate(llama_pos n) {
-    if (released()) {
-        return;
-    }
     if (n < base_) {  // the head's own context goes back too; the state before n is not kept: zeros
         if (!shared_) {  // a shared KV is the target's: its cut is the target's own
             llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, n, -1);
@@ -245,9 +235,6 @@ void MtpDraft::truncate(llama_pos n) {
 }
 
 void MtpDraft::clear() {
-    if (released()) {
-        return;
-    }
     if (!shared_) {  // (llama.cpp's clear of a shared cache would reset the target's cells)
         llama_memory_clear(llama_get_memory(ctx_.get()), true);
     }
@@ -280,9 +267,6 @@ void MtpDraft::feed(int batch, const Decode & decode) {
 }
 
 std::vector<llama_token> MtpDraft::draft(llama_token last, llama_pos pos, int max, int batch, const Decode & decode) {
-    if (released()) {
-        return {};
-    }
     truncate(pos);
     if (base_ + static_cast<llama_pos>(unfed_.size()) != pos) {
         return {};  // the head has not seen what lies before pos (observe restarts it)

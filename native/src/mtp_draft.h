@@ -25,9 +25,11 @@
 // engine's seam errors, overlap drain, route trace): this class never reads an expert itself.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "llama.h"
@@ -61,12 +63,14 @@ public:
     // None for a separate draft model (resident, dense).
     int layers() const { return shared_ ? 0 : chained_ ? heads_ : 1; }
 
-    // A separate draft model given up on (its drafts rejected): its weights and context freed, so the
-    // cache can grow into their memory; reacquire loads it again (checked again) for a generation that
-    // may draft. Either is a no-op for a head in the model's file and where there is nothing to do.
-    void release();
-    void reacquire();
-    bool released() const { return shared_ && !ctx_; }
+    // A separate draft model's weights are a mapping of its file: while its drafts are not wanted (a
+    // long pause, the policy given up) `sleep` drops their pages, so the cache can grow into that
+    // memory; `wake` asks them back (read ahead; a draft decode faults in what is not there yet). The
+    // context stays: a new one would reset the target's KV cells (the pin's shared cache). Both are
+    // no-ops for a head in the model's file.
+    void sleep();
+    void wake();
+    bool asleep() const { return asleep_; }
     bool separate_model() const { return shared_; }
 
     // Whether the target outputs the hidden states the head needs (off: sampled decoding, no drafts;
@@ -94,8 +98,6 @@ private:
     using OwnedModel = std::unique_ptr<llama_model, ModelFree>;
     MtpDraft(OwnedModel own, llama_model * model, llama_context * target, llama_context_params params,
              std::string path);
-    static OwnedModel load_assistant(const std::string & path, const llama_model * target_model);
-    void make_context(llama_model * model);
 
     void feed(int batch, const Decode & decode);
     void decode_rows(const llama_token * tokens, const float * rows, int n, llama_pos first, bool output,
@@ -114,8 +116,9 @@ private:
     int heads_;
     bool chained_;
     bool shared_;                      // a separate draft model over the target's KV: nothing fed
-    std::string path_;                 // ... its file, and its context's parameters (to load it again)
-    llama_context_params params_{};
+    std::string path_;                 // ... its file, mapped: its weights' pages
+    std::vector<std::pair<void *, uint64_t>> mapped_;
+    bool asleep_ = false;
     llama_pos base_ = 0;               // the head's context holds positions [0, base_)
     std::vector<llama_token> unfed_;   // tokens at base_, base_ + 1, ... the target decoded since
     std::vector<float> hidden_;        // the target's hidden states at base_ - 1, base_, ... (zeros before 0)

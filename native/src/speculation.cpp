@@ -65,34 +65,44 @@ detail::MtpDraft::Decode Engine::Impl::draft_decoder() {
 }
 
 // The draft policy gave up on this generation's drafts: the heads' cache shares go to the trunk, and a
-// separate draft model's memory to the cache. That memory is a share of the cache the draft model
-// takes while it is loaded (a 23 MiB assistant beside a 320 MiB budget: a random one cost 7% more bytes
-// per token over 192 tokens, its drafts all rejected; bench-data/2026-12-03/mtp-assistant).
+// separate draft model's memory to the cache.
 void Engine::Impl::stop_drafting() {
     cache_heads(false);
-    if (mtp->separate_model() && !mtp->released()) {
-        release_draft_model();
-    }
+    hold_draft_model();
 }
 
-// A new generation: a greedy one drafts again. A released draft model comes back only into an empty
-// context: the pin's KV cache, made over another's cells, resets them (llama_kv_cells::resize in the
-// llama_kv_cache constructor), so loading it beside a kept prefix would wipe the target's cells. Beside
-// a kept prefix (a conversation's next turn) it stays freed, and that generation does not draft.
+// A new generation: a greedy one drafts again (a separate draft model woken first).
 void Engine::Impl::resume_drafting() {
-    if (greedy && mtp->released() && in_context.empty()) {
-        load_draft_model();
+    if (greedy && mtp->asleep()) {
+        wake_draft_model();
     }
     mtp->set_enabled(greedy);
     cache_heads(greedy);
 }
 
-// Freed, its memory goes to an adaptive cache at once (adapt's hysteresis would leave it unused:
-// MemoryBudget::after_release).
-void Engine::Impl::release_draft_model() {
+// A separate draft model's memory is a share of the cache it takes from the model while its pages are
+// there (a 23 MiB assistant beside a 320 MiB budget: a random one held throughout cost 7% more bytes
+// per token over 192 tokens; bench-data/2026-12-03/mtp-assistant). So they are there only while it may
+// draft: dropped for a long pause and once the policy gives up, back for the probe that ends a pause.
+// Not for a sampled generation: it drafts nothing, and the next greedy one would read them again.
+void Engine::Impl::hold_draft_model() {
+    if (!mtp || !mtp->separate_model() || !greedy) {
+        return;
+    }
+    const bool gave_up = draft_policy.gave_up();
+    if (!mtp->asleep() && (gave_up || draft_policy.paused() >= kSleepDraftModelPause)) {
+        sleep_draft_model();
+    } else if (mtp->asleep() && !gave_up && draft_policy.paused() == 0) {
+        wake_draft_model();
+    }
+}
+
+// Its pages dropped, an adaptive cache takes their memory at once (adapt's hysteresis would leave it
+// unused: MemoryBudget::after_release).
+void Engine::Impl::sleep_draft_model() {
     detail::Streamer * streamer = streaming.streamer.get();
     budget_with_draft_model = streamer ? streamer->cache().budget() : 0;
-    mtp->release();
+    mtp->sleep();
     if (streamer && memory) {
         const uint64_t grown = memory->after_release(budget_with_draft_model, streamer->pool_held_bytes());
         if (grown != budget_with_draft_model) {
@@ -101,13 +111,13 @@ void Engine::Impl::release_draft_model() {
     }
 }
 
-// Loaded again after the cache went back to the budget it had beside it: the load cannot take the
+// Back after the cache went back to the budget it had beside them: their pages cannot take the
 // process over its limit.
-void Engine::Impl::load_draft_model() {
+void Engine::Impl::wake_draft_model() {
     if (streaming.streamer && budget_with_draft_model > 0) {
         streaming.streamer->set_budget(std::min(streaming.streamer->cache().budget(), budget_with_draft_model));
     }
-    mtp->reacquire();
+    mtp->wake();
 }
 
 void Engine::Impl::cache_heads(bool on) {
@@ -126,6 +136,7 @@ std::vector<llama_token> Engine::Impl::draft_for(llama_pos used) {
     }
     const auto room = static_cast<int64_t>(config.ctx) - used - static_cast<int64_t>(pending.size());
     const int max = static_cast<int>(std::min<int64_t>({draft_policy.length(), room, config.batch - 1}));
+    hold_draft_model();  // a pause that ends here: a sleeping draft model's pages come back for its draft
     if (max <= 0) {
         return {};
     }

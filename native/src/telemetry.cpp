@@ -2,11 +2,14 @@
 
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -154,6 +157,27 @@ uint64_t resident_bytes_of(const void * data, uint64_t size) {
         pages += v & 1;
     }
     return std::min(size, pages * page);
+}
+
+std::vector<std::pair<void *, uint64_t>> file_mappings(const std::string & path) {
+    struct stat st {};
+    std::vector<std::pair<void *, uint64_t>> out;
+    if (stat(path.c_str(), &st) != 0) {
+        return out;
+    }
+    std::ifstream maps("/proc/self/maps");
+    for (std::string line; std::getline(maps, line);) {
+        // start-end perms offset major:minor inode [path]
+        unsigned long long start = 0, end = 0, offset = 0, inode = 0;
+        unsigned major = 0, minor = 0;
+        char perms[8] = {};
+        if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu", &start, &end, perms, &offset, &major, &minor,
+                        &inode) == 7 &&
+            inode == st.st_ino && makedev(major, minor) == st.st_dev && end > start) {
+            out.emplace_back(reinterpret_cast<void *>(start), end - start);
+        }
+    }
+    return out;
 }
 
 }  // namespace bmoe::detail

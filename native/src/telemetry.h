@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace bmoe::detail {
@@ -35,5 +36,7 @@ MemoryReading read_memory();
 uint64_t mappings_left();
 // Bytes of [data, data+size) that are resident in memory (mincore).
 uint64_t resident_bytes_of(const void * data, uint64_t size);
+// This process's mappings of the file at `path` (its device and inode, /proc/self/maps): start, bytes.
+std::vector<std::pair<void *, uint64_t>> file_mappings(const std::string & path);
 
 }  // namespace bmoe::detail
