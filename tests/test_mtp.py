@@ -102,8 +102,11 @@ def test_mtp_backs_off_when_the_head_disagrees() -> None:
     drafted = sum(m.drafted for m in gen.metrics)
     steps_with_drafts = sum(1 for m in gen.metrics if m.drafted)
     # Rejected outright twice in a row: drafting pauses 4, 8, 16 ... decodes; over 48 tokens only a
-    # handful of steps draft at all, one token each.
+    # handful of steps draft at all, one token each, and those after a pause are probes: checked against
+    # the step's own token, one token decoded (no reads for the draft's).
     assert 0 < steps_with_drafts <= 8 and drafted <= 8
+    probes = [m for m in gen.metrics if m.probed]
+    assert len(probes) >= 2 and all(m.n_tokens == 1 and m.drafted == 0 for m in probes)
 
 
 def test_mtp_saves_decodes_when_the_head_agrees() -> None:
@@ -336,13 +339,13 @@ def test_a_sleeping_draft_model_gives_its_memory_back_and_its_drafts_are_unchang
         longer = plain.prompt_tokens + plain.tokens[:40]
         plain_longer = plain_engine.run(longer, 24, logits=True)
     with Engine(model, replace(gates.BASE, stream=False, speculative="mtp", draft_model=assistant)) as resident:
-        drafts = [(m.drafted, m.accepted) for m in resident.run(gates.PROMPTS[0], 220).metrics]
+        drafts = [(m.drafted, m.accepted, m.probed) for m in resident.run(gates.PROMPTS[0], 220).metrics]
     with Engine(model, replace(gates.BASE, stream=True, cache_mb=0.3, speculative="mtp",
                                draft_model=assistant)) as engine:
         for again in (False, True):
             gen = engine.run(gates.PROMPTS[0], 220)
-            assert gen.tokens == plain.tokens and [(m.drafted, m.accepted) for m in gen.metrics] == drafts
-            probes = [i for i, m in enumerate(gen.metrics) if m.drafted]
+            assert gen.tokens == plain.tokens and [(m.drafted, m.accepted, m.probed) for m in gen.metrics] == drafts
+            probes = [i for i, m in enumerate(gen.metrics) if m.drafted or m.probed]
             assert 5 <= len(probes) <= 8 and probes[-1] < 200, (again, probes)
             rss = [m.rss_bytes for m in gen.metrics]  # (read every few steps, not at each)
             awake = max(rss[probes[1] + 1:probes[3]])

@@ -33,6 +33,7 @@ class TokenMetrics:
     pool_bytes: int          # memory the expert page pool holds
     drafted: int = 0         # speculative decoding: draft tokens decoded with this one
     accepted: int = 0        # ... that the model agreed with (the next tokens, without a decode)
+    probed: int = 0          # a draft checked against this step's own token instead (drafts rejected outright)
     dropped: int = 0             # --drop-cold (lossy): routed slots skipped
     read_ahead: bool = False     # --prefetch: this step guessed each next layer's experts and read them ahead
     predicted: int = 0           # expert slots guessed ahead

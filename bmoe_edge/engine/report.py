@@ -61,6 +61,7 @@ def summary(gen: Generation, run_info: dict[str, object]) -> dict[str, object]:
         # Speculative decoding: draft tokens decoded, those the model agreed with, decodes run.
         "drafted": sum(m.drafted for m in gen.metrics),
         "accepted": sum(m.accepted for m in gen.metrics),
+        "probed": sum(m.probed for m in gen.metrics),  # drafts checked against the step's own token instead
         "decodes": sum(1 for m in decode if m.n_tokens > 0),
         # Read-ahead (--prefetch): decodes that guessed, slots guessed and right, bytes read for guesses.
         "read_ahead_decodes": sum(1 for m in decode if m.read_ahead),
@@ -145,10 +146,11 @@ def summary_text(s: dict[str, object]) -> str:
     if int(s.get("net_bytes", 0)):
         lines.append(f"RPC network: {int(s['net_bytes']) / 2**20:.2f} MiB, "
                      f"{float(s['net_bytes_per_token']) / 2**10:.1f} KiB/token")
-    if int(s.get("drafted", 0)):
+    if int(s.get("drafted", 0)) or int(s.get("probed", 0)):
         per_decode = int(s["generated_tokens"]) / max(1, int(s["decodes"]) + 1)
+        probes = f"; {s['probed']} probes after drafts rejected outright" if int(s.get("probed", 0)) else ""
         lines.append(f"speculative: {s['accepted']} of {s['drafted']} drafted tokens accepted, "
-                     f"{per_decode:.2f} tokens per decode")
+                     f"{per_decode:.2f} tokens per decode{probes}")
     if run.get("prefetch", "off") != "off":
         lines.append(prefetch_line(s, run))
     if run.get("warning"):

@@ -320,8 +320,8 @@ def check_cell(cell: GateCell, model: Path, resident: list[Generation], all_expe
     result.accepted = sum(m.accepted for m in metrics)
     # The drafts depend on the draft's weights (an MTP head's experts are streamed too): step by step
     # the same as the resident run's.
-    same_drafts = [(m.drafted, m.accepted) for g in resident[: len(streamed)] for m in g.metrics] == \
-        [(m.drafted, m.accepted) for m in metrics]
+    same_drafts = [(m.drafted, m.accepted, m.probed) for g in resident[: len(streamed)] for m in g.metrics] == \
+        [(m.drafted, m.accepted, m.probed) for m in metrics]
     result.passed = eq_tokens and eq_logits and same_drafts and result.bytes_read > 0
     if result.bytes_read == 0:
         result.error = "streamed run read nothing: the seam did not engage"

@@ -168,7 +168,7 @@ struct Engine::Impl {
     // Whether the MTP head's layers (every chained block) keep a share of the expert cache.
     void cache_heads(bool on);
     // The draft policy gave up (heads' shares, a separate draft model's memory, to the cache), and a
-    // new generation (greedy: drafting again, a released draft model loaded again) (speculation.cpp).
+    // new generation (greedy: drafting again, a sleeping draft model woken) (speculation.cpp).
     void stop_drafting();
     void resume_drafting();
     // A separate draft model's pages there only while it may draft: dropped for a long pause and on
@@ -177,6 +177,7 @@ struct Engine::Impl {
     void sleep_draft_model();
     void wake_draft_model();
     std::vector<llama_token> draft_for(llama_pos used);
+    void check_probe(llama_token drafted, llama_token chosen, StepResult & out);
     llama_token verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out);
     void emit(StepResult & out, llama_token token);
     // What a step hands out besides its token, from the logits at batch index `index` (the sampler's).

@@ -25,6 +25,10 @@ public:
     void update(int drafted, int accepted);
     bool gave_up() const { return give_up_ > 0 && misses_ >= give_up_; }
     int paused() const { return pause_; }  // decodes left in the current pause (0: drafting)
+    // The drafts were rejected outright twice or more in a row: the next draft is a probe of whether
+    // the drafter agrees again, checked against the model's own next token rather than verified in a
+    // batch (a rejected one then costs no reads for its token). One agreement ends it.
+    bool probing() const { return misses_ >= 2; }
 
 private:
     int max_;

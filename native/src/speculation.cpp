@@ -64,6 +64,18 @@ detail::MtpDraft::Decode Engine::Impl::draft_decoder() {
     return [this](llama_pos first, int n, const std::function<int()> & run) { run_decode(first, n, run); };
 }
 
+// A probe's draft against the token the step decoded alone: the policy learns whether the drafter
+// agrees again, as from a verify of it.
+void Engine::Impl::check_probe(llama_token drafted, llama_token chosen, StepResult & out) {
+    out.metrics.probed = 1;
+    draft_policy.update(1, drafted == chosen ? 1 : 0);
+    if (mtp && draft_policy.gave_up()) {
+        stop_drafting();
+    } else {
+        hold_draft_model();
+    }
+}
+
 // The draft policy gave up on this generation's drafts: the heads' cache shares go to the trunk, and a
 // separate draft model's memory to the cache.
 void Engine::Impl::stop_drafting() {

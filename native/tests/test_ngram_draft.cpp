@@ -1,7 +1,8 @@
 // ngram_draft and DraftPolicy (ngram_draft.h, docs/architecture.md "Speculative decoding"): the
 // continuation of the latest earlier occurrence of the last 4, 3 or 2 tokens; the draft length starts
 // at 2, doubles while drafts are accepted whole (up to the maximum), falls to what was accepted, and
-// drafting pauses 4, 8, ... 64 decodes after drafts the model rejects outright twice in a row.
+// drafting pauses 4, 8, ... 64 decodes after drafts the model rejects outright twice in a row, and the
+// drafts after such a pause are probes until one is accepted.
 #include <cstdint>
 #include <vector>
 
@@ -121,6 +122,22 @@ POLICY_TEST(draft_an_accepted_token_ends_the_run_of_rejections) {
     q.update(4, 1);
     q.update(1, 0);
     CHECK_EQ(q.length(), 1);
+}
+
+POLICY_TEST(draft_probes_follow_two_outright_rejections_until_one_is_accepted) {
+    DraftPolicy p(8);
+    CHECK(!p.probing());
+    p.update(2, 0);
+    CHECK(!p.probing());  // one rejection: the next draft is verified in a batch as ever
+    p.update(1, 0);
+    CHECK(p.probing());  // two in a row: the draft after the pause is a probe
+    lengths(p, 5);
+    p.update(1, 0);
+    CHECK(p.probing());
+    CHECK_EQ(lengths(p, 9).back(), 1);  // the pause of 8, then the probe's one token
+    p.update(1, 1);  // a probe the model agreed with: drafting as before
+    CHECK(!p.probing());
+    CHECK_EQ(p.length(), 2);
 }
 
 POLICY_TEST(draft_nothing_drafted_counts_neither_way) {

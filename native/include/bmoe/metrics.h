@@ -29,6 +29,8 @@ struct TokenMetrics {
     uint64_t pool_bytes = 0;             // memory the expert page pool holds (in use, or kept for reuse)
     int drafted = 0;                     // speculative step: draft tokens decoded with this one
     int accepted = 0;                    // ... of which the model agreed with (handed out next, no decode)
+    int probed = 0;                      // a draft checked against this step's own token, not decoded with it
+                                         // (after drafts rejected outright twice in a row: DraftPolicy::probing)
     int dropped = 0;                     // --drop-cold (lossy): routed slots skipped
     bool read_ahead = false;             // this step guessed each next layer's experts and read them ahead
     uint64_t predicted = 0;              // expert slots guessed ahead (per layer, before its router ran)
