@@ -171,9 +171,9 @@ struct Engine::Impl {
     // new generation (greedy: drafting again, a sleeping draft model woken) (speculation.cpp).
     void stop_drafting();
     void resume_drafting();
-    // A separate draft model's pages there only while it may draft: dropped for a long pause and on
-    // giving up, back for the probe that ends a pause; after each verify and before each draft.
-    void hold_draft_model();
+    // What a drafter holds (a head's cache share, a draft model's pages) only while it drafts; after
+    // each verify or probe and before each draft.
+    void hold_drafter();
     void sleep_draft_model();
     void wake_draft_model();
     std::vector<llama_token> draft_for(llama_pos used);

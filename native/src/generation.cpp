@@ -288,7 +288,7 @@ llama_token Engine::Impl::verify(std::vector<llama_token> & batch, size_t n_draf
     if (mtp && draft_policy.gave_up()) {  // the head's share of the cache to the trunk
         stop_drafting();
     } else {
-        hold_draft_model();  // a long pause: a separate draft model sleeps through it
+        hold_drafter();  // probing, or a long pause: what the drafter holds goes to the cache
     }
     accepted.assign(chosen.begin() + 1, chosen.end());
     pending.assign(1, chosen.back());

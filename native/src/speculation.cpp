@@ -72,7 +72,7 @@ void Engine::Impl::check_probe(llama_token drafted, llama_token chosen, StepResu
     if (mtp && draft_policy.gave_up()) {
         stop_drafting();
     } else {
-        hold_draft_model();
+        hold_drafter();
     }
 }
 
@@ -80,7 +80,7 @@ void Engine::Impl::check_probe(llama_token drafted, llama_token chosen, StepResu
 // separate draft model's memory to the cache.
 void Engine::Impl::stop_drafting() {
     cache_heads(false);
-    hold_draft_model();
+    hold_drafter();
 }
 
 // A new generation: a greedy one drafts again (a separate draft model woken first).
@@ -92,17 +92,21 @@ void Engine::Impl::resume_drafting() {
     cache_heads(greedy);
 }
 
-// A separate draft model's memory is a share of the cache it takes from the model while its pages are
-// there (a 23 MiB assistant beside a 320 MiB budget: a random one held throughout cost 7% more bytes
-// per token over 192 tokens; bench-data/2026-12-03/mtp-assistant). So they are there only while it may
-// draft: dropped for a long pause and once the policy gives up, back for the probe that ends a pause.
-// Not for a sampled generation: it drafts nothing, and the next greedy one would read them again.
-void Engine::Impl::hold_draft_model() {
-    if (!mtp || !mtp->separate_model() || !greedy) {
+// What a drafter holds is memory the cache could use: an MTP head its layers' share of the cache, a
+// separate draft model its weights' pages (a 23 MiB assistant beside a 320 MiB budget: a random one
+// held throughout cost 7% more bytes per token over 192 tokens; bench-data/2026-12-03/mtp-assistant).
+// So it holds them only while it drafts: a head's layers are cached unless its drafts are probes (a
+// probe reads what it needs), a draft model sleeps through the long pauses and once the policy gives
+// up and wakes for the probe that ends a pause (its pages are a file's: read again, 23 MB). Not for a
+// sampled generation: it drafts nothing, and the next greedy one would read them again.
+void Engine::Impl::hold_drafter() {
+    if (!mtp || !greedy) {
         return;
     }
     const bool gave_up = draft_policy.gave_up();
-    if (!mtp->asleep() && (gave_up || draft_policy.paused() >= kSleepDraftModelPause)) {
+    if (!mtp->separate_model()) {
+        cache_heads(!gave_up && !draft_policy.probing());
+    } else if (!mtp->asleep() && (gave_up || draft_policy.paused() >= kSleepDraftModelPause)) {
         sleep_draft_model();
     } else if (mtp->asleep() && !gave_up && draft_policy.paused() == 0) {
         wake_draft_model();
@@ -148,7 +152,7 @@ std::vector<llama_token> Engine::Impl::draft_for(llama_pos used) {
     }
     const auto room = static_cast<int64_t>(config.ctx) - used - static_cast<int64_t>(pending.size());
     const int max = static_cast<int>(std::min<int64_t>({draft_policy.length(), room, config.batch - 1}));
-    hold_draft_model();  // a pause that ends here: a sleeping draft model's pages come back for its draft
+    hold_drafter();  // a pause that ends here: a sleeping draft model's pages come back for its draft
     if (max <= 0) {
         return {};
     }

@@ -109,6 +109,8 @@ def spawn(spec: dict[str, Any], cap_bytes: int, storage: Any) -> dict[str, Any]:
     limit = st.read_limit(storage, model) if storage is not None else None
     cap = ramcap.make_cap(cap_bytes, read_limit=limit)
     drop_page_cache(model)
+    if draft_model(model, spec["speculative"]):  # cold too, and charged to the cell that reads it
+        drop_page_cache(Path(draft_model(model, spec["speculative"])))
     la = loadavg()
     cap.prepare()
     try:
