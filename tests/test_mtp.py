@@ -23,7 +23,8 @@ from bmoe_edge.engine import Engine, Generation
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.proof import gates
 from bmoe_edge.synthetic import mtp_rows, tinymoe
-from bmoe_edge.synthetic.specs import draft_model_of, fixture_resolver
+from bmoe_edge.synthetic.draft_model import draft_model_of
+from bmoe_edge.synthetic.specs import fixture_resolver
 
 
 @pytest.fixture(scope="module")

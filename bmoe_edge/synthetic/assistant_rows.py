@@ -32,8 +32,8 @@ from bmoe_edge.engine import info
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.synthetic import tinymoe
 from bmoe_edge.synthetic.arch_parts import swa_every_4th_full
+from bmoe_edge.synthetic.draft_model import draft_model_of
 from bmoe_edge.synthetic.gguf_kv import BASE_KEYS, Key, arch_kvs, full_vocab_size, general_kvs, vocab_kvs
-from bmoe_edge.synthetic.specs import draft_model_of
 
 NOISE = 6.0  # "noisy": the random hidden-state part of the pre-projection (against the embedding's EMBD_RMS)
 LAYERS = ("swa", "full")  # the assistant's layers: the target's last two kinds, in their order

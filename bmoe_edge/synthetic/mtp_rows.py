@@ -41,8 +41,8 @@ from typing import Any
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.synthetic import assistant_rows, tinymoe
 from bmoe_edge.synthetic.arch_parts import EMBD_RMS
+from bmoe_edge.synthetic.draft_model import draft_model_of
 from bmoe_edge.synthetic.gguf_kv import KV, arch_kvs, full_vocab_size, general_kvs, vocab_kvs
-from bmoe_edge.synthetic.specs import draft_model_of
 
 # architecture -> its fixture's MTP heads (more than one: chained, head i drafts step i)
 MTP_HEADS: dict[str, int] = {"glm4moe": 1, "qwen35moe": 1, "step35": 3}

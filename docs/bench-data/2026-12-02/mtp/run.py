@@ -44,7 +44,7 @@ CTX, BATCH = 1024, 64
 def fixture(arch: str, head: str) -> Path:
     """The model (gemma4: its assistant beside it, `specs.draft_model_of`, written first)."""
     from bmoe_edge.synthetic import assistant_rows, mtp_rows
-    from bmoe_edge.synthetic.specs import draft_model_of
+    from bmoe_edge.synthetic.draft_model import draft_model_of
 
     cache = Path.home() / ".cache/bmoe-edge/bench-mtp"
     cache.mkdir(parents=True, exist_ok=True)
@@ -63,7 +63,7 @@ def fixture(arch: str, head: str) -> Path:
 
 def draft_model(model: Path, speculative: str) -> str:
     """The separate draft model a cell speculates with (gemma4's assistant), "" for none."""
-    from bmoe_edge.synthetic.specs import draft_model_of
+    from bmoe_edge.synthetic.draft_model import draft_model_of
 
     path = draft_model_of(model)
     return str(path) if speculative != "off" and path.is_file() else ""
