@@ -26,7 +26,7 @@ cuts back from llama.cpp's per-position snapshots; the head is an attention laye
 step35 (Step 3.5 Flash: chained heads, one trained block per draft step, selected with
 `llama_set_nextn_layer_offset`; three here, sliding-window layers as in the row). gemma4's drafts
 come from a separate assistant model (gemma4-assistant), not from blocks in the file: `mtp_fixture`
-writes it beside its target (`assistant_rows`, `specs.draft_model_of`).
+writes it beside its target (`assistant_rows`, `draft_model.draft_model_of`).
 """
 
 from __future__ import annotations

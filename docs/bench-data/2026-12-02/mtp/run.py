@@ -42,7 +42,7 @@ CTX, BATCH = 1024, 64
 
 
 def fixture(arch: str, head: str) -> Path:
-    """The model (gemma4: its assistant beside it, `specs.draft_model_of`, written first)."""
+    """The model (gemma4: its assistant beside it, `draft_model.draft_model_of`, written first)."""
     from bmoe_edge.synthetic import assistant_rows, mtp_rows
     from bmoe_edge.synthetic.draft_model import draft_model_of
 
