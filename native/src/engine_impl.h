@@ -14,7 +14,7 @@
 #include "bmoe/engine.h"
 #include "bmoe/error.h"
 #include "gguf_map.h"
-#include "llama.h"
+#include "llama-cpp.h"  // llama.h, and its owning pointers
 #include "memory_budget.h"
 #include "mtp_draft.h"
 #include "ngram_draft.h"
@@ -34,12 +34,6 @@ inline double ms_since(Clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-struct ModelDeleter {
-    void operator()(llama_model * m) const { llama_model_free(m); }
-};
-struct ContextDeleter {
-    void operator()(llama_context * c) const { llama_free(c); }
-};
 using SamplerDeleter = SamplerChainDeleter;
 
 // llama.cpp's C API lets C++ exceptions through (e.g. std::out_of_range from a vocabulary lookup
@@ -88,8 +82,8 @@ struct Engine::Impl {
     detail::LayerPlacement placement;
     std::unique_ptr<detail::Seam> seam;
     detail::StreamingParts streaming;  // after the seam, before the model: outlives both uses
-    std::unique_ptr<llama_model, detail::ModelDeleter> model;
-    std::unique_ptr<llama_context, detail::ContextDeleter> ctx;
+    llama_model_ptr model;
+    llama_context_ptr ctx;
     std::unique_ptr<detail::MtpDraft> mtp;  // the model's own draft head (--speculative mtp), over `ctx`
     uint64_t budget_with_draft_model = 0;   // the cache's budget when a draft model last went to sleep
     std::unique_ptr<llama_sampler, detail::SamplerDeleter> sampler;
@@ -167,10 +161,9 @@ struct Engine::Impl {
     detail::MtpDraft::Decode draft_decoder();
     // Whether the MTP head's layers (every chained block) keep a share of the expert cache.
     void cache_heads(bool on);
-    // The draft policy gave up (heads' shares, a separate draft model's memory, to the cache), and a
-    // new generation (greedy: drafting again, a sleeping draft model woken) (speculation.cpp).
-    void stop_drafting();
+    // A new generation (greedy: drafting again, a sleeping draft model woken) (speculation.cpp).
     void resume_drafting();
+    void learn_from_drafts(int drafted, int accepted);
     // What a drafter holds (a head's cache share, a draft model's pages) only while it drafts; after
     // each verify or probe and before each draft.
     void hold_drafter();

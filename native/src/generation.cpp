@@ -284,12 +284,7 @@ llama_token Engine::Impl::verify(std::vector<llama_token> & batch, size_t n_draf
     }
     out.metrics.drafted = static_cast<int>(n_draft);
     out.metrics.accepted = static_cast<int>(kept);
-    draft_policy.update(out.metrics.drafted, out.metrics.accepted);
-    if (mtp && draft_policy.gave_up()) {  // the head's share of the cache to the trunk
-        stop_drafting();
-    } else {
-        hold_drafter();  // probing, or a long pause: what the drafter holds goes to the cache
-    }
+    learn_from_drafts(out.metrics.drafted, out.metrics.accepted);
     accepted.assign(chosen.begin() + 1, chosen.end());
     pending.assign(1, chosen.back());
     return chosen.front();

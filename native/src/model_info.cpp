@@ -14,15 +14,11 @@
 #include "expert_names.h"
 #include "gguf.h"
 #include "gguf_map.h"
-#include "llama.h"
+#include "llama-cpp.h"  // llama.h, and its owning pointers
 #include "llama_runtime.h"
 
 namespace bmoe {
 namespace {
-
-struct ModelDeleter {
-    void operator()(llama_model * model) const { llama_model_free(model); }
-};
 
 [[noreturn]] void fail(const std::string & path, const std::string & what) {
     throw Error(path + ": " + what);
@@ -76,7 +72,7 @@ ModelInfo probe_model(const std::string & path) {
     mparams.vocab_only = true;
     mparams.n_gpu_layers = 0;
     detail::clear_llama_error();
-    std::unique_ptr<llama_model, ModelDeleter> model(llama_model_load_from_file(path.c_str(), mparams));
+    llama_model_ptr model(llama_model_load_from_file(path.c_str(), mparams));
     if (!model) {
         const std::string why = detail::last_llama_error();
         fail(path, "llama.cpp could not load it" + (why.empty() ? std::string() : " (" + why + ")"));

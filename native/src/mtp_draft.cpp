@@ -21,10 +21,6 @@
 namespace bmoe::detail {
 namespace {
 
-struct BatchFree {
-    void operator()(llama_batch_ext * b) const { llama_batch_ext_free(b); }
-};
-
 llama_token argmax(const float * logits, int32_t n_vocab) {
     return static_cast<llama_token>(std::max_element(logits, logits + n_vocab) - logits);
 }
@@ -52,7 +48,7 @@ int MtpDraft::heads(const llama_model * model) { return std::max(0, llama_model_
 MtpDraft::MtpDraft(llama_model * model, llama_context * target, llama_context_params params)
     : MtpDraft(nullptr, model, target, params, "") {}
 
-MtpDraft::MtpDraft(OwnedModel own, llama_model * model, llama_context * target, llama_context_params params,
+MtpDraft::MtpDraft(llama_model_ptr own, llama_model * model, llama_context * target, llama_context_params params,
                    std::string path)
     : own_model_(std::move(own)), target_(target), vocab_(llama_model_get_vocab(model)),
       n_embd_(static_cast<size_t>(llama_model_n_embd_out(model))), heads_(heads(model)),
@@ -111,7 +107,7 @@ std::unique_ptr<MtpDraft> MtpDraft::assistant(const std::string & path, llama_co
     mp.use_extra_bufts = false;  // its weights are the mapping's bytes
     mp.n_gpu_layers = 0;
     clear_llama_error();
-    OwnedModel model(llama_model_load_from_file(path.c_str(), mp));
+    llama_model_ptr model(llama_model_load_from_file(path.c_str(), mp));
     if (!model) {
         const std::string why = last_llama_error();
         throw Error(path + ": llama.cpp could not load the draft model" + (why.empty() ? "" : " (" + why + ")"));
@@ -170,7 +166,7 @@ void MtpDraft::select_head(int head, llama_pos from) {
 
 void MtpDraft::decode_rows(const llama_token * tokens, const float * rows, int n, llama_pos first, bool output,
                            const Decode & decode) {
-    std::unique_ptr<llama_batch_ext, BatchFree> batch(llama_batch_ext_init(ctx_.get()));
+    llama_batch_ext_ptr batch(llama_batch_ext_init(ctx_.get()));
     for (int i = 0; i < n; ++i) {
         const int32_t idx = llama_batch_ext_add_token(batch.get(), 0, tokens[i]);
         const llama_pos pos = first + i;

@@ -32,7 +32,7 @@
 #include <utility>
 #include <vector>
 
-#include "llama.h"
+#include "llama-cpp.h"  // llama.h, and its owning pointers
 
 namespace bmoe::detail {
 
@@ -49,8 +49,8 @@ public:
     // cannot make an MTP context for this model. Switches the target to output its hidden states.
     MtpDraft(llama_model * model, llama_context * target, llama_context_params params);
     // A separate draft model sharing the target's KV, from its file (`--draft-model`): checked against
-    // the target (its architecture's assistant, the same hidden size and vocabulary), loaded resident,
-    // its context made without the target's eval callback (none of it streams).
+    // the target (its architecture's assistant, the same hidden size and vocabulary), mapped (resident
+    // once it has decoded), its context made without the target's eval callback (none of it streams).
     static std::unique_ptr<MtpDraft> assistant(const std::string & path, llama_context * target,
                                                llama_context_params params);
     ~MtpDraft();
@@ -92,11 +92,7 @@ public:
     std::vector<llama_token> draft(llama_token last, llama_pos pos, int max, int batch, const Decode & decode);
 
 private:
-    struct ModelFree {
-        void operator()(llama_model * m) const { llama_model_free(m); }
-    };
-    using OwnedModel = std::unique_ptr<llama_model, ModelFree>;
-    MtpDraft(OwnedModel own, llama_model * model, llama_context * target, llama_context_params params,
+    MtpDraft(llama_model_ptr own, llama_model * model, llama_context * target, llama_context_params params,
              std::string path);
 
     void feed(int batch, const Decode & decode);
@@ -105,12 +101,9 @@ private:
     // Chained heads: block `head` is what the next decode runs, its positions from `from` on cleared first.
     void select_head(int head, llama_pos from);
 
-    struct ContextFree {
-        void operator()(llama_context * c) const { llama_free(c); }
-    };
-    OwnedModel own_model_;  // a separate draft model (freed after its context: declared before it)
+    llama_model_ptr own_model_;  // a separate draft model (freed after its context: declared before it)
     llama_context * target_;
-    std::unique_ptr<llama_context, ContextFree> ctx_;
+    llama_context_ptr ctx_;
     const llama_vocab * vocab_;
     size_t n_embd_;
     int heads_;

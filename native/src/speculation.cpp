@@ -68,18 +68,13 @@ detail::MtpDraft::Decode Engine::Impl::draft_decoder() {
 // agrees again, as from a verify of it.
 void Engine::Impl::check_probe(llama_token drafted, llama_token chosen, StepResult & out) {
     out.metrics.probed = 1;
-    draft_policy.update(1, drafted == chosen ? 1 : 0);
-    if (mtp && draft_policy.gave_up()) {
-        stop_drafting();
-    } else {
-        hold_drafter();
-    }
+    learn_from_drafts(1, drafted == chosen ? 1 : 0);
 }
 
-// The draft policy gave up on this generation's drafts: the heads' cache shares go to the trunk, and a
-// separate draft model's memory to the cache.
-void Engine::Impl::stop_drafting() {
-    cache_heads(false);
+// A verify's or a probe's outcome: the policy's next length, pause or give-up, and what the drafter
+// holds meanwhile (hold_drafter: a head given up on gives its cache share back, a draft model sleeps).
+void Engine::Impl::learn_from_drafts(int drafted, int accepted) {
+    draft_policy.update(drafted, accepted);
     hold_drafter();
 }
 
