@@ -14,6 +14,7 @@
 #include "bmoe/error.h"
 #include "bmoe/recipes.h"
 #include "engine_impl.h"
+#include "expert_names.h"
 #include "llama_runtime.h"
 #include "seam_drop.h"
 #include "telemetry.h"
@@ -468,10 +469,21 @@ void Engine::Impl::size_cache() {
         (b.scratch ? footprint.scratch : footprint.to_touch).push_back({b.data, b.size});
     }
     if (config.dense == DenseMode::Mmap) {  // with dense=anon they were read into the mirror already
+        std::vector<detail::DrafterPages> head_pages;
         for (const auto & c : seam->captured()) {
-            if (!c.is_expert && c.host) {  // a worker's weights are not this process's memory
-                footprint.to_touch.push_back({detail::Seam::data(c), c.nbytes});
+            if (c.is_expert || !c.host) {  // a worker's weights are not this process's memory
+                continue;
             }
+            // An MTP head's (its layers follow the trunk's): they sleep with it (hold_drafter).
+            const bool head = mtp && !mtp->separate_model() && detail::block_of(c.name) >= info.n_layer;
+            (head ? footprint.drafter : footprint.to_touch).push_back({detail::Seam::data(c), c.nbytes});
+            const detail::TensorLocation * loc = head ? gguf->find(c.name) : nullptr;
+            if (loc != nullptr) {
+                head_pages.push_back({gguf->files()[loc->file], detail::Seam::data(c), c.nbytes, loc->offset});
+            }
+        }
+        if (mtp && !mtp->separate_model()) {
+            mtp->set_own_pages(std::move(head_pages));
         }
     }
     uint64_t widest_layer = 0;

@@ -85,7 +85,7 @@ struct Engine::Impl {
     llama_model_ptr model;
     llama_context_ptr ctx;
     std::unique_ptr<detail::MtpDraft> mtp;  // the model's own draft head (--speculative mtp), over `ctx`
-    uint64_t budget_with_draft_model = 0;   // the cache's budget when a draft model last went to sleep
+    uint64_t budget_with_drafter = 0;   // the cache's budget when the drafter last went to sleep
     std::unique_ptr<llama_sampler, detail::SamplerDeleter> sampler;
     const llama_vocab * vocab = nullptr;
     std::unique_ptr<detail::MemoryBudget> memory;
@@ -125,11 +125,14 @@ struct Engine::Impl {
     // The MTP head's drafts cost head decodes (and a catch-up feed after each pause): after this many
     // outright rejections in a row (4 + 8 + 16 + 32 + 64 decodes of pauses between them) it stops.
     static constexpr int kMtpGiveUp = 7;
+    // ... and after this many rejected probes before its first agreement in a generation (probes at
+    // decodes 0, 1, 6 and 15: DraftPolicy's pauses), a drafter that does not fit the model at all.
+    static constexpr int kMtpFirstProbes = 4;
     // While paused, the head sees only the last this many decodes before it drafts again (its context
     // restarts there): a catch-up over the whole pause would read most of its layer's experts.
     static constexpr int kMtpResumeFeed = 4;
-    // A separate draft model sleeps through a pause this long or longer (pauses: 4, 8, 16, 32, 64).
-    static constexpr int kSleepDraftModelPause = 16;
+    // The drafter's pages sleep through a pause this long or longer (pauses: 4, 8, 16, 32, 64).
+    static constexpr int kSleepDrafterPause = 16;
 
     void open(const std::string & path);
     // open's steps, in the order it takes them (engine.cpp)
@@ -167,8 +170,8 @@ struct Engine::Impl {
     // What a drafter holds (a head's cache share, a draft model's pages) only while it drafts; after
     // each verify or probe and before each draft.
     void hold_drafter();
-    void sleep_draft_model();
-    void wake_draft_model();
+    void sleep_drafter();
+    void wake_drafter();
     std::vector<llama_token> draft_for(llama_pos used);
     void check_probe(llama_token drafted, llama_token chosen, StepResult & out);
     llama_token verify(std::vector<llama_token> & batch, size_t n_draft, StepResult & out);

@@ -2,26 +2,41 @@
 
 namespace bmoe::detail {
 
+namespace {
+const std::string kBlk = "blk.";
+}  // namespace
+
+int block_of(const std::string & name) {
+    if (name.compare(0, kBlk.size(), kBlk) != 0) {
+        return -1;
+    }
+    const size_t dot = name.find('.', kBlk.size());
+    if (dot == std::string::npos || dot == kBlk.size()) {
+        return -1;
+    }
+    const std::string digits = name.substr(kBlk.size(), dot - kBlk.size());
+    // More digits than a layer count can have would overflow std::stoi: not a layer.
+    if (digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos) {
+        return -1;
+    }
+    return std::stoi(digits);
+}
+
 bool parse_expert_name(const std::string & name, const Recipe & recipe, int & layer, int & projection) {
-    static const std::string blk = "blk.";
     static const std::string weight = ".weight";
-    if (name.compare(0, blk.size(), blk) != 0 || name.size() <= blk.size() + weight.size() ||
+    const int il = block_of(name);
+    if (il < 0 || name.size() <= kBlk.size() + weight.size() ||
         name.compare(name.size() - weight.size(), weight.size(), weight) != 0) {
         return false;
     }
-    const size_t dot = name.find('.', blk.size());
-    if (dot == std::string::npos || dot == blk.size()) {
-        return false;
-    }
-    const std::string digits = name.substr(blk.size(), dot - blk.size());
-    // More digits than a layer count can have would overflow std::stoi: not a layer.
-    if (digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos) {
+    const size_t dot = name.find('.', kBlk.size());
+    if (dot + 1 > name.size() - weight.size()) {
         return false;
     }
     const std::string suffix = name.substr(dot + 1, name.size() - weight.size() - dot - 1);
     for (size_t i = 0; i < recipe.expert_suffixes.size(); ++i) {
         if (recipe.expert_suffixes[i] == suffix) {
-            layer = std::stoi(digits);
+            layer = il;
             projection = static_cast<int>(i);
             return true;
         }

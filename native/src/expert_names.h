@@ -11,6 +11,8 @@
 
 namespace bmoe::detail {
 
+// "blk.<il>.<anything>" -> il, or -1 (not a layer's tensor).
+int block_of(const std::string & name);
 // "blk.<il>.<suffix>.weight" with suffix from the recipe -> layer and projection index.
 bool parse_expert_name(const std::string & name, const Recipe & recipe, int & layer, int & projection);
 

@@ -163,8 +163,12 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     d.pending.assign(prompt.begin() + static_cast<long>(keep), prompt.end());
     d.greedy = sampling.temp <= 0;
     d.failure.clear();
-    d.draft_policy = detail::DraftPolicy(d.config.draft_max, d.speculation == Speculative::Mtp ? Impl::kMtpGiveUp : 0);
-    if (d.mtp) {  // a new generation: the head drafts again (greedy only), its layer cached again
+    // An MTP head's or a draft model's drafts are probed first (its agreement is the drafter's; a prompt
+    // lookup's is its match's) and given up on (kMtpFirstProbes, kMtpGiveUp).
+    const bool mtp_drafts = d.speculation == Speculative::Mtp;
+    d.draft_policy = detail::DraftPolicy(d.config.draft_max, mtp_drafts ? Impl::kMtpGiveUp : 0,
+                                         mtp_drafts ? Impl::kMtpFirstProbes : 0);
+    if (d.mtp) {  // a new generation: the head drafts again (greedy only)
         d.resume_drafting();
     }
     d.accepted.clear();

@@ -26,6 +26,7 @@ struct Region {
 
 struct Footprint {
     std::vector<Region> to_touch;  // the KV cache and (dense=mmap) dense weights
+    std::vector<Region> drafter;   // an in-file MTP head's dense weights (dense=mmap): to touch while it is awake
     // The compute buffers: sized for the largest batch (a prompt's ubatch), written by a prompt and
     // by little else; a decode touches a small part of them.
     std::vector<Region> scratch;
@@ -142,6 +143,8 @@ public:
     // what is there at once, as after a prompt (adapt's hysteresis would leave less than a token's
     // experts unused: measured, a 23 MiB assistant beside a 294 MiB budget whose step is 40 MiB).
     uint64_t after_release(uint64_t current, uint64_t pool_held);
+    // An asleep drafter's pages (Footprint::drafter) are not memory still to come: not counted as pending.
+    void set_drafter_asleep(bool asleep) { drafter_asleep_ = asleep; }
     // Bytes given back by the last after_prompt.
     uint64_t released_bytes() const { return released_; }
 
@@ -156,6 +159,7 @@ private:
     Footprint footprint_;
     BudgetPolicy policy_;
     double scratch_share_ = 1.0;  // of the compute buffers' untouched bytes, what the next graph may write
+    bool drafter_asleep_ = false;
     uint64_t released_ = 0;
 };
 

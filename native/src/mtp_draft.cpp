@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "bmoe/error.h"
@@ -60,6 +61,9 @@ MtpDraft::MtpDraft(llama_model_ptr own, llama_model * model, llama_context * tar
     params.n_ctx = llama_n_ctx(target);
     params.n_rs_seq = 0;
     params.ctx_other = target;  // what the models whose head shares the target's memory need
+    // Its outputs are a draft's one row (or one per sequence: llama.cpp reserves those at creation),
+    // never a feed's: sized for those, its compute buffers hold no n_vocab-wide logits for a batch.
+    params.n_outputs_max = std::max<uint32_t>(1, params.n_seq_max);
     if (shared_) {  // the seam matches the target's `blk.N.` names: a separate model's are not those
         params.cb_eval = nullptr;
         params.cb_eval_user_data = nullptr;
@@ -81,8 +85,10 @@ MtpDraft::MtpDraft(llama_model_ptr own, llama_model * model, llama_context * tar
     // all), while logits stay where they were asked for. Masked on the head: only its output row.
     llama_set_embeddings_nextn(target_, true, false);
     llama_set_embeddings_nextn(ctx_.get(), true, true);
-    if (shared_) {
-        mapped_ = file_mappings(path_);
+    if (shared_) {  // its weights are the mapping's bytes
+        for (const FileMapping & m : file_mappings(path_)) {
+            pages_.push_back({path_, m.start, m.bytes, m.file_offset});
+        }
     }
 }
 
@@ -126,18 +132,46 @@ std::unique_ptr<MtpDraft> MtpDraft::assistant(const std::string & path, llama_co
     return std::unique_ptr<MtpDraft>(new MtpDraft(std::move(model), raw, target, params, path));
 }
 
+void MtpDraft::set_own_pages(std::vector<DrafterPages> pages) {
+    const auto displacement = [](const DrafterPages & p) {
+        return reinterpret_cast<uintptr_t>(p.data) - static_cast<uintptr_t>(p.file_offset);
+    };
+    std::sort(pages.begin(), pages.end(), [](const DrafterPages & a, const DrafterPages & b) {
+        return std::tie(a.file, a.file_offset) < std::tie(b.file, b.file_offset);
+    });
+    pages_.clear();
+    for (DrafterPages & p : pages) {
+        if (!pages_.empty() && pages_.back().file == p.file && displacement(pages_.back()) == displacement(p)) {
+            DrafterPages & span = pages_.back();
+            span.bytes = std::max(span.bytes, p.file_offset + p.bytes - span.file_offset);
+        } else {
+            pages_.push_back(std::move(p));
+        }
+    }
+}
+
 void MtpDraft::sleep() {
-    if (!shared_ || asleep_) {
+    if (asleep_) {
         return;
     }
     asleep_ = true;
-    for (const auto & [start, bytes] : mapped_) {  // clean file pages: dropped, read again when touched
-        madvise(start, bytes, MADV_DONTNEED);
-    }
-    const int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC);  // ... and out of the page cache (its charge)
-    if (fd >= 0) {
-        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        close(fd);
+    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    for (const DrafterPages & p : pages_) {
+        // Whole pages only: a page shared with a neighbouring tensor stays (dropping it would be harmless,
+        // a clean file page, but a trunk tensor would fault it back at once).
+        const auto start = reinterpret_cast<uintptr_t>(p.data);
+        const uintptr_t first = (start + page - 1) / page * page;
+        const uintptr_t last = (start + p.bytes) / page * page;
+        if (last <= first) {
+            continue;
+        }
+        madvise(reinterpret_cast<void *>(first), last - first, MADV_DONTNEED);
+        const int fd = open(p.file.c_str(), O_RDONLY | O_CLOEXEC);  // ... and out of the page cache (its charge)
+        if (fd >= 0) {
+            posix_fadvise(fd, static_cast<off_t>(p.file_offset + (first - start)), static_cast<off_t>(last - first),
+                          POSIX_FADV_DONTNEED);
+            close(fd);
+        }
     }
 }
 
@@ -146,8 +180,10 @@ void MtpDraft::wake() {
         return;
     }
     asleep_ = false;
-    for (const auto & [start, bytes] : mapped_) {  // read ahead, not one fault at a time in the draft
-        madvise(start, bytes, MADV_WILLNEED);
+    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    for (const DrafterPages & p : pages_) {  // read ahead, not one fault at a time in the draft
+        const auto start = reinterpret_cast<uintptr_t>(p.data) / page * page;
+        madvise(reinterpret_cast<void *>(start), p.bytes + (reinterpret_cast<uintptr_t>(p.data) - start), MADV_WILLNEED);
     }
 }
 

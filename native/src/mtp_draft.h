@@ -17,7 +17,7 @@
 // block is fed the target's positions, and draft step i runs block i over the whole draft prefix
 // (each block's KV is its own layer's), so a step drafts at most as many tokens as there are blocks.
 // A separate draft model that shares the target's KV (Gemma 4's assistant, `--draft-model`): a small
-// dense model, loaded resident here, whose context (type MTP, `ctx_other` = the target) has no KV of
+// dense model, mapped here, whose context (type MTP, `ctx_other` = the target) has no KV of
 // its own: its layers' queries attend over the target's last two layers' keys and values. Nothing is
 // fed; every draft token is decoded at the target's next position with the assistant's own hidden
 // state carried (the pin's driver and the Transformers reference do the same), and the target's verify
@@ -35,6 +35,15 @@
 #include "llama-cpp.h"  // llama.h, and its owning pointers
 
 namespace bmoe::detail {
+
+// Bytes of a file mapping that only the drafter reads (a separate draft model's weights, an in-file
+// head's dense tensors): clean file pages, dropped while it sleeps and read again when touched.
+struct DrafterPages {
+    std::string file;
+    void * data = nullptr;
+    uint64_t bytes = 0;
+    uint64_t file_offset = 0;  // of the byte at `data`
+};
 
 class MtpDraft {
 public:
@@ -63,11 +72,16 @@ public:
     // None for a separate draft model (resident, dense).
     int layers() const { return shared_ ? 0 : chained_ ? heads_ : 1; }
 
-    // A separate draft model's weights are a mapping of its file: while its drafts are not wanted (a
-    // long pause, the policy given up) `sleep` drops their pages, so the cache can grow into that
-    // memory; `wake` asks them back (read ahead; a draft decode faults in what is not there yet). The
-    // context stays: a new one would reset the target's KV cells (the pin's shared cache). Both are
-    // no-ops for a head in the model's file.
+    // What the drafter alone reads of a file mapping: a separate draft model's whole file (found at
+    // creation), an in-file head's dense tensors (given by the engine once the seam captured them; its
+    // experts are the cache's). While its drafts are not wanted (a long pause, the policy given up)
+    // `sleep` drops those pages, so the cache can grow into that memory; `wake` asks them back (read
+    // ahead; a draft decode faults in what is not there yet). The context stays: for a separate draft
+    // model a new one would reset the target's KV cells (the pin's shared cache).
+    // Pieces of one mapping (the same file, the same address less offset) merge into one span, the gaps
+    // between them included: a head's layer is contiguous in its file, its experts (the gaps) no longer
+    // read through the mapping, and a span's whole pages are many more than its tensors' one by one.
+    void set_own_pages(std::vector<DrafterPages> pages);
     void sleep();
     void wake();
     bool asleep() const { return asleep_; }
@@ -109,8 +123,8 @@ private:
     int heads_;
     bool chained_;
     bool shared_;                      // a separate draft model over the target's KV: nothing fed
-    std::string path_;                 // ... its file, mapped: its weights' pages
-    std::vector<std::pair<void *, uint64_t>> mapped_;
+    std::string path_;                 // ... its file
+    std::vector<DrafterPages> pages_;
     bool asleep_ = false;
     llama_pos base_ = 0;               // the head's context holds positions [0, base_)
     std::vector<llama_token> unfed_;   // tokens at base_, base_ + 1, ... the target decoded since

@@ -23,8 +23,9 @@ std::vector<int32_t> ngram_draft(const std::vector<int32_t> & history, int min_n
     return {};
 }
 
-DraftPolicy::DraftPolicy(int draft_max, int give_up_after)
-    : max_(draft_max), length_(std::min(2, draft_max)), give_up_(give_up_after) {}
+DraftPolicy::DraftPolicy(int draft_max, int give_up_after, int first_probes)
+    : max_(draft_max), length_(std::min(first_probes > 0 ? 1 : 2, draft_max)), give_up_(give_up_after),
+      first_probes_(first_probes), agreed_(first_probes <= 0) {}
 
 int DraftPolicy::length() {
     if (gave_up()) {
@@ -40,6 +41,9 @@ int DraftPolicy::length() {
 void DraftPolicy::update(int drafted, int accepted) {
     if (drafted <= 0) {
         return;
+    }
+    if (accepted > 0) {
+        agreed_ = true;
     }
     if (accepted >= drafted) {
         misses_ = 0;

@@ -17,25 +17,35 @@ std::vector<int32_t> ngram_draft(const std::vector<int32_t> & history, int min_n
 // are accepted whole, falls to what was accepted, and drafting pauses (4, 8, ... 64 decodes) after
 // drafts the model rejects outright twice in a row. With `give_up_after` > 0, that many outright
 // rejections in a row stop drafting for good (a draft that costs model decodes, the MTP head's: its
-// probes are not free, and a head that disagrees that long will not start agreeing).
+// probes are not free, and a head that disagrees that long will not start agreeing). With
+// `first_probes` > 0, a generation's drafts are probes (one token) until the drafter's first
+// agreement, and that many rejected probes before any agreement are a give-up too: a drafter whose
+// every draft is rejected (an MTP head or a draft model that does not fit the model) then never costs
+// a batch verify and stops soon, while one whose first token is right 70% of the time loses one
+// step's draft, and fails its first 4 probes once in 120 generations.
 class DraftPolicy {
 public:
-    explicit DraftPolicy(int draft_max = 0, int give_up_after = 0);
+    explicit DraftPolicy(int draft_max = 0, int give_up_after = 0, int first_probes = 0);
     int length();  // 0: do not draft this step
     void update(int drafted, int accepted);
-    bool gave_up() const { return give_up_ > 0 && misses_ >= give_up_; }
+    bool gave_up() const {
+        return (give_up_ > 0 && misses_ >= give_up_) || (!agreed_ && first_probes_ > 0 && misses_ >= first_probes_);
+    }
     int paused() const { return pause_; }  // decodes left in the current pause (0: drafting)
-    // The drafts were rejected outright twice or more in a row: the next draft is a probe of whether
-    // the drafter agrees again, checked against the model's own next token rather than verified in a
-    // batch (a rejected one then costs no reads for its token). One agreement ends it.
-    bool probing() const { return misses_ >= 2; }
+    // The drafts were rejected outright twice or more in a row (or, probing first, none agreed yet):
+    // the next draft is a probe of whether the drafter agrees (again), one token checked against the
+    // model's own next token rather than verified in a batch (a rejected one then costs no reads for
+    // its token). One agreement ends it.
+    bool probing() const { return misses_ >= 2 || !agreed_; }
 
 private:
     int max_;
     int length_;
     int give_up_;
+    int first_probes_;
     int misses_ = 0;
     int pause_ = 0;
+    bool agreed_;  // the drafter agreed with the model at least once (or was not to be probed first)
 };
 
 }  // namespace bmoe::detail

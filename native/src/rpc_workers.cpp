@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "bmoe/error.h"
+#include "expert_names.h"
 #include "memory_budget.h"
 #include "telemetry.h"
 #include "ggml-backend.h"
@@ -265,8 +266,8 @@ void RpcWorkers::watchdog() {
 LayerPlacement RpcWorkers::place(const GgufMap & gguf, const std::vector<double> & weights, bool streaming) const {
     PlacementInput in;
     for (const auto & [name, loc] : gguf.tensors()) {
-        if (name.rfind("blk.", 0) == 0) {
-            const size_t il = std::strtoul(name.c_str() + 4, nullptr, 10);
+        if (const int block = block_of(name); block >= 0) {
+            const auto il = static_cast<size_t>(block);
             if (il < 4096) {
                 in.layer_bytes.resize(std::max(in.layer_bytes.size(), il + 1), 0);
                 in.layer_bytes[il] += loc.size;

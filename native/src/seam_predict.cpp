@@ -6,6 +6,7 @@
 #include <string>
 
 #include "ggml-cpu.h"
+#include "expert_names.h"
 #include "ggml.h"
 #include "seam_graph.h"
 
@@ -14,19 +15,9 @@ namespace {
 
 // "blk.<il>.<rest>" -> il, or -1.
 int layer_of(const std::string & name, const char * rest) {
-    static const std::string blk = "blk.";
-    if (name.compare(0, blk.size(), blk) != 0) {
-        return -1;
-    }
-    const size_t dot = name.find('.', blk.size());
-    if (dot == std::string::npos || dot == blk.size() || name.compare(dot + 1, std::string::npos, rest) != 0) {
-        return -1;
-    }
-    const std::string digits = name.substr(blk.size(), dot - blk.size());
-    if (digits.find_first_not_of("0123456789") != std::string::npos) {
-        return -1;
-    }
-    return std::stoi(digits);
+    const int il = block_of(name);
+    const size_t dot = name.find('.', 4);
+    return il >= 0 && name.compare(dot + 1, std::string::npos, rest) == 0 ? il : -1;
 }
 
 bool is_f32_vector(const ggml_tensor * t, int64_t n) {

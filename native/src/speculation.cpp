@@ -78,45 +78,50 @@ void Engine::Impl::learn_from_drafts(int drafted, int accepted) {
     hold_drafter();
 }
 
-// A new generation: a greedy one drafts again (a separate draft model woken first).
+// A new generation: a greedy one drafts again, probing first (a separate draft model woken for it; a
+// head's layers cached once it agrees: hold_drafter). A sampled one drafts nothing.
 void Engine::Impl::resume_drafting() {
-    if (greedy && mtp->asleep()) {
-        wake_draft_model();
-    }
     mtp->set_enabled(greedy);
-    cache_heads(greedy);
+    if (greedy) {
+        hold_drafter();
+    } else {
+        cache_heads(false);
+    }
 }
 
-// What a drafter holds is memory the cache could use: an MTP head its layers' share of the cache, a
-// separate draft model its weights' pages (a 23 MiB assistant beside a 320 MiB budget: a random one
-// held throughout cost 7% more bytes per token over 192 tokens; bench-data/2026-12-03/mtp-assistant).
-// So it holds them only while it drafts: a head's layers are cached unless its drafts are probes (a
-// probe reads what it needs), a draft model sleeps through the long pauses and once the policy gives
-// up and wakes for the probe that ends a pause (its pages are a file's: read again, 23 MB). Not for a
-// sampled generation: it drafts nothing, and the next greedy one would read them again.
+// What a drafter holds is memory the cache could use: an MTP head its layers' share of the cache and
+// its dense weights' pages, a separate draft model its weights' pages (a 23 MiB assistant beside a
+// 320 MiB budget: a random one held throughout cost 7% more bytes per token over 192 tokens;
+// bench-data/2026-12-03/mtp-assistant). So it holds them only while it drafts: a head's layers are
+// cached unless its drafts are probes (a probe reads what it needs), and its pages (both kinds of
+// drafter) sleep through the long pauses and once the policy gives up, and wake for the probe that
+// ends a pause (a file's pages: read again). Not for a sampled generation: it drafts nothing, and the
+// next greedy one would read them again.
 void Engine::Impl::hold_drafter() {
     if (!mtp || !greedy) {
         return;
     }
     const bool gave_up = draft_policy.gave_up();
-    if (!mtp->separate_model()) {
-        cache_heads(!gave_up && !draft_policy.probing());
-    } else if (!mtp->asleep() && (gave_up || draft_policy.paused() >= kSleepDraftModelPause)) {
-        sleep_draft_model();
+    cache_heads(!gave_up && !draft_policy.probing());
+    if (!mtp->asleep() && (gave_up || draft_policy.paused() >= kSleepDrafterPause)) {
+        sleep_drafter();
     } else if (mtp->asleep() && !gave_up && draft_policy.paused() == 0) {
-        wake_draft_model();
+        wake_drafter();
     }
 }
 
 // Its pages dropped, an adaptive cache takes their memory at once (adapt's hysteresis would leave it
 // unused: MemoryBudget::after_release).
-void Engine::Impl::sleep_draft_model() {
+void Engine::Impl::sleep_drafter() {
     detail::Streamer * streamer = streaming.streamer.get();
-    budget_with_draft_model = streamer ? streamer->cache().budget() : 0;
+    budget_with_drafter = streamer ? streamer->cache().budget() : 0;
     mtp->sleep();
+    if (memory) {  // its pages are no longer memory still to come
+        memory->set_drafter_asleep(true);
+    }
     if (streamer && memory) {
-        const uint64_t grown = memory->after_release(budget_with_draft_model, streamer->pool_held_bytes());
-        if (grown != budget_with_draft_model) {
+        const uint64_t grown = memory->after_release(budget_with_drafter, streamer->pool_held_bytes());
+        if (grown != budget_with_drafter) {
             streamer->set_budget(grown);
         }
     }
@@ -124,9 +129,12 @@ void Engine::Impl::sleep_draft_model() {
 
 // Back after the cache went back to the budget it had beside them: their pages cannot take the
 // process over its limit.
-void Engine::Impl::wake_draft_model() {
-    if (streaming.streamer && budget_with_draft_model > 0) {
-        streaming.streamer->set_budget(std::min(streaming.streamer->cache().budget(), budget_with_draft_model));
+void Engine::Impl::wake_drafter() {
+    if (streaming.streamer && budget_with_drafter > 0) {
+        streaming.streamer->set_budget(std::min(streaming.streamer->cache().budget(), budget_with_drafter));
+    }
+    if (memory) {
+        memory->set_drafter_asleep(false);
     }
     mtp->wake();
 }

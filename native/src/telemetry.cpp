@@ -159,9 +159,9 @@ uint64_t resident_bytes_of(const void * data, uint64_t size) {
     return std::min(size, pages * page);
 }
 
-std::vector<std::pair<void *, uint64_t>> file_mappings(const std::string & path) {
+std::vector<FileMapping> file_mappings(const std::string & path) {
     struct stat st {};
-    std::vector<std::pair<void *, uint64_t>> out;
+    std::vector<FileMapping> out;
     if (stat(path.c_str(), &st) != 0) {
         return out;
     }
@@ -174,7 +174,7 @@ std::vector<std::pair<void *, uint64_t>> file_mappings(const std::string & path)
         if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu", &start, &end, perms, &offset, &major, &minor,
                         &inode) == 7 &&
             inode == st.st_ino && makedev(major, minor) == st.st_dev && end > start) {
-            out.emplace_back(reinterpret_cast<void *>(start), end - start);
+            out.push_back({reinterpret_cast<void *>(start), end - start, offset});
         }
     }
     return out;

@@ -36,7 +36,12 @@ MemoryReading read_memory();
 uint64_t mappings_left();
 // Bytes of [data, data+size) that are resident in memory (mincore).
 uint64_t resident_bytes_of(const void * data, uint64_t size);
-// This process's mappings of the file at `path` (its device and inode, /proc/self/maps): start, bytes.
-std::vector<std::pair<void *, uint64_t>> file_mappings(const std::string & path);
+// This process's mappings of the file at `path` (its device and inode, /proc/self/maps).
+struct FileMapping {
+    void * start = nullptr;
+    uint64_t bytes = 0;
+    uint64_t file_offset = 0;  // of the file's byte at `start`
+};
+std::vector<FileMapping> file_mappings(const std::string & path);
 
 }  // namespace bmoe::detail

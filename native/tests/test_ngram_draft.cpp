@@ -140,6 +140,48 @@ POLICY_TEST(draft_probes_follow_two_outright_rejections_until_one_is_accepted) {
     CHECK_EQ(p.length(), 2);
 }
 
+POLICY_TEST(draft_probing_first_until_the_drafter_agrees) {
+    DraftPolicy p(8, 7, 4);
+    CHECK(p.probing());
+    CHECK_EQ(p.length(), 1);  // a probe: one token
+    p.update(1, 0);
+    CHECK(p.probing());
+    CHECK_EQ(p.length(), 1);  // one rejection: no pause, probed again
+    p.update(1, 0);
+    CHECK_EQ(lengths(p, 5), std::vector<int>({0, 0, 0, 0, 1}));  // the pauses as ever
+    CHECK(p.probing());
+    p.update(1, 1);  // the first agreement: verified in a batch from now on, two tokens first
+    CHECK(!p.probing());
+    CHECK_EQ(p.length(), 2);
+    p.update(2, 0);
+    CHECK(!p.probing());  // one rejection after an agreement: still a batch verify
+    DraftPolicy q(8, 7, 4);
+    q.update(1, 1);  // the first probe agreed
+    CHECK(!q.probing());
+    CHECK_EQ(q.length(), 2);
+}
+
+POLICY_TEST(draft_a_drafter_that_never_agreed_is_given_up_on_after_its_first_probes) {
+    DraftPolicy p(8, 7, 4);
+    p.update(1, 0);
+    p.update(1, 0);
+    lengths(p, 5);
+    p.update(1, 0);
+    CHECK(!p.gave_up());
+    lengths(p, 9);
+    p.update(1, 0);  // the fourth probe, none agreed: stopped (decodes 0, 1, 6, 15)
+    CHECK(p.gave_up());
+    CHECK_EQ(lengths(p, 100), std::vector<int>(100, 0));
+    DraftPolicy q(8, 7, 4);  // one agreement, then rejections: kMtpGiveUp's count, not the first probes'
+    q.update(1, 1);
+    for (int i = 0; i < 6; ++i) {
+        q.update(1, 0);
+        CHECK(!q.gave_up());
+    }
+    q.update(1, 0);
+    CHECK(q.gave_up());
+}
+
 POLICY_TEST(draft_nothing_drafted_counts_neither_way) {
     DraftPolicy p(8);
     p.update(2, 0);
