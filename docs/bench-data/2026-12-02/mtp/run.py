@@ -17,6 +17,7 @@ repeat. Writes cells-ARCH-STORAGE.csv (one row per cell) and prints a summary ta
 
     .venv/bin/python docs/bench-data/2026-12-02/mtp/run.py [--out DIR] [--arch glm4moe|step35|gemma4]
         [--storage rpi5-nvme-gen2|native|MB/s] [--cap 40%] [--repeats 3] [--tokens 192]
+        [--heads agree,random] [--trace DIR (per-step rows of every cell)]
 """
 
 from __future__ import annotations
@@ -80,6 +81,13 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         info = dict(engine.run_info)
         load_s = time.perf_counter() - t0
         gen = engine.run(PROMPT, spec["tokens"])
+    if spec.get("trace"):  # per step: what it decoded, drafted or probed, read, and the budget after it
+        with open(spec["trace"], "w", encoding="utf-8") as out:
+            out.write("step,n_tokens,drafted,accepted,probed,mib_read,cache_hits,cache_lookups,budget_mb,rss_mb\n")
+            for i, m in enumerate(gen.metrics):
+                out.write(f"{i},{m.n_tokens},{m.drafted},{m.accepted},{m.probed},{m.bytes_read / 2**20:.3f},"
+                          f"{m.cache_hits},{m.cache_lookups},{m.cache_budget_bytes / 2**20:.1f},"
+                          f"{m.rss_bytes / 2**20:.1f}\n")
     decode = gen.metrics[1:]  # after the prompt's step
     wall_s = sum(m.wall_ms for m in decode) / 1000
     verifies = [m for m in decode if m.drafted]
@@ -160,6 +168,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=192)
     ap.add_argument("--summary", help="print the table of an existing cells CSV")
+    ap.add_argument("--trace", help="a directory: each cell also writes its per-step rows there")
+    ap.add_argument("--heads", default=",".join(HEADS), help="the heads to run (agree,random)")
     a = ap.parse_args()
     if a.cell:
         print(RECORD + json.dumps(measure(json.loads(a.cell))), flush=True)
@@ -176,7 +186,7 @@ def main() -> None:
     from bmoe_edge.cli.bench import storage_targets
 
     storage = st.parse_storage(a.storage, storage_targets())
-    models = {head: fixture(a.arch, head) for head in HEADS}
+    models = {head: fixture(a.arch, head) for head in a.heads.split(",")}
     out = Path(a.out)
     name = f"cells-{a.arch}-{storage.name if storage else 'native'}.csv"
     rows: list[dict[str, Any]] = []
@@ -186,6 +196,8 @@ def main() -> None:
             order = SPECS[rep % 3:] + SPECS[:rep % 3]
             for spec in order:
                 cell = {"model": str(model), "speculative": spec, "tokens": a.tokens}
+                if a.trace:
+                    cell["trace"] = str(Path(a.trace) / f"trace-{a.arch}-{head}-{spec}-r{rep}.csv")
                 r = {"repeat": rep, "arch": a.arch, "head": head, "speculative": spec,
                      "storage": storage.name if storage else "native"} | spawn(cell, cap_bytes, storage)
                 rows.append(r)
