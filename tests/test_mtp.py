@@ -415,7 +415,8 @@ def _resident_after_each_token(engine: Engine, model: Path, steps: int) -> tuple
 def test_an_mtp_heads_dense_weights_sleep_through_long_pauses_and_once_it_gave_up() -> None:
     # An in-file head's dense tensors are pages of the model's mapping that only its drafts read: dropped
     # (and out of the page cache) through a pause of 16 decodes and more and once the policy gave up, as
-    # a draft model's are, and back for the probe that ends a pause and for the next greedy generation.
+    # a draft model's are, and back for the probe that ends a pause and for the next greedy generation;
+    # its draft context is freed meanwhile and made again (the tokens are plain decoding's throughout).
     # The noisy head meets a 16-decode pause; the random one gives up after its first 4 probes.
     for head in ("noisy", "random"):
         model = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head=head)
@@ -429,6 +430,7 @@ def test_an_mtp_heads_dense_weights_sleep_through_long_pauses_and_once_it_gave_u
                 assert drafts == [1, 2, 7, 16] and max(resident[16:]) == 0, (drafts, resident)
                 again, resident = _resident_after_each_token(engine, model, 8)
                 assert again.metrics[1].probed and resident[1] > 0  # woken for the next generation's probe
+                assert again.tokens == plain.tokens[:8]  # (its context freed asleep, made again awake)
                 continue
             pauses = [(i, j) for i, j in itertools.pairwise(drafts) if j - i > 16]
             assert pauses, drafts

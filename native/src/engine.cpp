@@ -275,11 +275,10 @@ void Engine::Impl::route_to_streamer() {
     detail::Streamer & streamer = *streaming.streamer;
     if (overlap) {
         hook = std::make_unique<detail::ExpertReadyHook>(streamer);
-        for (llama_context * c : {ctx.get(), mtp ? mtp->context() : nullptr}) {  // the MTP head's graph too
-            if (c != nullptr) {
-                llama_set_abort_callback(
-                    c, [](void * s) { return static_cast<detail::Streamer *>(s)->failed(); }, &streamer);
-            }
+        const ggml_abort_callback failed = [](void * s) { return static_cast<detail::Streamer *>(s)->failed(); };
+        llama_set_abort_callback(ctx.get(), failed, &streamer);
+        if (mtp) {  // the MTP head's graph too
+            mtp->set_abort_callback(failed, &streamer);
         }
     }
     detail::RouteTrace * trace = route_trace.get();

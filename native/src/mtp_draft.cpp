@@ -72,19 +72,15 @@ MtpDraft::MtpDraft(llama_model_ptr own, llama_model * model, llama_context * tar
         params.n_batch = std::max<uint32_t>(1, params.n_seq_max);
         params.n_ubatch = params.n_batch;
     }
-    clear_llama_error();
-    ctx_.reset(llama_init_from_model(model, params));
-    if (!ctx_) {
-        const std::string why = last_llama_error();
-        throw Error("llama.cpp could not create the MTP draft context" + (why.empty() ? "" : " (" + why + ")"));
-    }
+    model_ = model;
+    params_ = params;
+    make_context();
     if (shared_ && llama_get_ctx_other(ctx_.get()) != target_) {
         throw Error("the draft model's context does not share the target's KV cache (llama.cpp set no ctx_other)");
     }
     // Unmasked on the target: a hidden state for every position it decodes (the head needs them
-    // all), while logits stay where they were asked for. Masked on the head: only its output row.
+    // all), while logits stay where they were asked for.
     llama_set_embeddings_nextn(target_, true, false);
-    llama_set_embeddings_nextn(ctx_.get(), true, true);
     if (shared_) {  // its weights are the mapping's bytes
         for (const FileMapping & m : file_mappings(path_)) {
             pages_.push_back({path_, m.start, m.bytes, m.file_offset});
@@ -132,6 +128,25 @@ std::unique_ptr<MtpDraft> MtpDraft::assistant(const std::string & path, llama_co
     return std::unique_ptr<MtpDraft>(new MtpDraft(std::move(model), raw, target, params, path));
 }
 
+void MtpDraft::make_context() {
+    clear_llama_error();
+    ctx_.reset(llama_init_from_model(model_, params_));
+    if (!ctx_) {
+        const std::string why = last_llama_error();
+        throw Error("llama.cpp could not create the MTP draft context" + (why.empty() ? "" : " (" + why + ")"));
+    }
+    llama_set_embeddings_nextn(ctx_.get(), true, true);  // masked: only its output row
+    if (abort_ != nullptr) {
+        llama_set_abort_callback(ctx_.get(), abort_, abort_data_);
+    }
+}
+
+void MtpDraft::set_abort_callback(ggml_abort_callback abort, void * data) {
+    abort_ = abort;
+    abort_data_ = data;
+    llama_set_abort_callback(ctx_.get(), abort, data);
+}
+
 void MtpDraft::set_own_pages(std::vector<DrafterPages> pages) {
     const auto displacement = [](const DrafterPages & p) {
         return reinterpret_cast<uintptr_t>(p.data) - static_cast<uintptr_t>(p.file_offset);
@@ -155,6 +170,12 @@ void MtpDraft::sleep() {
         return;
     }
     asleep_ = true;
+    if (!shared_) {  // its own KV would restart after the pause anyway (observe), so the context goes too
+        base_ = 0;
+        unfed_.clear();
+        hidden_.assign(n_embd_, 0.0f);
+        ctx_.reset();
+    }
     const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     for (const DrafterPages & p : pages_) {
         // Whole pages only: a page shared with a neighbouring tensor stays (dropping it would be harmless,
@@ -180,6 +201,9 @@ void MtpDraft::wake() {
         return;
     }
     asleep_ = false;
+    if (!ctx_) {
+        make_context();
+    }
     const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     for (const DrafterPages & p : pages_) {  // read ahead, not one fault at a time in the draft
         const auto start = reinterpret_cast<uintptr_t>(p.data) / page * page;
@@ -251,7 +275,7 @@ void MtpDraft::observe(const llama_token * tokens, int n, llama_pos first) {
 
 void MtpDraft::truncate(llama_pos n) {
     if (n < base_) {  // the head's own context goes back too; the state before n is not kept: zeros
-        if (!shared_) {  // a shared KV is the target's: its cut is the target's own
+        if (!shared_ && ctx_) {  // a shared KV is the target's: its cut is the target's own
             llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, n, -1);
         }
         base_ = n;
@@ -267,10 +291,10 @@ void MtpDraft::truncate(llama_pos n) {
 }
 
 void MtpDraft::clear() {
-    if (!shared_) {  // (llama.cpp's clear of a shared cache would reset the target's cells)
+    if (!shared_ && ctx_) {  // (llama.cpp's clear of a shared cache would reset the target's cells)
         llama_memory_clear(llama_get_memory(ctx_.get()), true);
     }
-    if (chained_) {
+    if (chained_ && ctx_) {
         llama_set_nextn_layer_offset(ctx_.get(), 0);
     }
     base_ = 0;
@@ -300,7 +324,7 @@ void MtpDraft::feed(int batch, const Decode & decode) {
 
 std::vector<llama_token> MtpDraft::draft(llama_token last, llama_pos pos, int max, int batch, const Decode & decode) {
     truncate(pos);
-    if (base_ + static_cast<llama_pos>(unfed_.size()) != pos) {
+    if (!ctx_ || base_ + static_cast<llama_pos>(unfed_.size()) != pos) {
         return {};  // the head has not seen what lies before pos (observe restarts it)
     }
     std::vector<llama_token> out;

@@ -66,7 +66,9 @@ public:
     MtpDraft(const MtpDraft &) = delete;
     MtpDraft & operator=(const MtpDraft &) = delete;
 
-    llama_context * context() const { return ctx_.get(); }
+    // The draft context's abort callback (overlap: a failed read stops its graph), kept for a context made
+    // again after a sleep.
+    void set_abort_callback(ggml_abort_callback abort, void * data);
     // The head layers the draft context runs (1, or every block when they chain): layers
     // n_layer .. n_layer + layers() - 1, whose experts the streamer caches beside the trunk's.
     // None for a separate draft model (resident, dense).
@@ -76,8 +78,10 @@ public:
     // creation), an in-file head's dense tensors (given by the engine once the seam captured them; its
     // experts are the cache's). While its drafts are not wanted (a long pause, the policy given up)
     // `sleep` drops those pages, so the cache can grow into that memory; `wake` asks them back (read
-    // ahead; a draft decode faults in what is not there yet). The context stays: for a separate draft
-    // model a new one would reset the target's KV cells (the pin's shared cache).
+    // ahead; a draft decode faults in what is not there yet). An in-file head's context goes too (its
+    // KV, compute buffers and graph metadata: 6 MiB on the 24-layer fixture; its KV restarts after a
+    // pause anyway) and is made again on waking; a separate draft model's stays: a new one would reset
+    // the target's KV cells (the pin's shared cache).
     // Pieces of one mapping (the same file, the same address less offset) merge into one span, the gaps
     // between them included: a head's layer is contiguous in its file, its experts (the gaps) no longer
     // read through the mapping, and a span's whole pages are many more than its tensors' one by one.
@@ -109,6 +113,7 @@ private:
     MtpDraft(llama_model_ptr own, llama_model * model, llama_context * target, llama_context_params params,
              std::string path);
 
+    void make_context();
     void feed(int batch, const Decode & decode);
     void decode_rows(const llama_token * tokens, const float * rows, int n, llama_pos first, bool output,
                      const Decode & decode);
@@ -116,8 +121,12 @@ private:
     void select_head(int head, llama_pos from);
 
     llama_model_ptr own_model_;  // a separate draft model (freed after its context: declared before it)
+    llama_model * model_ = nullptr;
     llama_context * target_;
-    llama_context_ptr ctx_;
+    llama_context_params params_{};
+    ggml_abort_callback abort_ = nullptr;
+    void * abort_data_ = nullptr;
+    llama_context_ptr ctx_;         // none while an in-file head sleeps
     const llama_vocab * vocab_;
     size_t n_embd_;
     int heads_;
