@@ -144,7 +144,9 @@ void MtpDraft::make_context() {
 void MtpDraft::set_abort_callback(ggml_abort_callback abort, void * data) {
     abort_ = abort;
     abort_data_ = data;
-    llama_set_abort_callback(ctx_.get(), abort, data);
+    if (ctx_) {
+        llama_set_abort_callback(ctx_.get(), abort, data);
+    }
 }
 
 void MtpDraft::set_own_pages(std::vector<DrafterPages> pages) {
@@ -202,7 +204,13 @@ void MtpDraft::wake() {
     }
     asleep_ = false;
     if (!ctx_) {
-        make_context();
+        // Memory the board no longer has is no reason to fail the step: without a context draft() drafts
+        // nothing, and the next wake tries again.
+        try {
+            make_context();
+        } catch (const Error &) {
+            ctx_.reset();
+        }
     }
     const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     for (const DrafterPages & p : pages_) {  // read ahead, not one fault at a time in the draft
