@@ -12,7 +12,6 @@ plain decoding does.
 from __future__ import annotations
 
 import csv
-import ctypes
 import functools
 import itertools
 import mmap
@@ -381,15 +380,15 @@ def _head_pages(model: Path) -> frozenset[int]:
                      if p * page >= span[0] and (p + 1) * page <= span[1])
 
 
-def _head_pages_resident(model: Path) -> int:
-    """Of _head_pages, those resident (mincore: the page cache's, seen through this process's mappings of
-    `model`)."""
+def _head_pages_mapped(model: Path) -> int:
+    """Of _head_pages, those mapped into this process (/proc/self/pagemap's present bit, in any mapping of
+    `model`): the memory a sleeping head gives back. Not the page cache's (mincore): with buffered reads
+    (pread) the kernel's read-ahead of a neighbouring tensor can bring such a page into the cache again,
+    unmapped and reclaimable."""
     pages = _head_pages(model)
     page = mmap.PAGESIZE
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
-    inode, resident = os.stat(model).st_ino, 0
-    with open("/proc/self/maps") as maps:
+    inode, mapped = os.stat(model).st_ino, 0
+    with open("/proc/self/maps") as maps, open("/proc/self/pagemap", "rb") as pagemap:
         for line in maps:
             fields = line.split()
             if len(fields) < 6 or int(fields[4]) != inode:
@@ -399,16 +398,15 @@ def _head_pages_resident(model: Path) -> int:
             for p in pages:
                 address = start + p * page - offset
                 if start <= address < end:
-                    vec = ctypes.create_string_buffer(1)
-                    assert libc.mincore(address, page, vec) == 0, ctypes.get_errno()
-                    resident += vec.raw[0] & 1
-    return resident
+                    pagemap.seek(address // page * 8)
+                    mapped += int.from_bytes(pagemap.read(8), "little") >> 63
+    return mapped
 
 
 def _resident_after_each_token(engine: Engine, model: Path, steps: int) -> tuple[Generation, list[int]]:
     gen, resident = Generation(gates.PROMPTS[0]), []
     for _ in engine.generate(gates.PROMPTS[0], steps, result=gen):
-        resident.append(_head_pages_resident(model))
+        resident.append(_head_pages_mapped(model))
     return gen, resident
 
 
