@@ -126,7 +126,7 @@ struct Engine::Impl {
     // outright rejections in a row (4 + 8 + 16 + 32 + 64 decodes of pauses between them) it stops.
     static constexpr int kMtpGiveUp = 7;
     // ... and after this many rejected probes before its first agreement in a generation (probes at
-    // decodes 0, 1, 6 and 15: DraftPolicy's pauses), a drafter that does not fit the model at all.
+    // decodes 1, 2, 7 and 16: DraftPolicy's pauses), a drafter that does not fit the model at all.
     static constexpr int kMtpFirstProbes = 4;
     // While paused, the head sees only the last this many decodes before it drafts again (its context
     // restarts there): a catch-up over the whole pause would read most of its layer's experts.

@@ -6,7 +6,7 @@ namespace {
 const std::string kBlk = "blk.";
 }  // namespace
 
-int block_of(const std::string & name) {
+int block_of(const std::string & name, size_t * rest) {
     if (name.compare(0, kBlk.size(), kBlk) != 0) {
         return -1;
     }
@@ -19,21 +19,21 @@ int block_of(const std::string & name) {
     if (digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos) {
         return -1;
     }
+    if (rest != nullptr) {
+        *rest = dot + 1;
+    }
     return std::stoi(digits);
 }
 
 bool parse_expert_name(const std::string & name, const Recipe & recipe, int & layer, int & projection) {
     static const std::string weight = ".weight";
-    const int il = block_of(name);
+    size_t rest = 0;
+    const int il = block_of(name, &rest);
     if (il < 0 || name.size() <= kBlk.size() + weight.size() ||
-        name.compare(name.size() - weight.size(), weight.size(), weight) != 0) {
+        name.compare(name.size() - weight.size(), weight.size(), weight) != 0 || rest > name.size() - weight.size()) {
         return false;
     }
-    const size_t dot = name.find('.', kBlk.size());
-    if (dot + 1 > name.size() - weight.size()) {
-        return false;
-    }
-    const std::string suffix = name.substr(dot + 1, name.size() - weight.size() - dot - 1);
+    const std::string suffix = name.substr(rest, name.size() - weight.size() - rest);
     for (size_t i = 0; i < recipe.expert_suffixes.size(); ++i) {
         if (recipe.expert_suffixes[i] == suffix) {
             layer = il;

@@ -11,8 +11,8 @@
 
 namespace bmoe::detail {
 
-// "blk.<il>.<anything>" -> il, or -1 (not a layer's tensor).
-int block_of(const std::string & name);
+// "blk.<il>.<rest>" -> il, or -1 (not a layer's tensor); `rest`, if given, is set to where <rest> starts.
+int block_of(const std::string & name, size_t * rest = nullptr);
 // "blk.<il>.<suffix>.weight" with suffix from the recipe -> layer and projection index.
 bool parse_expert_name(const std::string & name, const Recipe & recipe, int & layer, int & projection);
 

@@ -178,20 +178,16 @@ void MtpDraft::sleep() {
         hidden_.assign(n_embd_, 0.0f);
         ctx_.reset();
     }
-    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     for (const DrafterPages & p : pages_) {
-        // Whole pages only: a page shared with a neighbouring tensor stays (dropping it would be harmless,
-        // a clean file page, but a trunk tensor would fault it back at once).
-        const auto start = reinterpret_cast<uintptr_t>(p.data);
-        const uintptr_t first = (start + page - 1) / page * page;
-        const uintptr_t last = (start + p.bytes) / page * page;
-        if (last <= first) {
+        // Whole pages only: a page shared with a neighbouring tensor stays (a trunk tensor would fault
+        // it back at once).
+        const DroppedPages dropped = drop_mapped_pages(p.data, p.bytes);
+        if (dropped.bytes == 0) {
             continue;
         }
-        madvise(reinterpret_cast<void *>(first), last - first, MADV_DONTNEED);
         const int fd = open(p.file.c_str(), O_RDONLY | O_CLOEXEC);  // ... and out of the page cache (its charge)
         if (fd >= 0) {
-            posix_fadvise(fd, static_cast<off_t>(p.file_offset + (first - start)), static_cast<off_t>(last - first),
+            posix_fadvise(fd, static_cast<off_t>(p.file_offset + dropped.skip), static_cast<off_t>(dropped.bytes),
                           POSIX_FADV_DONTNEED);
             close(fd);
         }

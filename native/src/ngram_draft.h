@@ -22,7 +22,7 @@ std::vector<int32_t> ngram_draft(const std::vector<int32_t> & history, int min_n
 // agreement, and that many rejected probes before any agreement are a give-up too: a drafter whose
 // every draft is rejected (an MTP head or a draft model that does not fit the model) then never costs
 // a batch verify and stops soon, while one whose first token is right 70% of the time loses one
-// step's draft, and fails its first 4 probes once in 120 generations.
+// step's draft (and, with 4 first probes, fails them all once in 120 generations).
 class DraftPolicy {
 public:
     explicit DraftPolicy(int draft_max = 0, int give_up_after = 0, int first_probes = 0);

@@ -15,9 +15,9 @@ namespace {
 
 // "blk.<il>.<rest>" -> il, or -1.
 int layer_of(const std::string & name, const char * rest) {
-    const int il = block_of(name);
-    const size_t dot = name.find('.', 4);
-    return il >= 0 && name.compare(dot + 1, std::string::npos, rest) == 0 ? il : -1;
+    size_t at = 0;
+    const int il = block_of(name, &at);
+    return il >= 0 && name.compare(at, std::string::npos, rest) == 0 ? il : -1;
 }
 
 bool is_f32_vector(const ggml_tensor * t, int64_t n) {

@@ -116,8 +116,8 @@ void Engine::Impl::sleep_drafter() {
     detail::Streamer * streamer = streaming.streamer.get();
     budget_with_drafter = streamer ? streamer->cache().budget() : 0;
     mtp->sleep();
-    if (memory) {  // its pages are no longer memory still to come
-        memory->set_drafter_asleep(true);
+    if (memory) {
+        memory->set_drafter_asleep(true);  // its pages are no longer memory still to come
     }
     if (streamer && memory) {
         const uint64_t grown = memory->after_release(budget_with_drafter, streamer->pool_held_bytes());

@@ -1,7 +1,6 @@
 #include "stream_setup.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,21 +11,10 @@
 
 #include "bmoe/error.h"
 #include "expert_names.h"
+#include "telemetry.h"
 
 namespace bmoe::detail {
 namespace {
-
-// Return the whole pages of a no-longer-used range of llama.cpp's file mapping to the kernel.
-// File-backed and read-only: a stray access would fault the bytes back in, never corrupt them.
-void drop_mapped_pages(void * data, uint64_t bytes, uint64_t page) {
-    const auto start = reinterpret_cast<uintptr_t>(data);
-    const uintptr_t first = (start + page - 1) / page * page;
-    const uintptr_t last = (start + bytes) / page * page;
-    if (last > first) {
-        madvise(reinterpret_cast<void *>(first), last - first, MADV_DONTNEED);
-    }
-}
-
 
 // The expected sum of every expert slice of every streamed tensor, from config.slice_sums. A slice
 // the list does not cover means the sums were made for another file: refuse to start.
@@ -88,7 +76,6 @@ Seam::RoutedHint warm_up_reads(const GgufMap & gguf, const Recipe & recipe) {
 
 StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config,
                                 const FaultInjection & fault, RunInfo & info) {
-    const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     StreamingParts parts;
     uint64_t mirrored = 0;  // the pool never holds more than every mirror at once
     for (const uint64_t size : gguf.file_sizes()) {
@@ -181,7 +168,7 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
             parts.files[loc->file]->read(0, loc->offset, c.nbytes);
         }
         Seam::repoint(c, mirror.base() + loc->offset);
-        drop_mapped_pages(old_data, c.nbytes, page);
+        drop_mapped_pages(old_data, c.nbytes);  // llama.cpp's mapped copy, no longer read
     }
 
     parts.lanes = std::make_unique<ReadLanes>(config.io_threads, fault);

@@ -159,6 +159,18 @@ uint64_t resident_bytes_of(const void * data, uint64_t size) {
     return std::min(size, pages * page);
 }
 
+DroppedPages drop_mapped_pages(void * data, uint64_t bytes) {
+    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const auto start = reinterpret_cast<uintptr_t>(data);
+    const uintptr_t first = (start + page - 1) / page * page;
+    const uintptr_t last = (start + bytes) / page * page;
+    if (last <= first) {
+        return {};
+    }
+    madvise(reinterpret_cast<void *>(first), last - first, MADV_DONTNEED);
+    return {first - start, last - first};
+}
+
 std::vector<FileMapping> file_mappings(const std::string & path) {
     struct stat st {};
     std::vector<FileMapping> out;

@@ -1,5 +1,6 @@
 // Readings of this process and machine for the telemetry and the memory policy (Linux /proc,
-// cgroup files, getrusage, mincore). Mechanism only: nothing here decides anything.
+// cgroup files, getrusage, mincore), and giving a file mapping's pages back. Mechanism only: nothing
+// here decides anything.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,14 @@ MemoryReading read_memory();
 uint64_t mappings_left();
 // Bytes of [data, data+size) that are resident in memory (mincore).
 uint64_t resident_bytes_of(const void * data, uint64_t size);
+// The whole pages inside [data, data + bytes) of a read-only file mapping, returned to the kernel
+// (MADV_DONTNEED: clean file pages, faulted back in from the file if touched, never corrupted; a page
+// the range shares with a neighbour stays): how far into the range they start, and their bytes.
+struct DroppedPages {
+    uint64_t skip = 0;
+    uint64_t bytes = 0;  // 0: the range holds no whole page
+};
+DroppedPages drop_mapped_pages(void * data, uint64_t bytes);
 // This process's mappings of the file at `path` (its device and inode, /proc/self/maps).
 struct FileMapping {
     void * start = nullptr;
