@@ -75,7 +75,7 @@ def test_chained_heads_draft_one_step_each_through_their_own_layers(tmp_path) ->
 
 
 def test_a_corrupted_read_of_a_chained_heads_experts_fails_the_cell() -> None:
-    # Serial, one lane: read #420 is one of the second head's experts (blk.5), read while it drafts
+    # Serial, one lane: read #400 is one of the second head's experts (blk.5), read while it drafts
     # the second token of a step; the model's tokens and logits stay, the drafts change. (Not the heads'
     # reads of a catch-up batch: those read a layer's missing experts in merged jobs, and the middle of
     # such a job can be experts only earlier positions route to, whose outputs no draft reads.)
@@ -83,14 +83,14 @@ def test_a_corrupted_read_of_a_chained_heads_experts_fails_the_cell() -> None:
 
     spec = gates.FixtureSpec("step35", "Q8_0", mtp="noisy")
     model = fixture_resolver(None)(spec)
-    config = replace(gates.BASE, stream=True, speculative="mtp", io_threads=1, fault="fail:420")
+    config = replace(gates.BASE, stream=True, speculative="mtp", io_threads=1, fault="fail:400")
     with Engine(model, config) as e, pytest.raises(BmoeError, match="injected fault") as failed:
         e.run(gates.PROMPTS[0], 24)
     offset = int(re.search(r"at offset (\d+)", str(failed.value)).group(1))
     tensor = next(t.name for t in gguf.GGUFReader(str(model)).tensors
                   if t.data_offset <= offset < t.data_offset + t.n_bytes)
     assert tensor.startswith("blk.5.ffn_") and "_exps" in tensor, tensor
-    _assert_a_corrupted_read_fails_on_the_drafts(spec, 420)
+    _assert_a_corrupted_read_fails_on_the_drafts(spec, 400)
 
 
 def _run(model, steps: int = 48, **settings):
@@ -110,6 +110,51 @@ def test_mtp_backs_off_when_the_head_disagrees() -> None:
     assert sum(m.drafted for m in gen.metrics) == 0
     probes = [m for m in gen.metrics if m.probed]
     assert 3 <= len(probes) <= 5 and all(m.n_tokens == 1 for m in probes), probes
+
+
+def _routed(trace: Path) -> list[dict[tuple[int, int], int]]:
+    """Per generation of a route trace (its steps start at 0 again): positions routed per (step, layer)."""
+    generations: list[dict[tuple[int, int], int]] = []
+    last = -1
+    with open(trace) as f:
+        for row in csv.DictReader(f):
+            step = int(row["step"])
+            if step < last or not generations:
+                generations.append({})
+            last = step
+            key = (step, int(row["layer"]))
+            generations[-1][key] = generations[-1].get(key, 0) + 1
+    return generations
+
+
+def test_a_head_that_has_not_agreed_costs_a_prompt_nothing_and_a_probe_one_token(tmp_path) -> None:
+    # Until a head first agrees, the target gives hidden states only where logits are asked for: the
+    # prompt's last layer computes its last token alone (as without a head), and a probe is one head
+    # decode from the target's latest state, nothing fed. A head that has agreed is given every state:
+    # the next prompt's last layer computes all its tokens, and the head is fed them.
+    for head, agreed in (("random", False), ("agree", True)):
+        model = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head=head)
+        trace = tmp_path / f"route-{head}.csv"
+        with Engine(model, replace(gates.BASE, stream=True, speculative="mtp", route_trace=str(trace))) as engine:
+            gens = [engine.run(prompt, 24) for prompt in gates.PROMPTS[:2]]
+        routed = _routed(trace)
+        assert len(routed) == 2
+        head_layer = max(layer for _, layer in routed[0])
+        first_moe = min(layer for _, layer in routed[0])
+        for i, (gen, steps) in enumerate(zip(gens, routed, strict=True)):
+            prompt_tokens = steps[(0, first_moe)]
+            assert prompt_tokens > 4
+            whole = agreed and i == 1
+            assert steps[(0, head_layer - 1)] == (prompt_tokens if whole else 1), (head, i)
+            if not whole:  # no feeds: a probe is its one token (a random head's: nothing else reads the layer)
+                head_rows = {step: n for (step, layer), n in steps.items() if layer == head_layer}
+                probed = [m.step for m in gen.metrics if m.probed]
+                assert probed and head_rows[probed[0]] == 1, (head, head_rows)
+                if not agreed:
+                    assert head_rows == {step: 1 for step in probed}, (head_rows, probed)
+            else:
+                assert steps[(1, head_layer)] >= prompt_tokens  # the prompt fed to the head with its drafts
+    assert sum(m.accepted for m in gens[1].metrics) > 0
 
 
 def test_mtp_saves_decodes_when_the_head_agrees() -> None:

@@ -85,7 +85,7 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
             // up, at most kMtpResumeFeed decodes before a pause ends), else they would pile up to the
             // context's length; it restarts after such a gap.
             if (mtp && greedy && !draft_policy.gave_up() && draft_policy.paused() < kMtpResumeFeed) {
-                mtp->observe(tokens.data() + done, n, first);
+                mtp->observe(tokens.data() + done, n, first, all_logits);
             }
             in_context.insert(in_context.end(), tokens.begin() + static_cast<long>(done),
                               tokens.begin() + static_cast<long>(done) + n);

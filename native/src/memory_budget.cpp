@@ -153,6 +153,18 @@ uint64_t BudgetPolicy::rebase(uint64_t current, uint64_t pool_held, const Memory
     return std::min(left > 0 ? static_cast<uint64_t>(left) : 0, cap_);
 }
 
+uint64_t BudgetPolicy::after_release(uint64_t current, uint64_t pool_held, const MemoryReading & before,
+                                     uint64_t pending_before, const MemoryReading & after, uint64_t pending_after,
+                                     Clock::time_point now) {
+    const uint64_t fresh = rebase(current, pool_held, after, pending_after, now);
+    if (!adaptive_) {
+        return fresh;
+    }
+    const int64_t given = prompt_room(after, pool_held, pending_after) - prompt_room(before, pool_held, pending_before);
+    const uint64_t grown = given > 0 ? std::min(current + static_cast<uint64_t>(given), cap_) : current;
+    return std::max(fresh, grown);
+}
+
 int BudgetPolicy::affordable_ubatch(int ubatch, uint64_t scratch, int64_t room) {
     if (ubatch <= kUbatchStep || to_signed(scratch) <= room) {
         return ubatch;
@@ -176,7 +188,7 @@ uint64_t MemoryBudget::untouched(const std::vector<Region> & regions) const {
 }
 
 uint64_t MemoryBudget::pending() const {
-    return untouched(footprint_.to_touch) +
+    return untouched(footprint_.to_touch) + (drafter_asleep_ ? 0 : untouched(footprint_.drafter)) +
            static_cast<uint64_t>(scratch_share_ * static_cast<double>(untouched(footprint_.scratch)));
 }
 
@@ -228,8 +240,12 @@ uint64_t MemoryBudget::after_prompt(uint64_t current, uint64_t pool_held, const 
     return policy_.rebase(current, pool_held, read_memory(), pending(), BudgetPolicy::Clock::now());
 }
 
-uint64_t MemoryBudget::after_release(uint64_t current, uint64_t pool_held) {
-    return policy_.rebase(current, pool_held, read_memory(), pending(), BudgetPolicy::Clock::now());
+uint64_t MemoryBudget::after_release(uint64_t current, uint64_t pool_held, const std::function<void()> & release) {
+    const MemoryReading before = read_memory();
+    const uint64_t pending_before = pending();
+    release();
+    return policy_.after_release(current, pool_held, before, pending_before, read_memory(), pending(),
+                                 BudgetPolicy::Clock::now());
 }
 
 BudgetReport MemoryBudget::initial(const MemoryReading & reading) {

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,6 +84,13 @@ public:
     // are not pressure. `current` where the budget does not adapt (the cache is off).
     uint64_t rebase(uint64_t current, uint64_t pool_held, const MemoryReading & reading, uint64_t pending,
                     Clock::time_point now);
+    // After memory given back outside the cache (`before`/`pending_before`: the readings just before it):
+    // `current` grown by what the two readings show was given back, at once, up to the cap, and never
+    // below rebase's fresh look. Not the fresh look alone: the drift since open (page tables, the
+    // allocator's arenas: 2.3 MiB by decode 16 on the 24-layer fixture) is adapt's to judge with its
+    // noise band, as in a run that gives nothing back; a fresh look had charged it to the drafter.
+    uint64_t after_release(uint64_t current, uint64_t pool_held, const MemoryReading & before, uint64_t pending_before,
+                           const MemoryReading & after, uint64_t pending_after, Clock::time_point now);
 
     bool adaptive() const { return adaptive_; }
 
@@ -139,11 +147,13 @@ public:
     // At open, before initial: the ubatch a prompt can afford under the memory limit now (affordable_ubatch);
     // the compute buffers are counted from then on as that ubatch's share of them.
     int fit_prompt_ubatch(int ubatch, uint64_t pool_held);
-    // Memory this process gave back outside the cache (a sleeping draft model's pages): the budget takes
-    // what is there at once, as after a prompt (adapt's hysteresis would leave less than a token's
-    // experts unused: measured, a 23 MiB assistant beside a 294 MiB budget whose step is 40 MiB).
-    uint64_t after_release(uint64_t current, uint64_t pool_held);
-    // An asleep drafter's pages (Footprint::drafter) are not memory still to come: not counted as pending.
+    // Memory this process gives back outside the cache (a drafter put to sleep: its pages, an in-file
+    // head's context): `release` runs between two readings, and the budget takes what it gave back at
+    // once (adapt's hysteresis would leave less than a token's experts unused: measured, a 23 MiB
+    // assistant beside a 294 MiB budget whose step is 40 MiB). BudgetPolicy::after_release says how much.
+    uint64_t after_release(uint64_t current, uint64_t pool_held, const std::function<void()> & release);
+    // An awake drafter's pages (Footprint::drafter) not in memory are memory still to come; an asleep
+    // one's are not.
     void set_drafter_asleep(bool asleep) { drafter_asleep_ = asleep; }
     // Bytes given back by the last after_prompt.
     uint64_t released_bytes() const { return released_; }

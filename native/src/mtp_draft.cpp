@@ -1,6 +1,7 @@
 #include "mtp_draft.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -78,9 +79,7 @@ MtpDraft::MtpDraft(llama_model_ptr own, llama_model * model, llama_context * tar
     if (shared_ && llama_get_ctx_other(ctx_.get()) != target_) {
         throw Error("the draft model's context does not share the target's KV cache (llama.cpp set no ctx_other)");
     }
-    // Unmasked on the target: a hidden state for every position it decodes (the head needs them
-    // all), while logits stay where they were asked for.
-    llama_set_embeddings_nextn(target_, true, false);
+    ask_target_states();
     if (shared_) {  // its weights are the mapping's bytes
         for (const FileMapping & m : file_mappings(path_)) {
             pages_.push_back({path_, m.start, m.bytes, m.file_offset});
@@ -177,6 +176,11 @@ void MtpDraft::sleep() {
         unfed_.clear();
         hidden_.assign(n_embd_, 0.0f);
         ctx_.reset();
+#ifdef __GLIBC__
+        // glibc keeps the freed buffers in its heap (1.3 MiB of the 6 on the 24-layer fixture): handed
+        // back, the budget takes them with the rest (MemoryBudget::after_release reads what was given back).
+        malloc_trim(0);
+#endif
     }
     for (const DrafterPages & p : pages_) {
         // Whole pages only: a page shared with a neighbouring tensor stays (a trunk tensor would fault
@@ -217,7 +221,21 @@ void MtpDraft::wake() {
 
 MtpDraft::~MtpDraft() = default;
 
-void MtpDraft::set_enabled(bool on) { llama_set_embeddings_nextn(target_, on, false); }
+void MtpDraft::set_enabled(bool on) {
+    enabled_ = on;
+    ask_target_states();
+}
+
+void MtpDraft::keep_every_state() {
+    if (!shared_ && !every_state_) {
+        every_state_ = true;
+        ask_target_states();
+    }
+}
+
+// Masked: states only where logits are asked for; unmasked: a state for every position decoded (the
+// target's last layer then computes them all), while logits stay where they were asked for.
+void MtpDraft::ask_target_states() { llama_set_embeddings_nextn(target_, enabled_, !every_state_); }
 
 void MtpDraft::select_head(int head, llama_pos from) {
     // Each block's keys and values are its own layer's, but the cells (positions) are shared by all:
@@ -256,7 +274,15 @@ void MtpDraft::warm_up(llama_token token, const Decode & decode) {
     clear();
 }
 
-void MtpDraft::observe(const llama_token * tokens, int n, llama_pos first) {
+void MtpDraft::observe(const llama_token * tokens, int n, llama_pos first, bool every_row_out) {
+    if (!every_state_ && !every_row_out) {  // the batch's last state is the one the next draft starts from
+        const float * h = llama_get_embeddings_nextn_ith(target_, n - 1);
+        if (h == nullptr) {
+            throw Error("the target context gave no hidden state for the MTP head (llama.cpp's next-n output)");
+        }
+        restart_after(first + n, h);
+        return;
+    }
     const auto next = base_ + static_cast<llama_pos>(unfed_.size());
     if (first < next) {
         truncate(first);
@@ -275,6 +301,15 @@ void MtpDraft::observe(const llama_token * tokens, int n, llama_pos first) {
         unfed_.push_back(tokens[i]);
         hidden_.insert(hidden_.end(), h, h + n_embd_);
     }
+}
+
+void MtpDraft::restart_after(llama_pos next, const float * state) {
+    if (!shared_ && ctx_) {  // (without clear's zeroing: a probe's own position is gone after its draft)
+        llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, -1, -1);
+    }
+    base_ = next;
+    unfed_.clear();
+    hidden_.assign(state, state + n_embd_);
 }
 
 void MtpDraft::truncate(llama_pos n) {

@@ -9,8 +9,9 @@
 // way). The draft context is made with the target's own parameters, eval callback included, so the
 // seam sees the head's MoE layer and its experts stream like any other layer's.
 //
-// Greedy, one head (qwen35moe/glm4moe/deepseek-style `graph_mtp`): the head is fed every position
-// the target decoded (lazily, in one batch before the next draft), then drafts token after token,
+// Greedy, one head (qwen35moe/glm4moe/deepseek-style `graph_mtp`): once it has agreed with the model
+// (before, it drafts from the target's latest state alone: keep_every_state), the head is fed every
+// position the target decoded (lazily, in one batch before the next draft), then drafts token after token,
 // its own hidden state carried to the next; the draft positions are removed again before the target
 // verifies. Chained heads (a model with several next-n blocks, Step 3.5): one trained block per draft
 // step, chosen with llama_set_nextn_layer_offset, as the pin's common/speculative.cpp does: every
@@ -91,17 +92,26 @@ public:
     bool asleep() const { return asleep_; }
     bool separate_model() const { return shared_; }
 
-    // Whether the target outputs the hidden states the head needs (off: sampled decoding, no drafts;
-    // the target's last layer then computes only the tokens whose logits are asked for).
+    // Whether the target outputs the hidden states the head needs (off: sampled decoding, no drafts).
     void set_enabled(bool on);
+    // Which: at first only those of the tokens whose logits are asked for (a decode's, a verify's, a
+    // prompt's last), so a prompt's last layer computes its last token alone, as without a head, and
+    // only the latest is kept: the head drafts from the target's last state with nothing fed, and a
+    // probe reads one token's experts (a random head's first probe had fed the 17-token prompt through
+    // its layer: 18 routed tokens, 25 MiB). Once an in-file head has agreed with the model, every
+    // position's (a prompt's too), all fed: the context it drafts with, worth a prompt's last layer
+    // over all its tokens. A separate draft model never needs more (nothing is fed).
+    void keep_every_state();
 
     // One decode with a zero hidden state (the engine's warm-up capture, after the target decoded `token`
     // at 0); leaves the context empty.
     void warm_up(llama_token token, const Decode & decode);
 
-    // The target just decoded `n` tokens from position `first`: their hidden states are kept until
-    // the head is fed. A gap (a loaded state, a failed decode) restarts the head's context there.
-    void observe(const llama_token * tokens, int n, llama_pos first);
+    // The target just decoded `n` tokens from position `first` (`every_row_out`: with every logit
+    // asked for, a verify): their hidden states are kept until the head is fed. A gap (a loaded state,
+    // a failed decode) restarts the head's context there; before keep_every_state, every batch but a
+    // verify restarts it after the batch, from its last state.
+    void observe(const llama_token * tokens, int n, llama_pos first, bool every_row_out);
     // The target context now holds positions [0, n) only.
     void truncate(llama_pos n);
     void clear();
@@ -114,6 +124,8 @@ private:
              std::string path);
 
     void make_context();
+    void ask_target_states();
+    void restart_after(llama_pos next, const float * state);
     void feed(int batch, const Decode & decode);
     void decode_rows(const llama_token * tokens, const float * rows, int n, llama_pos first, bool output,
                      const Decode & decode);
@@ -135,6 +147,8 @@ private:
     std::string path_;                 // ... its file
     std::vector<DrafterPages> pages_;
     bool asleep_ = false;
+    bool enabled_ = true;
+    bool every_state_ = false;         // keep_every_state
     llama_pos base_ = 0;               // the head's context holds positions [0, base_)
     std::vector<llama_token> unfed_;   // tokens at base_, base_ + 1, ... the target decoded since
     std::vector<float> hidden_;        // the target's hidden states at base_ - 1, base_, ... (zeros before 0)

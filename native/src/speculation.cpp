@@ -75,6 +75,9 @@ void Engine::Impl::check_probe(llama_token drafted, llama_token chosen, StepResu
 // holds meanwhile (hold_drafter: a head given up on gives its cache share back, a draft model sleeps).
 void Engine::Impl::learn_from_drafts(int drafted, int accepted) {
     draft_policy.update(drafted, accepted);
+    if (mtp && accepted > 0) {  // a head that agrees drafts with context from now on
+        mtp->keep_every_state();
+    }
     hold_drafter();
 }
 
@@ -110,20 +113,24 @@ void Engine::Impl::hold_drafter() {
     }
 }
 
-// Its pages dropped, an adaptive cache takes their memory at once (adapt's hysteresis would leave it
-// unused: MemoryBudget::after_release).
+// What it gave back, an adaptive cache takes at once (adapt's hysteresis would leave it unused:
+// MemoryBudget::after_release).
 void Engine::Impl::sleep_drafter() {
     detail::Streamer * streamer = streaming.streamer.get();
     budget_with_drafter = streamer ? streamer->cache().budget() : 0;
-    mtp->sleep();
-    if (memory) {
-        memory->set_drafter_asleep(true);  // its pages are no longer memory still to come
-    }
-    if (streamer && memory) {
-        const uint64_t grown = memory->after_release(budget_with_drafter, streamer->pool_held_bytes());
-        if (grown != budget_with_drafter) {
-            streamer->set_budget(grown);
+    const auto release = [this] {
+        mtp->sleep();
+        if (memory) {
+            memory->set_drafter_asleep(true);  // its pages are no longer memory still to come
         }
+    };
+    if (!streamer || !memory) {
+        release();
+        return;
+    }
+    const uint64_t grown = memory->after_release(budget_with_drafter, streamer->pool_held_bytes(), release);
+    if (grown != budget_with_drafter) {
+        streamer->set_budget(grown);
     }
 }
 

@@ -4,7 +4,8 @@
 // cache_margin_mb, at most auto's ceiling or the fixed request; while running it reads memory at
 // most every 250 ms, takes a quarter off under pressure (PSI some avg10 > 20%, > 256 major faults in
 // a step), follows a lower target at once unless the move is noise, and grows back only 2 s after
-// the last shrink, up to its cap.
+// the last shrink, up to its cap; after memory the engine gave back (a drafter asleep) it grows at
+// once by what was given back.
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -244,6 +245,34 @@ POLICY_TEST(budget_rebase_takes_a_prompt_s_compute_buffers_at_once_and_gives_the
     BudgetPolicy off = policy(config(0));
     off.initial(cgroup(1314, 0), kPending, t0);
     CHECK_EQ(off.rebase(0, 0, cgroup(1314, 0), 0, t0 + milliseconds(10)), 0);
+}
+
+POLICY_TEST(budget_after_a_release_grows_by_what_was_given_back_not_by_the_drift_since_open) {
+    // At open 300 MiB are charged, a drafter's 30 among them: 1314 - 300 - 200 - 50 - 64.
+    BudgetPolicy p = policy(config());
+    CHECK_EQ(p.initial(cgroup(1314, 300), kPending, t0).budget, 700 * MiB);
+    // By its sleep 5 MiB more are charged (page tables, allocator arenas), inside adapt's noise band.
+    CHECK_EQ(p.adapt(700 * MiB, 0, 0, cgroup(1314, 305), kPending, t0 + milliseconds(300)), 700 * MiB);
+    // It gives back its 30 MiB and 10 MiB of its pages it would still have touched: the budget takes
+    // those 40 MiB, where a fresh look (1314 - 275 - 190 - 50 - 64) would have taken 35.
+    CHECK_EQ(p.after_release(700 * MiB, 0, cgroup(1314, 305), kPending, cgroup(1314, 275), kPending - 10 * MiB,
+                             t0 + milliseconds(400)),
+             740 * MiB);
+    // Memory freed elsewhere meanwhile: the fresh look, when it is more.
+    CHECK_EQ(p.after_release(700 * MiB, 0, cgroup(1314, 305), kPending, cgroup(1314, 175), kPending,
+                             t0 + milliseconds(500)),
+             825 * MiB);
+    // Nothing given back (or more charged): the budget stays, adapt judges the rest.
+    CHECK_EQ(p.after_release(700 * MiB, 0, cgroup(1314, 305), kPending, cgroup(1314, 310), kPending,
+                             t0 + milliseconds(600)),
+             700 * MiB);
+    // A fixed request is the most it takes; with the cache off nothing moves.
+    BudgetPolicy fixed = policy(config(710));
+    fixed.initial(cgroup(1314, 300), kPending, t0);
+    CHECK_EQ(fixed.after_release(700 * MiB, 0, cgroup(1314, 305), kPending, cgroup(1314, 275), kPending, t0), 710 * MiB);
+    BudgetPolicy off = policy(config(0));
+    off.initial(cgroup(1314, 300), kPending, t0);
+    CHECK_EQ(off.after_release(0, 0, cgroup(1314, 305), kPending, cgroup(1314, 275), kPending, t0), 0);
 }
 
 POLICY_TEST(budget_a_prompt_s_ubatch_is_the_one_its_compute_buffers_fit) {
