@@ -276,11 +276,7 @@ void MtpDraft::warm_up(llama_token token, const Decode & decode) {
 
 void MtpDraft::observe(const llama_token * tokens, int n, llama_pos first, bool every_row_out) {
     if (!every_state_ && !every_row_out) {  // the batch's last state is the one the next draft starts from
-        const float * h = llama_get_embeddings_nextn_ith(target_, n - 1);
-        if (h == nullptr) {
-            throw Error("the target context gave no hidden state for the MTP head (llama.cpp's next-n output)");
-        }
-        restart_after(first + n, h);
+        restart_after(first + n, target_state(n - 1));
         return;
     }
     const auto next = base_ + static_cast<llama_pos>(unfed_.size());
@@ -294,13 +290,18 @@ void MtpDraft::observe(const llama_token * tokens, int n, llama_pos first, bool 
         feed(0, {});
     }
     for (int i = 0; i < n; ++i) {
-        const float * h = llama_get_embeddings_nextn_ith(target_, i);
-        if (h == nullptr) {
-            throw Error("the target context gave no hidden state for the MTP head (llama.cpp's next-n output)");
-        }
+        const float * h = target_state(i);
         unfed_.push_back(tokens[i]);
         hidden_.insert(hidden_.end(), h, h + n_embd_);
     }
+}
+
+const float * MtpDraft::target_state(int i) const {
+    const float * h = llama_get_embeddings_nextn_ith(target_, i);
+    if (h == nullptr) {
+        throw Error("the target context gave no hidden state for the MTP head (llama.cpp's next-n output)");
+    }
+    return h;
 }
 
 void MtpDraft::restart_after(llama_pos next, const float * state) {

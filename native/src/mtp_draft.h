@@ -125,6 +125,8 @@ private:
 
     void make_context();
     void ask_target_states();
+    // The target's hidden state of row `i` of its last batch; throws when llama.cpp gave none.
+    const float * target_state(int i) const;
     void restart_after(llama_pos next, const float * state);
     void feed(int batch, const Decode & decode);
     void decode_rows(const llama_token * tokens, const float * rows, int n, llama_pos first, bool output,
