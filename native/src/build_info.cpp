@@ -17,6 +17,9 @@ BuildInfo build_info() {
     // Taking the address proves the patched symbol is linked in, not merely declared.
     info.expert_ready_hook = &ggml_cpu_set_expert_ready_hook != nullptr;
 #endif
+#ifdef BMOE_TEST_FAULTS
+    info.test_faults = true;
+#endif
     info.system_info = llama_print_system_info();
     info.rpc_protocol = std::to_string(RPC_PROTO_MAJOR_VERSION) + "." + std::to_string(RPC_PROTO_MINOR_VERSION) + "." +
                         std::to_string(RPC_PROTO_PATCH_VERSION);

@@ -11,6 +11,7 @@ struct BuildInfo {
     bool expert_ready_hook = false;  // patch 0001 compiled in (I/O-compute overlap possible)
     std::string system_info;         // llama_print_system_info(): the CPU features ggml was built for
     std::string rpc_protocol;        // ggml-rpc's protocol version "major.minor.patch" (a worker must match)
+    bool test_faults = false;        // a test build (BMOE_TEST_FAULTS): BMOE_FAULT honoured, serve's test routes on
 };
 
 BuildInfo build_info();
