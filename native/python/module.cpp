@@ -90,7 +90,8 @@ NB_MODULE(_native, m) {
         .def_ro("llama_commit", &bmoe::BuildInfo::llama_commit)
         .def_ro("expert_ready_hook", &bmoe::BuildInfo::expert_ready_hook)
         .def_ro("system_info", &bmoe::BuildInfo::system_info)
-        .def_ro("rpc_protocol", &bmoe::BuildInfo::rpc_protocol);
+        .def_ro("rpc_protocol", &bmoe::BuildInfo::rpc_protocol)
+        .def_ro("test_faults", &bmoe::BuildInfo::test_faults);
     m.def("build_info", &bmoe::build_info);
 
     nb::class_<bmoe::ModelInfo>(m, "ModelInfo")
