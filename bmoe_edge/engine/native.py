@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from types import ModuleType
 
-from bmoe_edge.errors import BmoeError
+from bmoe_edge.errors import BmoeError, RequestError
 
 
 def load() -> ModuleType:
@@ -22,9 +22,12 @@ def load() -> ModuleType:
 
 @contextlib.contextmanager
 def engine_errors() -> Iterator[None]:
-    """Turn the engine's expected failures into BmoeError (one line for the user)."""
+    """Turn the engine's expected failures into BmoeError (one line for the user): RequestError where the
+    request was wrong (native.RequestError, a subclass of native.EngineError), BmoeError for the rest."""
     native = load()
     try:
         yield
+    except native.RequestError as exc:
+        raise RequestError(str(exc)) from None
     except native.EngineError as exc:
         raise BmoeError(str(exc)) from None

@@ -46,5 +46,8 @@ void bind_chat(nb::module_ & m) {
         .def_prop_ro("reasoning", &bmoe::ChatParser::reasoning)
         .def_prop_ro("tool_calls", &bmoe::ChatParser::tool_calls)
         .def_prop_ro("calls_begun", &bmoe::ChatParser::calls_begun);
-    m.def("json_schema_grammar", &bmoe::json_schema_grammar, nb::arg("schema_json"));
+    // Without the GIL: common's conversion is O(n^3) in a schema's properties (seconds for a few thousand), and a
+    // server's other threads (its event loop) run meanwhile.
+    m.def("json_schema_grammar", &bmoe::json_schema_grammar, nb::arg("schema_json"),
+          nb::call_guard<nb::gil_scoped_release>());
 }

@@ -81,7 +81,10 @@ void set_fatal_listener(nb::object listener) {
 NB_MODULE(_native, m) {
     m.doc() = "bmoe-edge native engine";
 
-    nb::exception<bmoe::Error>(m, "EngineError");
+    // RequestError after EngineError: nanobind tries the last registered translator first, so a
+    // bmoe::RequestError reaches Python as itself, an EngineError too (its base).
+    nb::exception<bmoe::Error> engine_error(m, "EngineError");
+    nb::exception<bmoe::RequestError>(m, "RequestError", engine_error);
     bind_parts(m);
     m.def("set_fatal_listener", &set_fatal_listener, nb::arg("listener").none());
 
@@ -254,11 +257,16 @@ NB_MODULE(_native, m) {
         .def(nb::init<const std::string &, const bmoe::StreamConfig &>(), nb::arg("model_path"), nb::arg("config"),
              nb::call_guard<nb::gil_scoped_release>())
         .def_prop_ro("run_info", &bmoe::Engine::run_info, nb::rv_policy::reference_internal)
+        // Without the GIL: a server's long text (MBs) takes seconds to tokenize, and its other threads run meanwhile.
         .def("tokenize", &bmoe::Engine::tokenize, nb::arg("text"), nb::arg("add_special") = true,
-             nb::arg("parse_special") = true)
-        .def("detokenize", &bmoe::Engine::detokenize, nb::arg("tokens"))
+             nb::arg("parse_special") = true, nb::call_guard<nb::gil_scoped_release>())
+        .def("detokenize", &bmoe::Engine::detokenize, nb::arg("tokens"), nb::call_guard<nb::gil_scoped_release>())
         .def("detokenize_bytes", [](const bmoe::Engine & e, const std::vector<int32_t> & tokens) {
-            const std::string text = e.detokenize(tokens);  // bytes: a token may end inside a character
+            std::string text;  // bytes: a token may end inside a character
+            {
+                nb::gil_scoped_release released;
+                text = e.detokenize(tokens);
+            }
             return nb::bytes(text.data(), text.size());
         }, nb::arg("tokens"))
         .def("begin", &bmoe::Engine::begin, nb::arg("prompt"), nb::arg("sampling"), nb::arg("want_logits") = false,
@@ -267,8 +275,15 @@ NB_MODULE(_native, m) {
         .def("warm_cache_memory", &bmoe::Engine::warm_cache_memory, nb::arg("max_bytes"),
              nb::call_guard<nb::gil_scoped_release>())
         .def("score", &bmoe::Engine::score, nb::arg("tokens"), nb::call_guard<nb::gil_scoped_release>())
-        .def("score_positions", &bmoe::Engine::score_positions, nb::arg("tokens"), nb::arg("n_top"),
+        .def("score_positions",
+             nb::overload_cast<const std::vector<int32_t> &, int>(&bmoe::Engine::score_positions),
+             nb::arg("tokens"), nb::arg("n_top"), nb::call_guard<nb::gil_scoped_release>())
+        .def("score_positions",
+             nb::overload_cast<const std::vector<int32_t> &, int, int32_t, int32_t, bool>(
+                 &bmoe::Engine::score_positions),
+             nb::arg("tokens"), nb::arg("n_top"), nb::arg("first"), nb::arg("count"), nb::arg("batched"),
              nb::call_guard<nb::gil_scoped_release>())
+        .def_prop_ro("score_batch", &bmoe::Engine::score_batch)
         .def_prop_ro("vocab_size", &bmoe::Engine::vocab_size)
         .def_prop_ro("chat_template", &bmoe::Engine::chat_template)
         .def_prop_ro("context_tokens", &bmoe::Engine::context_tokens)

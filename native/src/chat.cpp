@@ -19,8 +19,10 @@ namespace bmoe {
 namespace {
 
 // common reports a conversation it refuses, a template that fails and a schema it cannot convert by
-// throwing std::exception (nlohmann's among them): each becomes one bmoe::Error line.
-template <typename F>
+// throwing std::exception (nlohmann's among them): each becomes one line of `Refusal`, a RequestError where
+// what common refused is the request's (a conversation, tools, a schema), an Error where it is the model's or
+// the server's (a template that does not parse).
+template <typename Refusal = Error, typename F>
 auto refused(const char * what, F && f) -> decltype(f()) {
     try {
         return f();
@@ -31,7 +33,7 @@ auto refused(const char * what, F && f) -> decltype(f()) {
         if (msg.size() > 600) {  // a template's whole source or a long schema in the message: its start
             msg = msg.substr(0, 600) + "...";
         }
-        throw Error(std::string(what) + ": " + msg);
+        throw Refusal(std::string(what) + ": " + msg);
     }
 }
 
@@ -39,7 +41,7 @@ common_chat_tool_choice tool_choice(const std::string & name) {
     if (name == "auto") return COMMON_CHAT_TOOL_CHOICE_AUTO;
     if (name == "none") return COMMON_CHAT_TOOL_CHOICE_NONE;
     if (name == "required") return COMMON_CHAT_TOOL_CHOICE_REQUIRED;
-    throw Error("tool_choice must be auto, none or required, got '" + name + "'");
+    throw RequestError("tool_choice must be auto, none or required, got '" + name + "'");
 }
 
 // A trigger as the lazy grammar sampler takes it (llama_sampler_init_grammar_lazy_patterns): a regex.
@@ -85,7 +87,7 @@ common_chat_templates_inputs to_common(const ChatInputs & in, const common_json 
     if (!in.template_kwargs_json.empty()) {
         const common_json kwargs = common_json::parse(in.template_kwargs_json);  // outlives the loop over it
         if (!kwargs.is_object()) {
-            throw Error("the template's variables must be a JSON object");
+            throw RequestError("the template's variables must be a JSON object");
         }
         for (const auto & [key, value] : kwargs.items()) {
             out.chat_template_kwargs[key] = value.dump();
@@ -188,7 +190,7 @@ ChatTemplates::ChatTemplates(const std::string & source, const std::string & bos
 ChatTemplates::~ChatTemplates() = default;
 
 ChatPrompt ChatTemplates::apply(const ChatInputs & in) const {
-    return refused("the chat template refused the conversation", [&] {
+    return refused<RequestError>("the chat template refused the conversation", [&] {
         common_json tools = in.tools_json.empty() ? common_json() : common_json::parse(in.tools_json);
         common_chat_params p = common_chat_templates_apply(impl_->templates.get(), to_common(in, tools));
         if (!in.tool_name.empty()) {
@@ -200,7 +202,7 @@ ChatPrompt ChatTemplates::apply(const ChatInputs & in) const {
                 }
             }
             if (only.empty()) {
-                throw Error("tool_choice names '" + in.tool_name + "', which is not one of the tools");
+                throw RequestError("tool_choice names '" + in.tool_name + "', which is not one of the tools");
             }
             common_chat_params forced = common_chat_templates_apply(impl_->templates.get(), to_common(in, only));
             forced.prompt = p.prompt;
@@ -358,7 +360,7 @@ std::vector<ChatToolCall> ChatParser::tool_calls() const {
 size_t ChatParser::calls_begun() const { return impl_->msg.tool_calls.size(); }
 
 std::string json_schema_grammar(const std::string & schema_json) {
-    return refused("the JSON schema cannot be turned into a grammar",
+    return refused<RequestError>("the JSON schema cannot be turned into a grammar",
                    [&] { return json_schema_to_grammar(common_json::parse(schema_json)); });
 }
 

@@ -64,6 +64,10 @@ inline size_t reusable_prefix(const std::vector<llama_token> & in_context, const
     return keep;
 }
 
+// A prompt or a text to score as the caller gave it: not empty, every id in the vocabulary (llama_decode would
+// refuse the batch only after the context was touched, and as a failed decode). RequestError otherwise.
+void check_tokens(const llama_vocab * vocab, const std::vector<int32_t> & tokens, const char * what);
+
 // The log-probabilities at one position from its raw logits (scoring.cpp): `chosen` and the `n_top` most likely.
 PositionLogprobs position_logprobs(const float * logits, const llama_vocab * vocab, llama_token chosen, int n_top);
 
@@ -154,6 +158,11 @@ struct Engine::Impl {
     void route_to_streamer();
     void set_up_read_ahead();
     void decode(std::vector<llama_token> & tokens, bool all_logits = false);
+    // The most tokens one llama_decode of `decode` takes: the context's batch, or the ubatch a prompt affords where
+    // that is less than the context's (size_cache).
+    int32_t batch_per_call() const {
+        return prompt_ubatch < config.ubatch ? std::min(config.batch, prompt_ubatch) : config.batch;
+    }
     // Around a batch with prompt tokens (a prompt, a --parallel step with a chunk): its compute buffers are
     // made room for first and go back to the cache after it (docs/memory.md). After: the bytes given back.
     void make_room_for_prompt(int n_tokens, int n_sequences = 1);

@@ -68,8 +68,7 @@ void Engine::Impl::run_decode(int first_pos, int n, const std::function<int()> &
 
 void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
     try {
-        // In calls of at most the ubatch a prompt affords where that is less than the context's (size_cache).
-        const int per_call = prompt_ubatch < config.ubatch ? std::min(config.batch, prompt_ubatch) : config.batch;
+        const int per_call = batch_per_call();
         for (size_t done = 0; done < tokens.size();) {
             const auto n =
                 static_cast<int32_t>(std::min<size_t>(tokens.size() - done, static_cast<size_t>(per_call)));
@@ -104,6 +103,19 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
         accepted.clear();
         accepted_outputs.clear();
         throw;
+    }
+}
+
+void detail::check_tokens(const llama_vocab * vocab, const std::vector<int32_t> & tokens, const char * what) {
+    if (tokens.empty()) {
+        throw RequestError(std::string(what) + " is empty");
+    }
+    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+    for (const int32_t t : tokens) {
+        if (t < 0 || t >= n_vocab) {
+            throw RequestError(std::string(what) + " has token id " + std::to_string(t) +
+                               ", outside the vocabulary (0 to " + std::to_string(n_vocab - 1) + ")");
+        }
     }
 }
 
@@ -142,9 +154,7 @@ std::string Engine::detokenize(const std::vector<int32_t> & tokens) const {
 int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams & sampling, bool want_logits,
                       bool reuse_kv) {
     Impl & d = live();
-    if (prompt.empty()) {
-        throw Error("the prompt is empty");
-    }
+    detail::check_tokens(d.vocab, prompt, "the prompt");
     // Checked and parsed before the context is touched: a bad bias or grammar leaves everything as it was.
     std::unique_ptr<llama_sampler, detail::SamplerDeleter> chain = d.sampler_for(sampling, prompt);
     d.forget_slots();

@@ -2,7 +2,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <string>
 
 #include "ggml.h"
 #include "llama.h"
@@ -19,15 +21,36 @@ bool verbose() {
     return v != nullptr && v[0] != '\0' && v[0] != '0';
 }
 
-void log_sink(ggml_log_level level, const char * text, void *) {
-    if (verbose()) {
-        std::fputs(text, stderr);
+// What one message of llama.cpp's may print (and keep as the last error): its first kLogMessageBytes, then how
+// many bytes were left out. Some messages carry what a client sent (a refused grammar's whole text, patch 0013:
+// 100 KB a request), and a server's journal must not fill at a client's pace.
+constexpr size_t kLogMessageBytes = 200;
+
+std::string bounded(const char * text) {
+    const size_t n = std::strlen(text);
+    if (n <= kLogMessageBytes) {
+        return text;
     }
+    const bool line_end = text[n - 1] == '\n';
+    return std::string(text, kLogMessageBytes) + "... (" + std::to_string(n - kLogMessageBytes) + " bytes more)" +
+           (line_end ? "\n" : "");
+}
+
+void log_sink(ggml_log_level level, const char * text, void *) {
+    const std::string message = bounded(text);
+    if (verbose()) {
+        std::fputs(message.c_str(), stderr);
+    }
+    std::lock_guard<std::mutex> lock(g_log_mutex);
     if (level != GGML_LOG_LEVEL_ERROR && !(level == GGML_LOG_LEVEL_CONT && !g_partial_line.empty())) {
         return;
     }
-    std::lock_guard<std::mutex> lock(g_log_mutex);
-    g_partial_line += text;
+    // A message in pieces is bounded as a whole too: its start is the cause.
+    if (g_partial_line.size() < kLogMessageBytes) {
+        g_partial_line += message;
+    } else if (!message.empty() && message.back() == '\n') {
+        g_partial_line += '\n';
+    }
     if (!g_partial_line.empty() && g_partial_line.back() == '\n') {
         std::string line = g_partial_line;
         while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) {

@@ -112,7 +112,7 @@ llama_sampler * grammar_sampler(const llama_vocab * vocab, const SamplingParams 
     const std::vector<llama_token> tokens = prefill_tokens(vocab, prompt, s.grammar_prefill);
     if (tokens.empty()) {
         llama_sampler_free(g);
-        throw Error("the grammar's prefill (the template's opening) cannot be spelled in this model's tokens");
+        throw RequestError("the grammar's prefill (the template's opening) cannot be spelled in this model's tokens");
     }
     try {
         for (llama_token t : tokens) {
@@ -120,27 +120,37 @@ llama_sampler * grammar_sampler(const llama_vocab * vocab, const SamplingParams 
         }
     } catch (const std::exception & e) {
         llama_sampler_free(g);
-        throw Error(std::string("the grammar does not parse its prefill (the template's opening): ") + e.what());
+        throw RequestError(std::string("the grammar does not parse its prefill (the template's opening): ") +
+                           e.what());
     }
     return g;
+}
+
+// The sampler's settings and bias: a request's (check_settings and parse_logit_bias throw a plain Error, shared
+// with the engine's own settings).
+void check_request(const SamplingParams & sampling, int32_t n_vocab) {
+    try {
+        check_settings(sampling);
+        for (const auto & [token, bias] : parse_logit_bias(sampling.logit_bias)) {
+            if (token >= n_vocab) {
+                throw Error("logit_bias names token " + std::to_string(token) + ", outside the vocabulary (0 to " +
+                            std::to_string(n_vocab - 1) + ")");
+            }
+        }
+    } catch (const Error & e) {
+        throw RequestError(e.what());
+    }
 }
 }  // namespace
 
 std::unique_ptr<llama_sampler, detail::SamplerDeleter> Engine::Impl::sampler_for(
     const SamplingParams & sampling, const std::vector<llama_token> & prompt) const {
-    check_settings(sampling);
-    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
-    for (const auto & [token, bias] : parse_logit_bias(sampling.logit_bias)) {
-        if (token >= n_vocab) {
-            throw Error("logit_bias names token " + std::to_string(token) + ", outside the vocabulary (0 to " +
-                        std::to_string(n_vocab - 1) + ")");
-        }
-    }
+    check_request(sampling, llama_vocab_n_tokens(vocab));
     std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar;
     if (!sampling.grammar.empty()) {
         grammar.reset(grammar_sampler(vocab, sampling, prompt));
         if (!grammar) {
-            throw Error("the grammar does not parse (GBNF with a `root` rule)");
+            throw RequestError("the grammar does not parse (GBNF with a `root` rule)");
         }
     }
     return build_sampler(sampling, std::move(grammar), prompt);

@@ -82,9 +82,7 @@ int32_t Engine::slot_begin(int32_t slot, const std::vector<int32_t> & prompt, co
                            bool want_logits, bool reuse_kv) {
     Impl & d = live();
     detail::Slot & s = slot_of(d.slots, d.config.parallel, slot);
-    if (prompt.empty()) {
-        throw Error("the prompt is empty");
-    }
+    detail::check_tokens(d.vocab, prompt, "the prompt");
     std::unique_ptr<llama_sampler, detail::SamplerDeleter> chain = d.sampler_for(sampling, prompt);
     if (slot == 0) {  // sequence 0 is begin()'s too: it no longer holds what begin() left there
         d.in_context.clear();

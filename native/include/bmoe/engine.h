@@ -92,6 +92,18 @@ public:
     std::vector<float> score(const std::vector<int32_t> & tokens);
     // The same pass, each position with its `n_top` most likely tokens too (echo + logprobs of a prompt).
     std::vector<PositionLogprobs> score_positions(const std::vector<int32_t> & tokens, int n_top);
+    // ... in chunks a caller can stop between (a client that hung up): positions `first` to first+count-1 (each
+    // predicting the token after it; count is cut at the text's last but one). first == 0 clears the context;
+    // otherwise it must hold exactly tokens[:first], the chunks before (checked: bmoe::Error if not).
+    // `batched`: score_batch() positions a decode, logits at each (fast); otherwise one token per decode, as
+    // generation runs and as `bench quality` measures a lossy knob (what it does depends on the batch).
+    // What is wrong with the text (too short, longer than the context, an id outside the vocabulary) is a
+    // RequestError.
+    std::vector<PositionLogprobs> score_positions(const std::vector<int32_t> & tokens, int n_top, int32_t first,
+                                                  int32_t count, bool batched);
+    // The positions one batched decode of score_positions scores: the context's batch, at most as many as keep
+    // the logits llama.cpp holds for them within 16 MiB.
+    int32_t score_batch() const;
     int32_t vocab_size() const;
 
     // The model's chat template (tokenizer.chat_template), empty when the file has none.

@@ -1,4 +1,4 @@
-// The one exception type the engine throws for expected failures (bad input, I/O errors). Its
+// The exception types the engine throws for expected failures (bad input, I/O errors). Their
 // message is a single line meant for the user; anything else escaping the engine is a bug.
 #pragma once
 
@@ -16,6 +16,14 @@ std::string printable(const std::string & text);
 class Error : public std::runtime_error {
 public:
     explicit Error(const std::string & message) : std::runtime_error(printable(message)) {}
+};
+
+// An error caused only by what the caller asked for (a sampler's settings, a logit bias, a grammar, a prompt's
+// tokens, a text to score): the same call with a sound request would have worked, so a server answers it with
+// a 4xx and never counts it as the engine failing. A read, a decode or a changed model file stays an Error.
+class RequestError : public Error {
+public:
+    explicit RequestError(const std::string & message) : Error(message) {}
 };
 
 // Errors llama.cpp cannot return end the process: a lost RPC worker inside a decode (ggml-rpc aborts),
