@@ -91,7 +91,7 @@ from bmoe_edge.fleet.state import (
     read_state,
 )
 from bmoe_edge.fleet.targets import Target, load_inventory, parse_target
-from bmoe_edge.fleet.trust import TrustOptions, check_not_older, check_trust, verify_signature
+from bmoe_edge.fleet.trust import TrustOptions, check_not_older, check_trust, signed_here, verify_signature
 from bmoe_edge.fleet.upload import LocalBundle, load_bundle, upload, verify_release, verify_site
 
 
@@ -103,12 +103,21 @@ def deploy_host(b: LocalBundle, target: Target, *, options: SshOptions, install_
     hooks = hooks or {}
     started = time.monotonic()
     # Before the signature holds nothing of the bundle is used but data: the login and the probe come
-    # from this checkout's profile of the board; the bundle's own profile only after verification.
+    # from this checkout's profile of the board; the bundle's own profile only after verification
+    # (here, before connecting, for the login; on the board for the probe).
     checkout = checkout_profile(m.board)
-    ssh = (checkout or b.profile).ssh
-    board = Board(target, options, default_user=ssh.user, default_port=ssh.port)
+    ssh = checkout.ssh if checkout is not None else b.profile.ssh if signed_here(b, trust or TrustOptions()) \
+        else None
+    board = Board(target, options, default_user=ssh.user if ssh else None,
+                  default_port=ssh.port if ssh else None)
     result = HostResult(host=board.label, board=m.board)
-    layout = Layout(install_dir or target.install_dir or ssh.install_dir)
+    chosen = install_dir or target.install_dir or (ssh.install_dir if ssh else None)
+    if not chosen:
+        raise BmoeError(f"{board.label}: this checkout has no profile of board {m.board}, and bundle "
+                        f"{m.bundle_id} is not signed by this machine's key (or --trust-key's): its own profile "
+                        "does not choose where to install it; give --install-dir (or `install_dir:` in the "
+                        "inventory)")
+    layout = Layout(chosen)
     result.install_dir = layout.install_dir
 
     def probed(profile: BoardProfile, verified: bool) -> None:

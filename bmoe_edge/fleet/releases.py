@@ -1,5 +1,6 @@
-"""`bmoe-edge rollback` and `status`: switch `current` back (after verifying it, under the board lock,
-health-checked after), or report it (its site/ verified)."""
+"""`bmoe-edge rollback` and `status`: switch `current` back (after verifying it — its files, its site/
+and, where the board trusts keys, its signature — under the board lock, health-checked after), or
+report it (its site/ verified)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from bmoe_edge.fleet.state import (
     write_state,
 )
 from bmoe_edge.fleet.targets import Target
+from bmoe_edge.fleet.trust import check_rollback_target
 from bmoe_edge.fleet.upload import verify_release, verify_site
 
 
@@ -76,6 +78,7 @@ def rollback_host(target: Target, *, options: SshOptions, board_name: str | None
         raw, manifest = release_manifest(board, rel, "cannot roll back to it")
         say(log, board.label, f"verifying {previous} on the board")
         verify_release(board, rel, manifest, hashlib.sha256(raw).hexdigest())
+        check_rollback_target(board, layout, previous)
         signed = manifest.extra.get("site_sha256")    # the build's, covered by the signature
         verify_site(board, rel, signed if isinstance(signed, str) else releases.complete[previous].get("site_sha256"))
         board.sh(SWITCH, layout.install_dir, previous, what="switching current")

@@ -9,7 +9,12 @@ before anything of it is installed.
   here first, on the bytes about to be uploaded, then on the board by the board itself (which also
   checks that the signed manifest's bundle_id is the release directory's name).
 - A bundle built before the current release is refused (an old signed bundle replayed), unless it is
-  still on the board or `--allow-downgrade`.
+  still on the board or `--allow-downgrade`; so is one whose age cannot be compared (a signed bundle
+  without `built_at`, a current release without one).
+- `rollback` checks the signature of the release it switches back to (the board's copy of it) where
+  the board trusts keys.
+- A board this checkout has no profile of: the bundle's profile picks the login and the install dir
+  only once its signature holds here (this machine's key, or --trust-key), before connecting.
 - `--trust-key` on a later deploy adds a key (a new build machine).
 """
 
@@ -27,6 +32,9 @@ from bmoe_edge.fleet.state import Layout
 from bmoe_edge.fleet.upload import LocalBundle
 
 ALLOWED = "allowed_signers"
+# how a signature that does not hold is refused, and what to do about it
+REFUSING = ("refusing it (a manifest changed after it was signed, or a key the board does not trust: "
+            "--trust-key FILE.pub)")
 
 
 @dataclass(frozen=True)
@@ -48,8 +56,7 @@ def check_trust(board: Board, layout: Layout, b: LocalBundle, options: TrustOpti
     refuse what the board must not take, and check the signature here, against the keys the board
     trusts, on the very bytes that will be uploaded. True: verify it on the board too."""
     path = f"{layout.install_dir}/{ALLOWED}"
-    raw = board.read_bytes(path)
-    lines = [ln for ln in (raw or b"").decode("utf-8", "replace").splitlines() if ln.strip()]
+    lines = trusted_keys(board, layout)
     sig = b.signature_bytes
     signed = sig is not None
     add: list[str] = []
@@ -79,9 +86,14 @@ def check_trust(board: Board, layout: Layout, b: LocalBundle, options: TrustOpti
                         "`bmoe-edge build` signs): refusing it (--allow-unsigned to deploy it anyway)")
     if not signing.verifies_bytes(b.manifest_bytes, sig or b"", lines):
         raise BmoeError(f"{board.label}: the bundle's signature does not verify against {path} (checked "
-                        "before uploading): refusing it (a manifest changed after it was signed, or a key the "
-                        "board does not trust: --trust-key FILE.pub)")
+                        f"before uploading): {REFUSING}")
     return True
+
+
+def built_at(manifest: bundle.Manifest) -> str | None:
+    """When the bundle was built (`extra.built_at`, written by `bmoe-edge build` under the signature)."""
+    value = manifest.extra.get("built_at")
+    return value if isinstance(value, str) and value else None
 
 
 def check_not_older(board: Board, layout: Layout, b: LocalBundle, current: str | None, on_board: bool,
@@ -89,24 +101,36 @@ def check_not_older(board: Board, layout: Layout, b: LocalBundle, current: str |
     """An old signed bundle replayed over a newer current release is refused: a validly signed release
     with a known hole must not come back by someone copying it into dist/. Going back is `rollback` (to
     a release still on the board), or --allow-downgrade. Releases already on the board were verified
-    when they came: deploying one again is a rollback and allowed."""
-    mine = b.manifest.extra.get("built_at")
-    if options.allow_downgrade or on_board or current is None or current == b.manifest.bundle_id \
-            or not isinstance(mine, str):
+    when they came: deploying one again is a rollback and allowed. What cannot be compared is refused
+    too, never let through: a signed bundle without a build time (one from before build times were
+    recorded is older than anything with one), or any bundle over a current release without one."""
+    if options.allow_downgrade or on_board or current == b.manifest.bundle_id:
+        return
+    mine = built_at(b.manifest)
+    if mine is None and b.signature_bytes is not None:
+        raise BmoeError(f"{board.label}: bundle {b.manifest.bundle_id} is signed but records no build time "
+                        "(extra.built_at, which `bmoe-edge build` writes under the signature): it cannot be "
+                        "checked for a downgrade, refusing it (--allow-downgrade deploys it anyway)")
+    if current is None:
         return
     raw = board.read_bytes(f"{layout.release(current)}/{bundle.MANIFEST_NAME}")
     try:
-        theirs = bundle.parse_manifest(raw or b"").extra.get("built_at")
+        theirs = built_at(bundle.parse_manifest(raw or b""))
     except BmoeError:
-        return      # a release from before build times were recorded: nothing to compare with
-    if isinstance(theirs, str) and mine < theirs:
+        theirs = None
+    if mine is None or theirs is None:
+        which = f"bundle {b.manifest.bundle_id}" if mine is None else f"the current release {current}"
+        raise BmoeError(f"{board.label}: {which} records no build time (extra.built_at): cannot tell whether "
+                        f"{b.manifest.bundle_id} is older than {current}, refusing it (--allow-downgrade "
+                        "deploys it anyway; later deploys compare with its build time)")
+    if mine < theirs:
         raise BmoeError(f"{board.label}: bundle {b.manifest.bundle_id} was built {mine}, before the current "
                         f"release {current} ({theirs}): refusing an older bundle over a newer one "
                         "(`bmoe-edge rollback` goes back to a release kept on the board; --allow-downgrade "
                         "deploys it anyway)")
 
 
-def verify_signature(board: Board, layout: Layout, rel: str) -> None:
+def verify_signature(board: Board, layout: Layout, rel: str, refusing: str = REFUSING) -> None:
     """On the board: the release's manifest is signed by a key of allowed_signers."""
     result = board.sh(SIG_VERIFY, f"{layout.install_dir}/{ALLOWED}", rel, what="verifying the bundle's signature",
                       check=False)
@@ -114,6 +138,31 @@ def verify_signature(board: Board, layout: Layout, rel: str) -> None:
         raise BmoeError(f"{board.label}: {tail(result.stderr or result.stdout)}")
     if result.exited != 0:
         raise BmoeError(f"{board.label}: the bundle's signature does not verify against "
-                        f"{layout.install_dir}/{ALLOWED} ({tail(result.stderr or result.stdout)}): refusing "
-                        "it (a manifest changed after it was signed, or a key the board does not trust: "
-                        "--trust-key FILE.pub)")
+                        f"{layout.install_dir}/{ALLOWED} ({tail(result.stderr or result.stdout)}): {refusing}")
+
+
+def trusted_keys(board: Board, layout: Layout) -> list[str]:
+    """The lines of the board's allowed_signers (none: the board was never told to trust a key)."""
+    raw = board.read_bytes(f"{layout.install_dir}/{ALLOWED}")
+    return [ln for ln in (raw or b"").decode("utf-8", "replace").splitlines() if ln.strip()]
+
+
+def check_rollback_target(board: Board, layout: Layout, release_id: str) -> None:
+    """Before `rollback` switches to a release kept on the board: where the board trusts keys, that
+    release (the board's copy, which anyone who can write there could have changed) must still carry a
+    signature by one of them, of its own bundle id. Nothing is switched otherwise."""
+    if not trusted_keys(board, layout):
+        return
+    verify_signature(board, layout, layout.release(release_id),
+                     f"refusing to roll back to {release_id}, nothing switched (a release changed on the board, "
+                     "or deployed unsigned: deploy a signed bundle instead)")
+
+
+def signed_here(b: LocalBundle, options: TrustOptions) -> bool:
+    """Whether the bundle's signature holds here, before connecting, by a key this machine vouches for:
+    its own signing key or --trust-key's. Only then may the bundle's own profile choose how a board
+    this checkout has no profile of is reached (its login and install dir)."""
+    keys = [key for key in (signing.existing_public_key(),
+                            _public(options.trust_key) if options.trust_key is not None else None) if key]
+    return b.signature_bytes is not None and bool(keys) and signing.verifies_bytes(
+        b.manifest_bytes, b.signature_bytes, [signing.allowed_signers_line(key) for key in keys])
