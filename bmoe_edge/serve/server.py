@@ -75,6 +75,19 @@ def _uvicorn_server(worker: Any, config: Any) -> Any:
     return _server_class()(worker, config)
 
 
+def _uvicorn_config(app: Any, limits: Any) -> Any:
+    """uvicorn with our connection limits (serve/connections.py) in place of its limit_concurrency, which
+    counted idle sockets and /health alike; no WebSocket upgrade (a connection that upgrades leaves the
+    accounting)."""
+    import uvicorn
+
+    from bmoe_edge.serve import connections
+
+    return uvicorn.Config(connections.RequestSlots(app, limits.requests), http=connections.protocol_for(limits),
+                          ws="none", log_level="warning", timeout_graceful_shutdown=5,
+                          timeout_keep_alive=limits.keep_alive_s)
+
+
 WATCH_S = 0.2
 EXIT_AFTER_S = 1.0   # /health answers 503 this long before the server goes (a load balancer sees why)
 
@@ -98,12 +111,13 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
           body_timeout_s: float = 30.0, queue_size: int = 8, template: str | None = None,
           parse_special: bool = False, model_id: str | None = None, say: Callable[[str], None] = print) -> None:
     # uvicorn and Starlette (app, worker) load when a server starts, not when this module is imported.
-    import uvicorn
-
+    from bmoe_edge.serve import connections
     from bmoe_edge.serve.app import create_app
     from bmoe_edge.serve.worker import Worker
 
     check_auth(bind, api_keys, no_auth)
+    connections.check_uvicorn()
+    limits = connections.Limits.for_max_connections(max_connections)   # a bad $BMOE_EDGE_SERVE_HEAD_TIMEOUT: now
     sock = listen(bind, port)
     if not is_loopback(bind) and not api_keys:
         say(f"warning: listening on {bind} without an API key (--no-auth): anyone who reaches this port can "
@@ -122,10 +136,7 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
                              cors_origins=cors_origins, body_timeout_s=body_timeout_s)
             host, bound_port = sock.getsockname()[:2]
             say(f"serving {name} on http://{host}:{bound_port}/v1 (queue {queue_size}; Ctrl-C stops)")
-            # limit_concurrency: connections (and tasks) beyond it are answered 503 at once; idle keep-alive
-            # connections close after 5 s (uvicorn's default)
-            server = _uvicorn_server(worker, uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
-                                                            limit_concurrency=max_connections, timeout_keep_alive=5))
+            server = _uvicorn_server(worker, _uvicorn_config(app, limits))
             watch = threading.Thread(target=_watch, args=(worker, server), name="bmoe-watch", daemon=True)
             watch.start()
             try:

@@ -1,0 +1,246 @@
+"""Connections: no socket can hold the server. uvicorn's h11 protocol with a deadline on every request
+head, a cap on open connections per client address and in all (a new connection evicts the one that has
+waited longest for its next request rather than being refused), and an in-flight request limit of our
+own that `/health` is exempt from (uvicorn's `limit_concurrency` counted idle sockets and /health alike).
+
+The uvicorn internals this relies on (`check_uvicorn` verifies them at start, tests/test_serve_connections.py
+in the suite; both fail loudly if an upgrade changes them):
+- `H11Protocol(config=, server_state=, app_state=, _loop=)` is how uvicorn makes a connection's protocol;
+- `self.connections` is the server's shared set of open protocols (added in connection_made, discarded in
+  connection_lost); `self.client` the peer's (host, port) once connected; `self.transport`, `self.loop`;
+- `self.conn` is the connection's h11.Connection; `self.cycle` its current RequestResponseCycle (None
+  before the first request head), whose `response_complete` turns true when the response is sent;
+- `on_response_complete()` runs when a response is sent and the connection may wait for its next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import ipaddress
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
+
+from bmoe_edge.errors import BmoeError
+from bmoe_edge.serve.app import RETRY_AFTER_S
+from bmoe_edge.serve.openai_api import ApiError
+
+HEAD_TIMEOUT_S = 10.0   # a request line and its headers arrive within this, or the connection is closed (408)
+HEAD_TIMEOUT_ENV = "BMOE_EDGE_SERVE_HEAD_TIMEOUT"   # seconds; read once per server start (the tests use 1)
+KEEP_ALIVE_S = 5.0      # an idle keep-alive connection closes after this (uvicorn's timer), silently
+HEALTH_PATH = "/health"  # never counted as a request in flight: a load balancer reads it when all are busy
+
+
+@dataclass(frozen=True)
+class Limits:
+    connections: int      # open connections in all (serve's --max-connections)
+    per_address: int      # open connections from one client address (an IPv6 /64 counts as one)
+    requests: int         # requests in flight but GET /health; more are answered 503 at once
+    head_timeout_s: float
+
+    @property
+    def keep_alive_s(self) -> float:
+        # never longer than a head may take: an idle connection closes silently before it would get a 408
+        return min(KEEP_ALIVE_S, self.head_timeout_s)
+
+    @classmethod
+    def for_max_connections(cls, connections: int) -> Limits:
+        """The one knob, --max-connections; the rest derived so that a slot is always free for /health: a
+        connection is busy only while a request is in flight, and fewer requests may be in flight than one
+        address may hold connections, so every new connection finds an idle one of its own address (or,
+        when the total is reached, of anyone's) to take the place of."""
+        return cls(connections=connections, per_address=max(1, connections * 3 // 4),
+                   requests=max(1, connections // 2), head_timeout_s=head_timeout_s())
+
+
+def head_timeout_s() -> float:
+    raw = os.environ.get(HEAD_TIMEOUT_ENV)
+    if raw is None:
+        return HEAD_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise BmoeError(f"${HEAD_TIMEOUT_ENV} takes seconds (more than 0, at most 3600), got {raw!r}")
+    return value
+
+
+def client_key(client: tuple[str, int] | None) -> str:
+    """Which address a connection counts against: an IPv4 address (an IPv4-mapped IPv6 one too), or an IPv6
+    /64 (one subscriber's prefix: its 2^64 addresses are one client)."""
+    if client is None:
+        return ""
+    try:
+        address = ipaddress.ip_address(client[0].split("%", 1)[0])
+    except ValueError:
+        return client[0]
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network(f"{address}/64", strict=False))
+    return str(address)
+
+
+def _raw_error(status: int, reason: str, error: ApiError) -> bytes:
+    """A whole response written straight to the socket (no request was parsed to answer), then closed."""
+    body = json.dumps(error.body()).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the limits above; `protocol_for(limits)` binds them."""
+
+    limits: Limits
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.waiting_since = time.monotonic()   # since when it waits for its next request head
+        self._head_clock: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._wait_for_head()
+        self._admit()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_clock()
+        super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and not self.serving():   # not: a pipelined request went on
+            self._wait_for_head()
+
+    def serving(self) -> bool:
+        """A request head has arrived and its response is not sent yet: the one state never evicted."""
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def open(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def _wait_for_head(self) -> None:
+        self.waiting_since = time.monotonic()
+        self._stop_head_clock()
+        self._head_clock = self.loop.call_later(self.limits.head_timeout_s, self._head_timed_out)
+
+    def _stop_head_clock(self) -> None:
+        if self._head_clock is not None:
+            self._head_clock.cancel()
+            self._head_clock = None
+
+    def _head_timed_out(self) -> None:
+        self._head_clock = None
+        if self.serving() or not self.open():
+            return   # the head arrived: the body has the app's own timeout
+        if self.conn.their_state is h11.IDLE:   # no whole head yet (an unread body after a response: just close)
+            self.transport.write(_raw_error(408, "Request Timeout", ApiError(
+                408, f"the request head did not arrive within {self.limits.head_timeout_s:g} s",
+                code="header_timeout")))
+        self.transport.close()
+
+    def _admit(self) -> None:
+        """Make room for this connection: past its address's cap, that address's connection waiting longest
+        for a request goes; past the total, anyone's. If every one of them is serving, this one is refused."""
+        others = [c for c in self.connections if c is not self and isinstance(c, BoundedH11Protocol) and c.open()]
+        key = client_key(self.client)
+        own = [c for c in others if client_key(c.client) == key]
+        if len(own) >= self.limits.per_address:
+            crowd, why = own, f"{self.limits.per_address} connections from one address"
+        elif len(others) >= self.limits.connections:
+            crowd, why = others, f"{self.limits.connections} connections"
+        else:
+            return
+        victim = _longest_waiting(crowd)
+        if victim is not None:
+            victim.transport.close()
+            return
+        self.transport.write(_raw_error(503, "Service Unavailable", ApiError(
+            503, f"the server holds {why}, all of them serving a request: retry later", type="server_error",
+            code="too_many_connections")))
+        self.transport.close()
+
+
+def _longest_waiting(connections: Iterable[BoundedH11Protocol]) -> BoundedH11Protocol | None:
+    idle = [c for c in connections if not c.serving()]
+    return min(idle, key=lambda c: c.waiting_since) if idle else None
+
+
+def protocol_for(limits: Limits) -> type[BoundedH11Protocol]:
+    """The protocol class uvicorn.Config(http=...) takes, bound to these limits."""
+    return type("BoundedH11Protocol", (BoundedH11Protocol,), {"limits": limits})
+
+
+class RequestSlots:
+    """ASGI wrapper: at most `limit` requests in flight (GET /health is never counted nor refused); more are
+    answered 503 with OpenAI's error object at once. One event loop: a plain counter."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], limit: int) -> None:
+        self.app = app
+        self.limit = limit
+        self.in_flight = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
+                       send: Callable[[Any], Awaitable[None]]) -> None:
+        if scope["type"] != "http" or scope["path"] == HEALTH_PATH:
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.limit:
+            await _refuse(send, ApiError(503, f"the server has {self.limit} requests in flight: retry later",
+                                         type="server_error", code="too_many_requests"))
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
+async def _refuse(send: Callable[[Any], Awaitable[None]], error: ApiError) -> None:
+    body = json.dumps(error.body()).encode()
+    await send({"type": "http.response.start", "status": error.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"retry-after", str(RETRY_AFTER_S).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def check_uvicorn() -> None:
+    """Fail at start, in one line, if the installed uvicorn no longer has what BoundedH11Protocol relies on
+    (the list in this module's docstring)."""
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    missing = [name for name in ("connection_made", "connection_lost", "on_response_complete")
+               if not callable(getattr(H11Protocol, name, None))]
+    if list(inspect.signature(H11Protocol.__init__).parameters) != ["self", "config", "server_state", "app_state",
+                                                                    "_loop"]:
+        missing.append("H11Protocol(config, server_state, app_state, _loop)")
+    if "self.response_complete" not in inspect.getsource(RequestResponseCycle.__init__):
+        missing.append("RequestResponseCycle.response_complete")
+    state = ServerState()
+    config = uvicorn.Config(_no_app, http=H11Protocol, ws="none", lifespan="off", log_config=None)
+    probe = H11Protocol(config=config, server_state=state, app_state={}, _loop=asyncio.new_event_loop())
+    try:
+        for name, ok in (("connections", getattr(probe, "connections", None) is state.connections),
+                         ("conn", isinstance(getattr(probe, "conn", None), h11.Connection)),
+                         ("cycle", hasattr(probe, "cycle") and probe.cycle is None),
+                         ("client", hasattr(probe, "client")), ("transport", hasattr(probe, "transport"))):
+            if not ok:
+                missing.append(f"H11Protocol.{name}")
+    finally:
+        probe.loop.close()
+    if missing:
+        raise BmoeError(f"uvicorn {uvicorn.__version__} changed what serve's connection limits rely on "
+                        f"(bmoe_edge/serve/connections.py): {', '.join(missing)}")
+
+
+async def _no_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    raise AssertionError("check_uvicorn's probe serves nothing")
