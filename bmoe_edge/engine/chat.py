@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from bmoe_edge.engine import native
 from bmoe_edge.engine.generation import Generation, PositionLogprobs, Sampling, Token, TokenMetrics
 from bmoe_edge.engine.tools import ToolCall, call_id, text_parts
-from bmoe_edge.errors import BmoeError
+from bmoe_edge.errors import BmoeError, RequestError
 
 ROLES = ("system", "user", "assistant", "tool")
 FALLBACK_TEMPLATE = "chatml"  # common's own ChatML: what a model without a template gets
@@ -294,10 +294,11 @@ def constrained(sampling: Sampling | None, prompt: Any) -> Sampling:
     """`sampling` with the prompt's grammar: lazy (from a tool call's opening on) or from the first token
     (fed the assistant turn's opening first, which a chat format's grammar starts with)."""
     sampling = sampling or Sampling()
-    if not prompt.grammar:
+    if not prompt.grammar or sampling.grammar == prompt.grammar:   # none, or constrained already (serve's prepare)
         return sampling
     if sampling.grammar:
-        raise BmoeError("a grammar of the request and a tool call's or response_format's grammar cannot be combined")
+        raise RequestError("a grammar of the request and a tool call's or response_format's grammar cannot be "
+                           "combined")
     if prompt.grammar_lazy:
         if not prompt.triggers:
             return sampling

@@ -99,7 +99,9 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
 def template_inputs(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]
                     ) -> list[tuple[str, str]]:
     """Every string a template is given, keys included, each with where it came from: what the
-    control-token check looks at."""
+    control-token check looks at. A tool call's `arguments` are JSON text that common decodes and the template
+    writes back (`tojson`), so "\\u003c|im_end|\\u003e" in them reaches the prompt as the control token itself:
+    the strings of the decoded arguments are given too."""
     out: list[tuple[str, str]] = []
     todo: list[tuple[str, Any]] = [(f"message {i}", m) for i, m in enumerate(messages)]
     todo += [(f"tool {i}", t) for i, t in enumerate(tools)]
@@ -107,6 +109,8 @@ def template_inputs(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mappi
         where, value = todo.pop()
         if isinstance(value, str):
             out.append((where, value))
+            if where.endswith(": arguments"):
+                todo.append((f"{where} (decoded)", _decoded(value)))
         elif isinstance(value, Mapping):
             for k, v in value.items():
                 if isinstance(k, str):
@@ -115,6 +119,14 @@ def template_inputs(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mappi
         elif isinstance(value, list | tuple):
             todo.extend((where, v) for v in value)
     return out
+
+
+def _decoded(arguments: str) -> Any:
+    """A tool call's JSON arguments as common reads them (None when they are not JSON: refused elsewhere)."""
+    try:
+        return json.loads(arguments)
+    except (ValueError, RecursionError):
+        return None
 
 
 ID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"

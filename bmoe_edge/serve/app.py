@@ -12,6 +12,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from starlette.applications import Starlette
@@ -21,18 +22,19 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from bmoe_edge.engine import chat
+from bmoe_edge.engine import chat, native
 from bmoe_edge.engine.generation import PositionLogprobs
-from bmoe_edge.serve import metrics, openai_api
+from bmoe_edge.errors import RequestError
+from bmoe_edge.serve import limits, metrics, openai_api
 from bmoe_edge.serve.gate import Gate
 from bmoe_edge.serve.openai_api import ApiError
-from bmoe_edge.serve.worker import Job, QueueFull, Request, Unavailable, Worker, loop_delivery, request_id
+from bmoe_edge.serve.worker import Job, Prepared, QueueFull, Request, Unavailable, Worker, loop_delivery, request_id
 
-TEST_HOOKS = "BMOE_EDGE_SERVE_TEST_HOOKS"   # "1": the test routes (/_test/...) exist
-MAX_BODY_BYTES = 4 << 20
-BODY_TIMEOUT_S = 30.0
-MAX_DEPTH = 64   # arrays and objects nested in a body; deeper is a 400, not a recursion in a parser
+TEST_HOOKS = "BMOE_EDGE_SERVE_TEST_HOOKS"   # "1" in a test build (build_info().test_faults): the /_test/ routes
+MAX_BODY_BYTES, MAX_DEPTH, BODY_TIMEOUT_S = limits.MAX_BODY_BYTES, limits.MAX_DEPTH, limits.BODY_TIMEOUT_S
 RETRY_AFTER_S = 2
+PREPARE_THREADS = 2   # requests rendered, converted and tokenized at once, off the event loop
+PREPARING_MAX = 4 * PREPARE_THREADS   # ... and waiting for a thread: past it, a 429 (as a full queue)
 
 
 def _error(exc: ApiError) -> JSONResponse:
@@ -71,10 +73,15 @@ async def _body(request: HttpRequest, timeout_s: float = BODY_TIMEOUT_S) -> Any:
 
 def check_json(body: Any) -> None:
     """Refuse what JSON allows and nothing after this may meet: a string that is not Unicode text (a lone
-    surrogate such as "\\ud800" parses, but cannot be encoded), or nesting deeper than MAX_DEPTH."""
+    surrogate such as "\\ud800" parses, but cannot be encoded), nesting deeper than MAX_DEPTH, or more values
+    than MAX_JSON_VALUES (held as Python objects while the request waits: ~50 bytes of body, ~1 KB held)."""
     todo: list[tuple[Any, int]] = [(body, 1)]
+    seen = 0
     while todo:
         value, depth = todo.pop()
+        seen += 1
+        if seen > limits.MAX_JSON_VALUES:
+            raise ApiError(400, f"the request body has more than {limits.MAX_JSON_VALUES} values")
         if isinstance(value, str):
             _text(value)
         elif isinstance(value, dict | list):
@@ -136,6 +143,8 @@ class Server:
         self.api_keys = tuple(f"Bearer {k}".encode() for k in api_keys)
         self.created = int(time.time())
         self.rejected = 0
+        self.preparer = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="bmoe-prepare")
+        self.preparing = 0   # requests handed to the preparer, not yet back
 
     def tenant(self, request: HttpRequest) -> int | None:
         """Which key the request carries (its index: the tenant), 0 when the server has none; None when
@@ -152,21 +161,46 @@ class Server:
     def _authorized(self, request: HttpRequest) -> bool:
         return self.tenant(request) is not None
 
-    def _enqueue(self, req: Request, request: HttpRequest) -> tuple[Job, asyncio.Queue]:
-        # Each key is a tenant: the context (and the prompt prefix it holds) is reused only for the same one
-        req = dataclasses.replace(req, tenant=self.tenant(request) or 0)
+    def _busy(self) -> ApiError:
+        self.rejected += 1
+        return ApiError(429, "the server is busy: its queue is full, retry later", type="rate_limit_error",
+                        code="queue_full")
+
+    async def _prepare(self, req: Request) -> Prepared:
+        """The request made ready for the engine (its template, grammar and tokens) on a preparer thread, off
+        the event loop and never on the engine thread, within PREPARE_DEADLINE_S; a full queue is refused
+        before any of it runs."""
+        if not self.worker.has_room() or self.preparing >= PREPARING_MAX:
+            raise self._busy()
+        self.preparing += 1
+        try:
+            work = asyncio.get_running_loop().run_in_executor(self.preparer, self.worker.prepare, req)
+            return await asyncio.wait_for(asyncio.shield(work), limits.PREPARE_DEADLINE_S)
+        except TimeoutError:
+            raise ApiError(400, f"the request could not be prepared within {limits.PREPARE_DEADLINE_S:g} s: its "
+                           "schema, tools or conversation are too large", code="too_complex") from None
+        except RequestError as exc:
+            raise ApiError(400, str(exc)) from None
+        finally:
+            self.preparing -= 1
+
+    def _enqueue(self, req: Request, prepared: Prepared, request: HttpRequest) -> tuple[Job, asyncio.Queue]:
         events: asyncio.Queue = asyncio.Queue()
-        job = Job(req, loop_delivery(asyncio.get_running_loop(), events))
+        job = Job(req, loop_delivery(asyncio.get_running_loop(), events), prepared=prepared)
         try:
             self.worker.submit(job)
         except Unavailable as exc:
             raise ApiError(503, f"the server cannot answer: {exc}", type="server_error",
                            code="unavailable") from None
         except QueueFull:
-            self.rejected += 1
-            raise ApiError(429, "the server is busy: its queue is full, retry later", type="rate_limit_error",
-                           code="queue_full") from None
+            raise self._busy() from None
         return job, events
+
+    async def _job(self, req: Request, request: HttpRequest) -> tuple[Job, asyncio.Queue]:
+        """Prepared, then queued. Each key is a tenant: the context (and the prompt prefix it holds) is reused
+        only for the same one."""
+        req = dataclasses.replace(req, tenant=self.tenant(request) or 0)
+        return self._enqueue(req, await self._prepare(req), request)
 
     async def _next_event(self, request: HttpRequest, job: Job, events: asyncio.Queue) -> tuple[str, Any]:
         """The worker's next event; a client that hangs up meanwhile cancels the job."""
@@ -225,14 +259,15 @@ class Server:
     async def chat_completions(self, request: HttpRequest) -> Response:
         body = await _body(request, self.body_timeout_s)
         req = openai_api.parse_chat(body, self.model_id)
-        job, events = self._enqueue(req, request)
+        stream, with_usage = bool(body.get("stream")), openai_api.include_usage(body)
+        del body   # what the job needs is in `req`: the body's objects go now, not after its answer
+        job, events = await self._job(req, request)
         with _cancelled_unless_answered(job):
             rid = request_id("chatcmpl")
             wanted = req.sampling.logprobs >= 0
-            if not body.get("stream"):
+            if not stream:
                 reply, found = await self._result(request, job, events)
                 return JSONResponse(openai_api.chat_completion(rid, self.model_id, reply, found if wanted else None))
-            with_usage = openai_api.include_usage(body)
 
             held: list[PositionLogprobs] = []   # logprobs of text still held back: they go with the next chunk
 
@@ -259,11 +294,13 @@ class Server:
     async def completions(self, request: HttpRequest) -> Response:
         body = await _body(request, self.body_timeout_s)
         req = openai_api.parse_completion(body, self.model_id)
-        job, events = self._enqueue(req, request)
+        stream = bool(body.get("stream"))
+        del body
+        job, events = await self._job(req, request)
         with _cancelled_unless_answered(job):
             rid = request_id("cmpl")
             wanted = req.sampling.logprobs >= 0
-            if not body.get("stream"):
+            if not stream:
                 reply, found = await self._result(request, job, events)
                 return JSONResponse(openai_api.text_completion(rid, self.model_id, reply, found if wanted else None))
             held: list[PositionLogprobs] = []   # logprobs of text still held back: they go with the next chunk
@@ -295,7 +332,8 @@ class Server:
         if reason is not None:
             return JSONResponse({"status": "unavailable", "reason": reason, "model": self.model_id},
                                 status_code=503)
-        return JSONResponse({"status": "ok", "model": self.model_id, "queue_depth": self.worker.queue_depth})
+        return JSONResponse({"status": "ok", "model": self.model_id, "queue_depth": self.worker.queue_depth}
+                            | self.worker.progress.report())
 
     async def kill_worker(self, request: HttpRequest) -> Response:
         """The test hook (BMOE_EDGE_SERVE_TEST_HOOKS=1): the engine thread ends as an unforeseen fault would."""
@@ -303,7 +341,11 @@ class Server:
         return JSONResponse({"status": "killing"})
 
     async def metrics(self, request: HttpRequest) -> Response:
-        text = metrics.prometheus(self.worker.stats, self.worker.queue_depth, self.rejected, self.worker.batch)
+        """With several keys each tenant sees its own requests' counters (and no batch rows, whose token counts
+        are everyone's): one tenant must not learn what another asked."""
+        tenant, shared = self.tenant(request) or 0, len(self.api_keys) > 1
+        stats = self.worker.stats_of(tenant) if shared else self.worker.stats
+        text = metrics.prometheus(stats, self.worker.queue_depth, self.rejected, None if shared else self.worker.batch)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
@@ -334,7 +376,7 @@ def create_app(worker: Worker, model_id: str, api_keys: Sequence[str] = (), *, b
         Route("/v1/chat/completions", guarded(server.chat_completions), methods=["POST"]),
         Route("/v1/completions", guarded(server.completions), methods=["POST"]),
     ]
-    if os.environ.get(TEST_HOOKS) == "1":
+    if os.environ.get(TEST_HOOKS) == "1" and native.load().build_info().test_faults:
         routes.append(Route("/_test/kill-worker", guarded(server.kill_worker), methods=["POST"]))
     async def http_error(request: HttpRequest, exc: Exception) -> Response:
         """Starlette's own answers (no such route: 404, a wrong method: 405) as OpenAI's error object too."""

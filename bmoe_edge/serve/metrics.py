@@ -7,7 +7,7 @@ from bmoe_edge.serve.worker import Stats
 
 
 def prometheus(stats: Stats, queue_depth: int, rejected: int, batch: BatchStats | None = None) -> str:
-    batch = batch or BatchStats()
+    """`batch`: None leaves out the batch rows (with several API keys: their token counts are every tenant's)."""
     hit = stats.cache_hits / stats.cache_lookups if stats.cache_lookups else 0.0
     rows = [
         ("bmoe_requests_total", "counter", "Requests answered to the end.", stats.requests),
@@ -40,6 +40,8 @@ def prometheus(stats: Stats, queue_depth: int, rejected: int, batch: BatchStats 
         ("bmoe_busy", "gauge", "1 while the engine generates.", int(stats.busy)),
         ("bmoe_expert_pool_to_warm_bytes", "gauge", "Memory the expert cache may fill that the idle engine has yet "
          "to fault in (0: the next prompt's reads land in pages that exist).", stats.pool_to_warm_bytes),
+    ]
+    rows += [] if batch is None else [
         ("bmoe_slots", "gauge", "Requests the engine decodes together (--parallel).", batch.slots),
         ("bmoe_slots_busy", "gauge", "Slots generating now.", batch.slots_busy),
         ("bmoe_batch_steps_total", "counter", "Batched decodes (--parallel > 1).", batch.steps),

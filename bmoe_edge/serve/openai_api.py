@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -11,31 +10,13 @@ from typing import Any
 from bmoe_edge.engine import chat, settings, tools
 from bmoe_edge.engine.generation import Logprob, PositionLogprobs
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.serve import limits, params, schemas
 from bmoe_edge.serve.worker import Request
 
-# A request's sampling fields and the setting each sets; where a request says nothing, a conversation's
-# defaults (settings.sampling), and the bounds are the settings' own. top_k, min_p, repeat_penalty and
-# repeat_last_n are llama-server's extensions.
-SAMPLING_FIELDS = {"temperature": "temp", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-                   "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-                   "repeat_penalty": "repeat_penalty", "repeat_last_n": "penalty_last_n"}
 DEFAULT_MAX_TOKENS = 512
-MAX_STOPS = 4
-MAX_STOP_CHARS = 256   # each stop string; matching is linear in the text, but held-back text is not free
-MAX_BIASES = 1024      # logit_bias entries
-MAX_TOP_LOGPROBS = 20  # as OpenAI's chat (its completions stop at 5)
-
-# OpenAI's parameters this server does not implement, with the values it does honour (what it does
-# anyway: store nothing, one tier, text only, every tool call parsed): any other value (null aside) is a
-# 400 that names the parameter. docs/serve.md's parameter table says the same, and a test walks the
-# openai package's own parameter lists against that table and these.
-REFUSED: dict[str, dict[str, tuple[Any, ...]]] = {
-    "chat": {"audio": (), "modalities": (["text"],), "prediction": (), "service_tier": ("auto", "default"),
-             "store": (False,), "metadata": (), "functions": (),
-             "function_call": (), "web_search_options": (), "verbosity": (), "moderation": (),
-             "prompt_cache_options": (), "prompt_cache_retention": ("in_memory",)},
-    "completions": {"best_of": (1,), "suffix": ("",)},
-}
+# Refused parameters (params.py's rows), each with the values it still takes (what the server does anyway:
+# store nothing, one tier, text only, one choice): any other value (null aside) is a 400 that names it.
+REFUSED: dict[str, dict[str, tuple[Any, ...]]] = {route: params.refused(route) for route in params.ROUTES}
 
 
 class ApiError(Exception):
@@ -73,10 +54,12 @@ def _stops(body: Mapping[str, Any]) -> tuple[str, ...]:
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) for s in stops) \
-            or any(len(s) > MAX_STOP_CHARS for s in stops):
-        raise ApiError(400, f"'stop' must be a string or a list of up to {MAX_STOPS} strings of up to "
-                       f"{MAX_STOP_CHARS} characters", param="stop")
+    kind = params.param("chat", "stop").kind
+    assert isinstance(kind, params.Stops)
+    if not isinstance(stops, list) or len(stops) > kind.count or not all(isinstance(s, str) for s in stops) \
+            or any(len(s) > kind.chars for s in stops):
+        raise ApiError(400, f"'stop' must be a string or a list of up to {kind.count} strings of up to "
+                       f"{kind.chars} characters", param="stop")
     return tuple(stops)
 
 
@@ -141,16 +124,18 @@ def _logit_bias(body: Mapping[str, Any]) -> str:
     value = body.get("logit_bias")
     if value is None:
         return ""
-    if not isinstance(value, Mapping) or len(value) > MAX_BIASES:
-        raise ApiError(400, f"'logit_bias' must be an object of up to {MAX_BIASES} token ids, each mapped to a "
-                       "bias from -100 to 100", param="logit_bias")
+    kind = params.param("chat", "logit_bias").kind
+    assert isinstance(kind, params.LogitBias)
+    if not isinstance(value, Mapping) or len(value) > kind.entries:
+        raise ApiError(400, f"'logit_bias' must be an object of up to {kind.entries} token ids, each mapped to a "
+                       f"bias from {kind.lo:g} to {kind.hi:g}", param="logit_bias")
     items = []
     for key, bias in value.items():
         if not (key.isascii() and key.isdigit() and len(key) <= 9):
             raise ApiError(400, f"'logit_bias' keys must be token ids (digits), got {key[:40]!r}", param="logit_bias")
-        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
-            raise ApiError(400, f"'logit_bias' biases must be numbers from -100 to 100, got {bias!r:.40}",
-                           param="logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not kind.lo <= bias <= kind.hi:
+            raise ApiError(400, f"'logit_bias' biases must be numbers from {kind.lo:g} to {kind.hi:g}, got "
+                           f"{bias!r:.40}", param="logit_bias")
         items.append(f"{int(key)}:{float(bias)!r}")
     return ",".join(items)
 
@@ -166,49 +151,54 @@ def _logprobs(body: Mapping[str, Any], route: str) -> int:
     """How many most likely tokens to report at each position: -1 = no logprobs at all. Chat: `logprobs: true`
     and `top_logprobs: N`; completions: `logprobs: N`."""
     if route == "completions":
-        n = _integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
-        return -1 if n is None else n
+        n = _bounded(body, "completions", "logprobs", None)
+        return -1 if n is None else int(n)
     wanted = _bool(body, "logprobs")
-    top = _integer(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+    top = _bounded(body, "chat", "top_logprobs", None)
     if top is not None and not wanted:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     return (top or 0) if wanted else -1
 
 
-def _common(body: Any, model_id: str, route: str = "chat") -> dict[str, Any]:
+def _bounded(body: Mapping[str, Any], route: params.Route, key: str, default: Any, least: float | None = None) -> Any:
+    """A number parameter within its row's bounds (params.py); `least` raises the lower one."""
+    kind = params.param(route, key).kind
+    if isinstance(kind, params.Integer):
+        return _integer(body, key, default, int(kind.lo if least is None else least), kind.hi)
+    assert isinstance(kind, params.Number)
+    return _number(body, key, default, kind.lo if least is None else least, kind.hi)
+
+
+def _common(body: Any, model_id: str, route: params.Route = "chat") -> dict[str, Any]:
     if not isinstance(body, Mapping):
         raise ApiError(400, "the request body must be a JSON object")
     check_model(body, model_id)
     _refuse_unsupported(body, route)
-    if _integer(body, "n", 1, 1, 1) != 1:
-        raise ApiError(400, "'n' must be 1", param="n")
     echo = route == "completions" and _bool(body, "echo")
     least = 0 if echo else 1   # echo with max_tokens 0 scores the prompt alone (as evaluation tools ask)
-    max_tokens = _integer(body, "max_completion_tokens", None, 1, 1 << 20) if route == "chat" else None
-    max_tokens = _integer(body, "max_tokens", DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens, least,
-                          1 << 20)
+    max_tokens = _bounded(body, route, "max_completion_tokens", None) if route == "chat" else None
+    max_tokens = _bounded(body, route, "max_tokens", DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+                          least)
     given: dict[str, Any] = {"logit_bias": _logit_bias(body), "logprobs": _logprobs(body, route)}
-    for key, name in SAMPLING_FIELDS.items():
-        row = settings.BY_NAME[name]
-        if row.kind is int:
-            given[name] = _integer(body, key, None, int(row.minimum or 0), int(row.maximum or 0))
-        else:
-            given[name] = _number(body, key, None, row.minimum or 0.0, row.maximum or 0.0)
-    seed = _integer(body, "seed", None, -(1 << 63), (1 << 64) - 1)
+    for key, row in params.sampling(route).items():
+        given[row.setting] = _bounded(body, route, key, None)
+    seed = _bounded(body, route, "seed", None)
     # OpenAI's seed is any 64-bit integer; the engine's is 32 bits (its largest asks for a random one)
     given["seed"] = None if seed is None else seed % 4294967295
     sampling = settings.sampling(given, conversation=True)
     _stream(body)
-    return {"max_tokens": max_tokens, "sampling": sampling, "stop": _stops(body), "echo": echo,
-            "json_schema": _response_format(body.get("response_format"))}
+    budget = schemas.Budget()   # what all of the request's schemas may take together
+    return {"budget": budget, "max_tokens": max_tokens, "sampling": sampling, "stop": _stops(body), "echo": echo,
+            "json_schema": _response_format(body.get("response_format"), budget)}
 
 
 JSON_OBJECT = {"type": "object"}   # response_format json_object: any JSON object
 
 
-def _response_format(fmt: Any) -> Any:
-    """The JSON schema a `response_format` asks the answer to follow (None for plain text); its grammar is
-    llama.cpp common's (with the chat format's own framing around it, for a chat)."""
+def _response_format(fmt: Any, budget: schemas.Budget) -> Any:
+    """The JSON schema a `response_format` asks the answer to follow (None for plain text), within limits.py's
+    bounds; its grammar is llama.cpp common's (with the chat format's own framing around it, for a chat), made
+    off the event loop when the request is prepared."""
     if fmt is None:
         return None
     kind = fmt.get("type") if isinstance(fmt, Mapping) else None
@@ -222,8 +212,8 @@ def _response_format(fmt: Any) -> Any:
         if not isinstance(schema, Mapping):
             raise ApiError(400, "response_format json_schema needs 'json_schema': {'name': ..., 'schema': {...}}",
                            param="response_format")
-        try:   # refused here, before anything is queued, when common cannot turn it into a grammar
-            chat.schema_grammar(schema)
+        try:
+            schemas.check_schema(schema, "response_format", budget)
         except BmoeError as exc:
             raise ApiError(400, str(exc), param="response_format") from None
         return schema
@@ -234,6 +224,7 @@ def _response_format(fmt: Any) -> Any:
 def parse_chat(body: Any, model_id: str) -> Request:
     """A chat request: rendered, with its tools and response_format, by llama.cpp common (in the worker)."""
     common = _common(body, model_id)
+    budget = common.pop("budget")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
@@ -241,6 +232,11 @@ def parse_chat(body: Any, model_id: str) -> Request:
         raise ApiError(400, "each message must be an object with 'role' and 'content'", param="messages")
     try:
         given = tools.check_tools(body["tools"]) if body.get("tools") is not None else []
+        if len(given) > limits.MAX_TOOLS:
+            raise BmoeError(f"'tools' has {len(given)} tools; at most {limits.MAX_TOOLS} are taken")
+        for t in given:
+            schemas.check_schema(t["function"].get("parameters") or {}, f"the tool {t['function']['name'][:60]!r}",
+                                 budget)
     except BmoeError as exc:
         raise ApiError(400, str(exc), param="tools") from None
     try:
@@ -269,9 +265,7 @@ def parse_chat(body: Any, model_id: str) -> Request:
 
 def parse_completion(body: Any, model_id: str) -> Request:
     common = _common(body, model_id, "completions")
-    schema = common.pop("json_schema")
-    if schema is not None:   # no template: the schema's own grammar
-        common["sampling"] = dataclasses.replace(common["sampling"], grammar=chat.schema_grammar(schema))
+    common.pop("budget")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]   # a list of one prompt

@@ -286,8 +286,8 @@ class SlotEngine:
         return self._scheduler.generate(self._tenant, prompt, max_tokens, sampling or Sampling(), out, reuse_kv,
                                         self._cancelled)
 
-    def score_positions(self, tokens: list[int], n_top: int = 0) -> Any:
-        return self._scheduler.exclusive(lambda: self._engine.score_positions(tokens, n_top))
+    def score_positions(self, tokens: list[int], n_top: int = 0, **how: Any) -> Any:
+        return self._scheduler.exclusive(lambda: self._engine.score_positions(tokens, n_top, **how))
 
     def score(self, tokens: list[int]) -> Any:
         return self._scheduler.exclusive(lambda: self._engine.score(tokens))

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +20,8 @@ from typing import Any
 from bmoe_edge.engine import chat, tools
 from bmoe_edge.engine.generation import Generation, Logprob, PositionLogprobs, Sampling, TokenMetrics
 from bmoe_edge.engine.session import Engine
-from bmoe_edge.errors import BmoeError
+from bmoe_edge.errors import BmoeError, RequestError
+from bmoe_edge.serve import limits
 from bmoe_edge.serve.slots import BatchStats, Scheduler, SlotEngine
 
 
@@ -44,12 +47,24 @@ class Request:
     prompt_ids: tuple[int, ...] = ()  # completions: a prompt given as token ids (then `prompt` is "")
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A request made ready for the engine, off the engine thread: everything that depends on the request alone
+    (its checks, the chat template, the grammar, its token ids) is done, so what is left may fail only by the
+    engine's own fault."""
+
+    ids: tuple[int, ...]
+    sampling: Sampling        # with the grammar a chat's format, a tool call or a response_format needs
+    chat_prompt: Any = None   # a chat's rendered prompt (native ChatPrompt): how its answer is read
+
+
 @dataclass(eq=False)   # a job is itself (the running ones are a set)
 class Job:
     request: Request
     # ("delta", Delta) ... then ("done", Reply) or ("error", (http_status, message))
     deliver: Callable[[tuple[str, Any]], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    prepared: Prepared | None = None   # None: the engine thread prepares it first
 
 
 @dataclass
@@ -106,7 +121,46 @@ class Stats:
 
 
 ENGINE_FAILURES = 3   # the engine failing this many requests in a row: unhealthy, and the server restarts
-GRAMMAR_REFUSED = "the grammar does not parse"   # the engine's word for a request's grammar it cannot use
+# No token, no prompt chunk, no answer's end for this long while a job runs: the engine thread is stuck (a native
+# call that never returns; a hung read ends at the engine's own I/O deadline first). /health says so and the
+# server exits for the service manager to restart it. Far above any one native call a board makes (a prompt's
+# decode at a microSD card's speed), so it never ends a slow answer.
+WATCHDOG_S = 1800.0
+
+
+class Progress:
+    """Whether the engine is inside a job, since when, and when it last advanced: what /health reports, and
+    the watchdog. Written by the threads that run jobs, read by any."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.running = 0
+        self.since = self.last = time.monotonic()
+
+    def started(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if self.running == 0:
+                self.since = now
+            self.running += 1
+            self.last = now
+
+    def advanced(self) -> None:
+        self.last = time.monotonic()
+
+    def ended(self) -> None:
+        with self._lock:
+            self.running -= 1
+            self.last = time.monotonic()
+
+    def report(self) -> dict[str, Any]:
+        now = time.monotonic()
+        if not self.running:
+            return {"busy": False}
+        return {"busy": True, "job_age_s": round(now - self.since, 1), "since_progress_s": round(now - self.last, 1)}
+
+    def stalled(self) -> bool:
+        return self.running > 0 and time.monotonic() - self.last > WATCHDOG_S
 
 
 class QueueFull(Exception):
@@ -125,17 +179,21 @@ class Worker:
     """Owns the engine; `submit` from any thread, answers through each job's `deliver`."""
 
     def __init__(self, engine: Engine, *, queue_size: int = 8, template: str | None = None,
-                 parse_special: bool = False) -> None:
+                 parse_special: bool = False, log: Callable[[str], None] | None = None) -> None:
         self.engine = engine
+        self.log = log or _to_stderr
         self.template = chat.template_for(engine, template)
         self.parse_special = parse_special
         self.ctx = int(engine.run_info["ctx"])
+        self.longest_piece = _longest_piece(engine)
+        self.progress = Progress()
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self.stats = Stats()
         self.batch = BatchStats()   # --parallel: slots, batches, union vs summed bytes, the worst gap
         self.parallel = engine.n_slots
         self._scheduler = Scheduler(engine, self.batch) if self.parallel > 1 else None
         self._stats_lock = threading.Lock()   # job threads add their replies
+        self._by_tenant: dict[int, Stats] = {}   # each API key's own requests (/metrics with several keys)
         self.failure: str | None = None   # why the engine thread ended, if it did
         self.engine_failures = 0   # requests the engine failed in a row (a model file that changed fails each)
         self.last_engine_failure = ""
@@ -151,6 +209,18 @@ class Worker:
     def queue_depth(self) -> int:
         return self.jobs.qsize()
 
+    def has_room(self) -> bool:
+        """The queue may take one more job (checked again when it is submitted)."""
+        return not self.jobs.full()
+
+    def stats_of(self, tenant: int) -> Stats:
+        """One tenant's own counters, with the engine's shared gauges (memory, busy, the pool)."""
+        with self._stats_lock:
+            own = dataclasses.replace(self._by_tenant.get(tenant, Stats()))
+        own.rss_bytes, own.busy = self.stats.rss_bytes, self.stats.busy
+        own.pool_to_warm_bytes = self.stats.pool_to_warm_bytes
+        return own
+
     def unavailable(self) -> str | None:
         """Why no job can be answered any more (None while it can): what /health reports."""
         if self.closing:
@@ -161,8 +231,10 @@ class Worker:
             return "the engine thread is gone"
         if getattr(self.engine, "_native", True) is None:
             return "the engine is closed"
-        if self.engine_failures >= ENGINE_FAILURES:
-            return f"the engine failed on {self.engine_failures} requests in a row: {self.last_engine_failure}"
+        if self.engine_failures >= ENGINE_FAILURES:   # why is in the log: /health answers without a key
+            return f"the engine failed on {self.engine_failures} requests in a row"
+        if self.progress.stalled():
+            return f"the engine has made no progress for over {WATCHDOG_S:g} s"
         return None
 
     def submit(self, job: Job) -> None:
@@ -330,9 +402,9 @@ class Worker:
                     job.deliver(("error", (503, f"the server cannot answer: {reason}")))
 
     def _serve(self, job: Job, engine: Any = None) -> None:
-        """One job. Whatever it raises becomes its own error (a 4xx when the request is wrong, a 500 when
-        the server failed), and the next job runs: nothing a request does ends the thread. `engine`: a slot's
-        (--parallel), which reuses a context's prefix only for the tenant that left it."""
+        """One job. Whatever it raises becomes its own error and the next job runs: nothing a request does ends
+        the thread. Which error is whose is decided here alone (`_failure`). `engine`: a slot's (--parallel),
+        which reuses a context's prefix only for the tenant that left it."""
         reply = chat.Reply()
         if engine is None:
             engine = self.engine
@@ -341,18 +413,13 @@ class Worker:
             self.engine.prompt_scope = job.request.tenant  # the prompt cache restores only this tenant's prompts
         else:
             reuse = True
+        self.progress.started()
         try:
-            answer = self._answer(job.request, reply, reuse, engine)
-        except BmoeError as exc:  # the request itself is wrong: the client's error
-            job.deliver(("error", (400, str(exc))))
-            return
-        except Exception as exc:  # a fault of ours while preparing: this job's 500
-            self.stats.failures += 1
-            job.deliver(("error", (500, _fault(exc))))
-            return
-        started, first = time.perf_counter(), True
-        try:
+            prepared = job.prepared or self.prepare(job.request)
+            answer = self._answer(job.request, prepared, reply, reuse, engine, job.cancelled)
+            started, first = time.perf_counter(), True
             for delta in answer:
+                self.progress.advanced()
                 if first:
                     self.stats.last_ttft_seconds, first = time.perf_counter() - started, False
                 if job.cancelled.is_set():
@@ -369,54 +436,93 @@ class Worker:
                 job.deliver(("done", reply))
             self.stats.requests += 1
             self.engine_failures, self.last_engine_failure = 0, ""
-        except BmoeError as exc:
-            if job.request.sampling.grammar and reply.completion_tokens == 0 and GRAMMAR_REFUSED in str(exc):
-                job.deliver(("error", (400, f"the request's grammar: {exc}")))   # its schema's, not the engine's
-                return
-            # the engine failed (a read, the model file): the server's error; in a row, the engine's state
-            self.stats.failures += 1
-            self.engine_failures += 1
-            self.last_engine_failure = str(exc)
-            job.deliver(("error", (500, str(exc))))
-        except Exception as exc:  # any other fault during the answer: this job's 500
-            self.stats.failures += 1
-            job.deliver(("error", (500, _fault(exc))))
+        except Exception as exc:
+            status, message = self._failure(exc)
+            job.deliver(("error", (status, message)))
         finally:
+            self.progress.ended()
             with self._stats_lock:
                 self.stats.add(reply)
+                own = self._by_tenant.setdefault(job.request.tenant, Stats())
+                own.add(reply)
+                own.requests += reply.finish_reason != ""
 
-    def _answer(self, r: Request, reply: chat.Reply, reuse_kv: bool = True, engine: Any = None):
-        """The job's answer; `reuse_kv`: the context was left by the same tenant, so its prefix may be kept
-        (another tenant's prompt decodes afresh: neither cached_tokens nor timing tells one tenant what
-        another asked)."""
-        self._check_bias(r.sampling)
-        engine = self.engine if engine is None else engine
-        if r.prompt is None:
-            return self._answer_chat(r, reply, reuse_kv, engine)
-        ids = list(r.prompt_ids) or self.engine.tokenize(r.prompt, True, self.parse_special)
-        if max(ids) >= self.engine.vocab_size:
-            raise BmoeError(f"the prompt has token id {max(ids)}, outside this model's vocabulary "
-                            f"(0 to {self.engine.vocab_size - 1})")
-        self._fits(len(ids), r.max_tokens)
-        return _complete(engine, ids, r, reply, reuse_kv)
+    def _failure(self, exc: Exception) -> tuple[int, str]:
+        """The one place that says whose fault an error is. The request's (RequestError: its schema, grammar,
+        template, tools, parameters, a prompt that does not fit) is a 400 and counts for nothing. The engine's
+        own (any other BmoeError: a read, the model file, a decode) is a 500 and counts toward the server's
+        exit (ENGINE_FAILURES in a row). Anything else is a fault of ours on this request: a 500 that does not
+        count. The client hears no file path or internal detail of a 500; the log has it."""
+        if isinstance(exc, RequestError):
+            return 400, str(exc)
+        self.stats.failures += 1
+        if isinstance(exc, BmoeError):
+            self.engine_failures += 1
+            self.last_engine_failure = str(exc)
+            self.log(f"error: the engine failed a request: {exc}")
+            return 500, "the engine failed on this request (the server's log says why)"
+        self.log(f"error: the server failed a request: {type(exc).__name__}: {exc}")
+        return 500, f"the server failed on this request ({type(exc).__name__})"
 
-    def _answer_chat(self, r: Request, reply: chat.Reply, reuse_kv: bool = True, engine: Any = None):
+    def prepare(self, r: Request) -> Prepared:
+        """Make `r` ready for the engine: its checks, the chat template (tools, response_format: the grammar),
+        its token ids. Any thread: the app runs it off the event loop under a deadline, so the engine thread
+        never does it; a failure is the request's own (RequestError)."""
+        try:
+            self._check_bias(r.sampling)
+            self._check_window(r.sampling)
+            if r.prompt is None:
+                return self._prepare_chat(r)
+            if r.prompt_ids:
+                ids = list(r.prompt_ids)
+            else:
+                self._bounded(len(r.prompt.encode("utf-8")))
+                ids = self.engine.tokenize(r.prompt, True, self.parse_special)
+            if max(ids) >= self.engine.vocab_size:
+                raise RequestError(f"the prompt has token id {max(ids)}, outside this model's vocabulary "
+                                   f"(0 to {self.engine.vocab_size - 1})")
+            self._fits(len(ids), r.max_tokens)
+            if r.echo and r.sampling.logprobs >= 0 and len(ids) > limits.MAX_SCORED_TOKENS:
+                raise RequestError(f"echo with logprobs scores at most {limits.MAX_SCORED_TOKENS} prompt tokens; "
+                                   f"this prompt is {len(ids)}")
+            sampling = r.sampling
+            if r.json_schema is not None:   # no template: the schema's own grammar
+                sampling = dataclasses.replace(sampling, grammar=chat.schema_grammar(r.json_schema))
+            return Prepared(tuple(ids), sampling)
+        except RequestError:
+            raise
+        except BmoeError as exc:
+            raise RequestError(str(exc)) from None
+
+    def _prepare_chat(self, r: Request) -> Prepared:
         """Rendered by the model's template through llama.cpp common: tools, earlier tool calls and results,
-        a response_format, reasoning on or off, a reasoning effort."""
+        a response_format, reasoning on or off, a reasoning effort; no user text may spell a control token."""
         if r.reasoning_effort and "reasoning_effort" not in self.template.source:
-            raise BmoeError("this model's chat template takes no reasoning_effort (gpt-oss's does)")
+            raise RequestError("this model's chat template takes no reasoning_effort (gpt-oss's does)")
         messages = r.template_messages or tuple(m.openai() for m in r.messages)
+        strings = tools.template_inputs(messages, r.tools)
+        self._bounded(sum(len(text.encode("utf-8")) for _, text in strings))
         chat.check_text(self.engine, r.messages, self.parse_special)
-        chat.check_strings(self.engine, tools.template_inputs(messages, r.tools), self.parse_special)
+        chat.check_strings(self.engine, strings, self.parse_special)
         turn = chat.Turn(tools=r.tools if r.tool_choice != "none" else (), tool_choice=r.tool_choice,
                          json_schema=r.json_schema, think=r.think, continue_final=r.continue_final,
                          parallel=r.parallel_tool_calls,
                          kwargs={"reasoning_effort": r.reasoning_effort} if r.reasoning_effort else {})
         prompt = chat.render(self.template, messages, turn)
+        self._bounded(len(prompt.prompt.encode("utf-8")))
         ids = self.engine.tokenize(prompt.prompt, True, True)
         self._fits(len(ids), r.max_tokens)
-        return chat.reply(engine or self.engine, messages, r.max_tokens, r.sampling, stop=r.stop, result=reply,
-                          prompt=prompt, prompt_ids=ids, reuse_kv=reuse_kv, parallel=r.parallel_tool_calls)
+        return Prepared(tuple(ids), chat.constrained(r.sampling, prompt), prompt)
+
+    def _answer(self, r: Request, p: Prepared, reply: chat.Reply, reuse_kv: bool, engine: Any,
+                cancelled: threading.Event):
+        """The job's answer from its prepared form; `reuse_kv`: the context was left by the same tenant, so its
+        prefix may be kept (another tenant's prompt decodes afresh: neither cached_tokens nor timing tells one
+        tenant what another asked)."""
+        if p.chat_prompt is None:
+            return _complete(engine, p.ids, r, reply, reuse_kv, cancelled)
+        return chat.reply(engine, (), r.max_tokens, p.sampling, stop=r.stop, result=reply, prompt=p.chat_prompt,
+                          prompt_ids=p.ids, reuse_kv=reuse_kv, parallel=r.parallel_tool_calls)
 
     def _check_bias(self, sampling: Sampling) -> None:
         """logit_bias's token ids against this model's vocabulary: the request's 400 before anything runs."""
@@ -425,29 +531,52 @@ class Worker:
         n_vocab = self.engine.vocab_size
         for item in sampling.logit_bias.split(","):
             if int(item.split(":")[0]) >= n_vocab:
-                raise BmoeError(f"logit_bias names token {item.split(':')[0]}, outside this model's vocabulary "
-                                f"(0 to {n_vocab - 1})")
+                raise RequestError(f"logit_bias names token {item.split(':')[0]}, outside this model's vocabulary "
+                                   f"(0 to {n_vocab - 1})")
+
+    def _check_window(self, sampling: Sampling) -> None:
+        """The penalty window is at most the context (its ring is allocated whole: 16 M entries would be 64 MB)."""
+        if sampling.penalty_last_n > self.ctx:
+            raise RequestError(f"'repeat_last_n' must be -1 (the whole context) or at most this server's context "
+                               f"({self.ctx}), got {sampling.penalty_last_n}")
+
+    def _bounded(self, n_bytes: int) -> None:
+        """Text that cannot fit the context whatever its tokens are is refused before it is tokenized (a token is
+        at most `longest_piece` bytes): a 4 MB message costs a comparison, not five tokenizations."""
+        if n_bytes > self.ctx * self.longest_piece:
+            raise RequestError(f"the prompt is {n_bytes} bytes of text: more than this server's context holds "
+                               f"({self.ctx} tokens)")
 
     def _fits(self, n_prompt: int, max_tokens: int) -> None:
         if n_prompt >= self.ctx:
-            raise BmoeError(f"the prompt is {n_prompt} tokens; this server's context holds {self.ctx}")
+            raise RequestError(f"the prompt is {n_prompt} tokens; this server's context holds {self.ctx}")
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _longest_piece(engine: Engine) -> int:
+    """The most bytes one token of this model's vocabulary stands for."""
+    return max((len(engine.token_piece(t)) for t in range(engine.vocab_size)), default=1) or 1
 
 
 def _kill(event: tuple[str, Any]) -> None:
     raise AssertionError("the test hook's job is never delivered to")
 
 
-def _fault(exc: BaseException) -> str:
-    return f"the server failed on this request ({type(exc).__name__}: {exc})"
-
-
-def _complete(engine: Engine | SlotEngine, ids: Sequence[int], r: Request, out: chat.Reply, reuse_kv: bool = True):
+def _complete(engine: Engine | SlotEngine, ids: Sequence[int], r: Request, out: chat.Reply, reuse_kv: bool = True,
+              cancelled: threading.Event | None = None):
     """Raw text completion: no template, no reasoning split; stop strings as in chat. With `echo` the prompt
-    comes first, as one piece with its tokens' logprobs (one teacher-forced pass) when they are asked for."""
+    comes first, as one piece with its tokens' logprobs (one teacher-forced pass, stopped between its chunks
+    when the client goes) when they are asked for."""
     out.prompt_tokens = len(ids)
     if r.echo:   # the prompt is the answer's start: Reply.content is the choice's whole text
         out.content = r.prompt or engine.text(list(ids))
-        yield chat.Delta(out.content, "", None, (), _prompt_logprobs(engine, ids, r.sampling.logprobs))
+        scored = _prompt_logprobs(engine, ids, r.sampling.logprobs, cancelled)
+        if cancelled is not None and cancelled.is_set():
+            return
+        yield chat.Delta(out.content, "", None, (), scored)
     gen = Generation(list(ids))
     stops = chat.StopStrings(r.stop)
     for token in engine.generate(list(ids), r.max_tokens, r.sampling, result=gen, reuse_kv=reuse_kv):
@@ -466,11 +595,14 @@ def _complete(engine: Engine | SlotEngine, ids: Sequence[int], r: Request, out: 
     out.finish_reason = "stop" if stops.stopped or gen.stop_reason == "end_of_generation" else "length"
 
 
-def _prompt_logprobs(engine: Engine | SlotEngine, ids: Sequence[int], n_top: int) -> tuple[PositionLogprobs, ...]:
-    """Each prompt token's logprob after the ones before it (the first has none), from `Engine.score`'s pass."""
+def _prompt_logprobs(engine: Engine | SlotEngine, ids: Sequence[int], n_top: int,
+                     cancelled: threading.Event | None = None) -> tuple[PositionLogprobs, ...]:
+    """Each prompt token's logprob after the ones before it (the first has none), from a teacher-forced pass
+    decoded in batches and stopped between them once `cancelled` is set."""
     if n_top < 0:
         return ()
-    first = engine.score_positions(list(ids), n_top) if len(ids) > 1 else []
+    stop = cancelled.is_set if cancelled is not None else None
+    first = engine.score_positions(list(ids), n_top, cancelled=stop, batched=True) if len(ids) > 1 else []
     piece = engine.token_piece(ids[0])
     return (PositionLogprobs(Logprob(ids[0], piece, None)), *first)
 
