@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,20 @@ def run_info_fields(info: Any) -> tuple[str, ...]:
     """The fields of the native RunInfo: whatever the engine reports (a field added in C++ shows up
     in `--json` and the CSV without a Python edit)."""
     return tuple(name for name in dir(info) if not name.startswith("_") and not callable(getattr(info, name)))
+
+
+# Scoring's chunk without `batched`: the positions one native call decodes one by one between two looks at
+# `cancelled` (a few seconds on a board).
+SCORE_CHUNK = 8
+
+
+class ScoringCancelled(Exception):
+    """`score_positions` stopped because its `cancelled()` said so (a client that hung up): not a failure, and the
+    positions scored so far are dropped. The context holds the text's first `scored` tokens."""
+
+    def __init__(self, scored: int) -> None:
+        super().__init__(f"scoring cancelled after {scored} positions")
+        self.scored = scored
 
 
 # What an idle engine faults in per step (serve between requests, chat while the user types): ~20 ms at the
@@ -131,11 +145,25 @@ class Engine:
         with self._using() as engine, native.engine_errors():
             return list(engine.score(list(tokens)))
 
-    def score_positions(self, tokens: list[int], n_top: int = 0) -> list[PositionLogprobs]:
+    def score_positions(self, tokens: Sequence[int], n_top: int = 0, *, cancelled: Callable[[], bool] | None = None,
+                        batched: bool = False) -> list[PositionLogprobs]:
         """`score`'s pass, each position of tokens[1:] with its `n_top` most likely tokens too. Clears the
-        context."""
-        with self._using() as engine, native.engine_errors():
-            return [PositionLogprobs.from_native(p) for p in engine.score_positions(list(tokens), n_top)]
+        context. In chunks, one native call each (the engine's lock is let go between them, so `close` waits for
+        one chunk at most): before each, `cancelled()` (when given) may stop it with ScoringCancelled.
+        `batched` decodes a chunk as one batch, logits at every position (`score_batch` of them: several times
+        faster on a long text; values within float rounding of the unbatched ones); without it one token per
+        decode, as generation runs and `score` measures (a lossy knob's results depend on the batch)."""
+        ids = list(tokens)
+        out: list[PositionLogprobs] = []
+        while True:
+            if cancelled is not None and cancelled():
+                raise ScoringCancelled(len(out))
+            with self._using() as engine, native.engine_errors():
+                chunk = engine.score_batch if batched else SCORE_CHUNK
+                scored = engine.score_positions(ids, n_top, len(out), chunk, batched)
+            out.extend(PositionLogprobs.from_native(p) for p in scored)
+            if len(out) >= len(ids) - 1:
+                return out
 
     @property
     def vocab_size(self) -> int:
