@@ -638,7 +638,7 @@ def test_sigterm_during_a_stream_ends_it_and_answers_the_queued_requests(model: 
 # ---------------------------------------------------------------------------------------------------
 # Limits: connections, a body's time to arrive, what one tenant learns of another.
 
-def test_connections_beyond_the_limit_are_503_and_a_trickled_body_is_408(model: Path) -> None:
+def test_a_trickled_body_is_408_and_idle_connections_past_the_limit_give_way(model: Path) -> None:
     import socket
 
     s = start(model, "--max-connections", "3", "--body-timeout", "1")
@@ -657,8 +657,8 @@ def test_connections_beyond_the_limit_are_503_and_a_trickled_body_is_408(model: 
         slow.close()
         idle = [socket.create_connection((host, int(port))) for _ in range(3)]
         time.sleep(0.3)
-        try:
-            assert http(s.url, "GET", "/health").status_code == 503
+        try:   # the idle connection that waited longest is closed for it (tests/test_serve_connections.py)
+            assert http(s.url, "GET", "/health").status_code == 200
         finally:
             for c in idle:
                 c.close()
