@@ -15,6 +15,7 @@ e. the RPC tunnel's local port is never free between being chosen and listening.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import getpass
 import io
@@ -28,6 +29,7 @@ import sys
 import threading
 import zipfile
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -260,37 +262,40 @@ def test_wheels_are_unpacked_here_only_after_the_signature_held(edge_board, tmp_
 # e. the tunnel's local port
 
 
-_squat = threading.local()
-_squatting: dict[str, object] = {"armed": False, "sockets": []}
+class Squatter:
+    """Another local process at the worst moment, through an audit hook (the hook only gives the timing;
+    the socket is real): the instant this process binds a port of 127.0.0.1 it chose before — a nonzero
+    port: chosen by binding and closing, then bound again — the squatter is already listening on it."""
+
+    armed = False
+    busy = False
+    sockets: ClassVar[list[socket.socket]] = []
+
+    @classmethod
+    def hook(cls, event: str, args: tuple) -> None:
+        if event != "socket.bind" or not cls.armed or cls.busy:
+            return
+        address = args[1]
+        if not (isinstance(address, tuple) and address[:1] == ("127.0.0.1",) and address[1] != 0):
+            return
+        cls.busy = True        # its own bind comes through the hook too
+        try:
+            s = socket.socket()
+            s.bind(address)
+            s.listen(8)
+            cls.sockets.append(s)
+        except OSError:
+            pass
+        finally:
+            cls.busy = False
 
 
-def _squatter_hook(event: str, args: tuple) -> None:
-    """Another local process, at the worst moment: the instant this process binds a port of
-    127.0.0.1 it had chosen before (a nonzero port: bind, close, bind again), it is already taken."""
-    if event != "socket.bind" or not _squatting["armed"] or getattr(_squat, "busy", False):
-        return
-    address = args[1]
-    if not (isinstance(address, tuple) and address[0] == "127.0.0.1" and address[1] not in (0, _squatting["spare"])):
-        return
-    _squat.busy = True
-    try:
-        s = socket.socket()
-        s.bind(address)
-        s.listen(8)
-        _squatting["sockets"].append(s)      # type: ignore[union-attr]
-    except OSError:
-        pass
-    finally:
-        _squat.busy = False
-
-
-sys.addaudithook(_squatter_hook)
+sys.addaudithook(Squatter.hook)     # for the process's life (hooks cannot be removed): idle unless armed
 
 
 def test_the_tunnels_local_port_is_never_free_for_another_process(edge_board) -> None:
     worker = socket.create_server(("127.0.0.1", 0))      # the rpc-worker on the board's loopback
     worker.settimeout(0.2)
-    worker_port = worker.getsockname()[1]
     stop = threading.Event()
 
     def serve() -> None:
@@ -307,24 +312,20 @@ def test_the_tunnels_local_port_is_never_free_for_another_process(edge_board) ->
     target = fleet_targets.parse_target(edge_board.target)
     options = remote.SshOptions(ssh_config=edge_board.ssh_config)
     got, failure = b"", None
-    _squatting.update(armed=True, sockets=[], spare=worker_port)
+    Squatter.sockets, Squatter.armed = [], True
     try:
-        with tunnel.rpc_tunnels([target], options, worker_port=worker_port) as [endpoint]:
+        with tunnel.rpc_tunnels([target], options, worker_port=worker.getsockname()[1]) as [endpoint]:
             host, port = endpoint.rsplit(":", 1)
-            with socket.create_connection((host, int(port)), timeout=5) as c:
-                c.settimeout(5)
-                try:
-                    got = c.recv(64)
-                except TimeoutError:
-                    pass
-    except Exception as exc:       # noqa: BLE001 — what today's tunnel raises when it lost its port
+            with socket.create_connection((host, int(port)), timeout=5) as c, contextlib.suppress(TimeoutError):
+                got = c.recv(64)       # from the worker through the tunnel, or nothing from a squatter
+    except Exception as exc:       # what a tunnel that lost its port raises as it closes
         failure = exc
     finally:
-        _squatting["armed"] = False
+        Squatter.armed = False
         stop.set()
         server.join(timeout=5)
         worker.close()
-    squatters = list(_squatting["sockets"])      # type: ignore[call-overload]
-    for s in squatters:
+    squatted = len(Squatter.sockets)
+    for s in Squatter.sockets:
         s.close()
-    assert got == b"worker" and failure is None and not squatters, (got, failure, squatters)
+    assert got == b"worker" and failure is None and not squatted, (got, failure, squatted)

@@ -382,16 +382,63 @@ def verify_bundle(bundle_dir: Path, data: bytes | None = None) -> Manifest:
     return manifest
 
 
+# Caps on unpacking a bundle's wheels (site_digest on the machine that deploys, install_site), declared
+# once: a zip bomb in dist/ is refused in one line instead of filling the disk. A host bundle's wheels
+# hold ~30 MB in ~900 files, which deflate about 3:1 (measured on this checkout's venv, 2026-12);
+# each cap is 30-50 times that.
+MAX_UNPACKED_BYTES = 1 << 30      # what all of a bundle's wheels may unpack to, together
+MAX_WHEEL_MEMBERS = 50_000        # members in all of them
+MAX_WHEEL_RATIO = 100             # a wheel's unpacked size over its size on disk
+
+
+def check_wheels(bundle_dir: Path, wheels: Sequence[str]) -> None:
+    """Refuse (BmoeError, one line) wheels that are not zips or would unpack past the caps, from their
+    central directories alone, before anything is unpacked. The declared sizes bound what unpacking
+    writes: zipfile stops each member at its declared size (and checks its CRC)."""
+    total = members = 0
+    for wheel in wheels:
+        path = Path(bundle_dir) / wheel
+        try:
+            with zipfile.ZipFile(path) as zf:
+                infos = zf.infolist()
+        except (zipfile.BadZipFile, OSError, ValueError) as exc:
+            raise BmoeError(f"bundle {bundle_dir}: {wheel} is not a zip (a wheel is one): {exc}") from None
+        unpacked = sum(info.file_size for info in infos)
+        total += unpacked
+        members += len(infos)
+        if members > MAX_WHEEL_MEMBERS:
+            raise BmoeError(f"bundle {bundle_dir}: its wheels hold more than {MAX_WHEEL_MEMBERS} members "
+                            f"({wheel} reaches {members}): refusing to unpack them")
+        if total > MAX_UNPACKED_BYTES:
+            raise BmoeError(f"bundle {bundle_dir}: its wheels would unpack to more than "
+                            f"{MAX_UNPACKED_BYTES >> 20} MiB ({wheel} reaches {total >> 20} MiB): refusing to "
+                            "unpack them")
+        if unpacked > MAX_WHEEL_RATIO * max(path.stat().st_size, 1):
+            raise BmoeError(f"bundle {bundle_dir}: {wheel} unpacks {unpacked} bytes from {path.stat().st_size}, "
+                            f"a compression ratio above {MAX_WHEEL_RATIO} (a zip bomb?): refusing to unpack it")
+
+
+def _unpack(bundle_dir: Path, wheels: Sequence[str], dest: Path) -> None:
+    """Every wheel into dest (after check_wheels): a member whose data is damaged is a BmoeError too."""
+    check_wheels(bundle_dir, wheels)
+    for wheel in wheels:
+        try:
+            with zipfile.ZipFile(Path(bundle_dir) / wheel) as zf:
+                for name in zf.namelist():
+                    check_relpath(name.rstrip("/"), f"member of {wheel}")
+                zf.extractall(dest)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError) as exc:
+            raise BmoeError(f"bundle {bundle_dir}: {wheel} cannot be unpacked: {exc}") from None
+
+
 def site_digest(bundle_dir: Path, wheels: Sequence[str]) -> str:
     """The sha256 of site/ once the bundle's wheels are unpacked (by its launcher: every wheel extracted,
-    in name order), computed by unpacking them the same way: the sha256 of the bytewise-sorted
-    `sha256sum` lines (`<hex>  ./<path>`) of every regular file outside __pycache__/. What deploy's
-    board-side check (bmoe_edge/fleet/sh/site_hash.sh) prints for an intact site/."""
+    in name order), computed by unpacking them the same way (within the caps above): the sha256 of the
+    bytewise-sorted `sha256sum` lines (`<hex>  ./<path>`) of every regular file outside __pycache__/.
+    What deploy's board-side check (bmoe_edge/fleet/sh/site_hash.sh) prints for an intact site/."""
     lines = []
     with tempfile.TemporaryDirectory(prefix="bmoe-site-") as tmp:
-        for wheel in sorted(wheels, key=lambda w: posixpath.basename(w).encode()):
-            with zipfile.ZipFile(bundle_dir / wheel) as zf:
-                zf.extractall(tmp)
+        _unpack(bundle_dir, sorted(wheels, key=lambda w: posixpath.basename(w).encode()), Path(tmp))
         root = Path(tmp)
         for path in root.rglob("*"):
             if path.is_file() and not path.is_symlink() and "__pycache__" not in path.relative_to(root).parts:
@@ -406,15 +453,9 @@ def install_site(bundle_dir: Path, site_dir: Path, manifest: Manifest | None = N
     A wheel is a zip whose top level is import-ready, so unpacking is an install for pure and platlib
     wheels alike (no scripts are needed: the launcher runs `python -m bmoe_edge`). Returns site_dir.
     """
-    import zipfile
-
     bundle_dir = Path(bundle_dir)
     manifest = manifest or load_manifest(bundle_dir)
     site_dir = Path(site_dir)
     site_dir.mkdir(parents=True, exist_ok=True)
-    for rel in manifest.wheels:
-        with zipfile.ZipFile(bundle_dir / rel) as zf:
-            for name in zf.namelist():
-                check_relpath(name.rstrip("/"), f"member of {rel}")
-            zf.extractall(site_dir)
+    _unpack(bundle_dir, manifest.wheels, site_dir)
     return site_dir

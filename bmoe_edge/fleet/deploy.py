@@ -163,6 +163,7 @@ def _deploy_locked(board: Board, b: LocalBundle, layout: Layout, result: HostRes
     releases = list_releases(board, layout, create=True)
     check_signature = check_trust(board, layout, b, trust, log)
     check_not_older(board, layout, b, releases.current, m.bundle_id in releases.complete, trust)
+    _ = b.site_sha256   # the signature held (or --allow-unsigned vouched): now unpack the wheels, if need be
     if not check_signature and verified is not None:
         verified()      # --allow-unsigned: the operator vouches for the bundle
         verified = None
@@ -338,9 +339,7 @@ def deploy(
                     if not (path / bundle.MANIFEST_NAME).is_file():
                         raise BmoeError(f"no bundle in {path}: build it with `bmoe-edge build --board "
                                         f"{name or '<board>'}`")
-                    loaded = load_bundle(path)
-                    _ = loaded.site_sha256      # once, here (it unpacks the wheels)
-                    bundles[path] = loaded
+                    bundles[path] = load_bundle(path)     # its wheels are unpacked after its signature holds
                 except BmoeError as exc:
                     bundles[path] = exc
             found = bundles[path]

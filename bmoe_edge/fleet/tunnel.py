@@ -1,16 +1,19 @@
 """RPC workers reached through SSH: one connection per board, and a port of this machine's loopback
-forwarded to the worker on the board's loopback (fabric's local forwarding, like `serve --host`).
+forwarded to the worker on the board's loopback (SSH direct-tcpip channels, like `serve --host`).
 
 The RPC protocol has no authentication or encryption, so a worker listens on its own 127.0.0.1 only
 (`bmoe-edge rpc-worker`'s default) and the main board comes in over SSH, with the host keys checked
 as for a deploy: nobody else on the network can drive the worker or read the weights it is sent.
+Loopback is not private to a user, though: every local user of the board can reach its worker, and
+every local user of this machine the tunnel's end while it is open (docs/rpc.md, "Who can reach a
+worker"). The tunnel's local port is held from the moment it is chosen (_forward_local).
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
-import time
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -35,26 +38,54 @@ def inventory_workers(path: Path) -> list[Target]:
     return workers
 
 
-def _free_local_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+ACCEPT_POLL = 0.1     # seconds between looks at whether the block has ended, while no client connects
 
 
-def _wait_listening(port: int, label: str, timeout: float = 10.0) -> None:
-    """Until the tunnel's local end accepts. fabric binds it in a thread of its own after forward_local
-    has returned, so a probe right away could be refused by a tunnel about to open (seen on a loaded
-    machine). The test connection reaches the worker and closes at once; an rpc-server drops it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=timeout):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise BmoeError(f"the SSH tunnel to {label} did not open its local port 127.0.0.1:{port} "
-                                f"within {timeout:g} s") from None
-            time.sleep(0.05)
+@contextlib.contextmanager
+def _forward_local(board: Board, remote_port: int) -> Iterator[int]:
+    """A port of this machine's 127.0.0.1 forwarded to the board's 127.0.0.1:remote_port; yields the port.
+
+    The listening socket is bound to port 0 and listens at once, held until the block ends: the kernel
+    picks the port and it is never free in between. (fabric's forward_local binds a port it is given in
+    a thread of its own: choosing one by binding and closing a socket left a gap in which another local
+    process could take it, and the engine would then have sent its tensors to that process.) Each
+    connection becomes an SSH direct-tcpip channel, pumped by fabric's Tunnel."""
+    import paramiko  # host-only (the host extra), like fabric
+    from fabric.tunnels import Tunnel
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(ACCEPT_POLL)
+    finished = threading.Event()
+    tunnels: list[Tunnel] = []
+
+    def accept() -> None:
+        while not finished.is_set():
+            try:
+                sock, peer = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return      # the listener closed under us
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # as OpenSSH's forwarding does
+            try:
+                channel = board.transport().open_channel("direct-tcpip", ("127.0.0.1", remote_port), peer)
+            except (BmoeError, paramiko.SSHException, OSError, EOFError):   # refused, or the board went away
+                sock.close()
+                continue
+            tunnel = Tunnel(channel=channel, sock=sock, finished=finished)
+            tunnel.start()
+            tunnels.append(tunnel)
+
+    acceptor = threading.Thread(target=accept, name=f"rpc tunnel to {board.label}", daemon=True)
+    acceptor.start()
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        finished.set()
+        acceptor.join()
+        listener.close()
+        for tunnel in tunnels:
+            tunnel.join()
 
 
 @contextlib.contextmanager
@@ -67,11 +98,8 @@ def rpc_tunnels(targets: Sequence[Target], options: SshOptions, worker_port: int
         endpoints = []
         for target in targets:
             board = stack.enter_context(Board(target, options))
-            local = _free_local_port()
             port = target.rpc_port or worker_port
-            stack.enter_context(board.conn.forward_local(local, remote_port=port, remote_host="127.0.0.1",
-                                                         local_host="127.0.0.1"))
-            _wait_listening(local, board.label)
+            local = stack.enter_context(_forward_local(board, port))
             endpoints.append(f"127.0.0.1:{local}")
             if say is not None:
                 say(f"rpc: 127.0.0.1:{local} -> {board.label} 127.0.0.1:{port} (SSH tunnel)")

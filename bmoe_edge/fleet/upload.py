@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +106,7 @@ class LocalBundle:
     profile: BoardProfile     # its resolved profile (profile/<board>.yaml): login and emulation facts
     signature_sha: str | None = None   # sha256 of manifest.json.sig, when the bundle is signed
     _site: str | None = None
+    _site_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     # The manifest and its signature as read once (load_bundle): these bytes are what was parsed and
     # hashed, what is verified here and what is uploaded; the files on disk are not read again.
     manifest_bytes: bytes = field(default=b"", repr=False)
@@ -120,11 +122,14 @@ class LocalBundle:
     @property
     def site_sha256(self) -> str:
         """The sha256 of site/ once installed: the manifest's (the build writes it, the signature covers
-        it), else computed from the wheels (bundle.site_digest), once."""
-        if self._site is None:
-            signed = self.manifest.extra.get("site_sha256")
-            self._site = signed if isinstance(signed, str) else bundle.site_digest(self.dir, self.manifest.wheels)
-        return self._site
+        it), else computed from the wheels (bundle.site_digest: unpacked within its caps), once for all
+        hosts. Deploy asks only once the signature held (or --allow-unsigned vouched for the bundle):
+        nothing of an unchecked bundle is unpacked here."""
+        with self._site_lock:
+            if self._site is None:
+                signed = self.manifest.extra.get("site_sha256")
+                self._site = signed if isinstance(signed, str) else bundle.site_digest(self.dir, self.manifest.wheels)
+            return self._site
 
 
 def upload(board: Board, b: LocalBundle, layout: Layout, releases: Releases, result: HostResult, log: Log,
