@@ -324,6 +324,18 @@ def describe(board: Board, state: Mapping[str, Any]) -> dict[str, dict[str, Any]
     return out
 
 
+def stopped_by_start_limit(now_state: Mapping[str, str]) -> bool:
+    """Whether systemd's start limit left the unit failed. A crash loop does not say so in Result=: a
+    restart refused by the limit keeps the crash's result (`signal`, `exit-code`; systemd 252 under a
+    real crash loop: Result=signal, NRestarts=5, "Start request repeated too quickly", docs/deploy.md),
+    only a start asked by hand while the limit holds says `start-limit-hit`. Under Restart=on-failure a
+    failed unit with the limit's count of restarts is one systemd stopped restarting."""
+    if now_state.get("Result") == "start-limit-hit":
+        return True
+    restarts = now_state.get("NRestarts", "0")
+    return now_state.get("ActiveState") == "failed" and restarts.isdigit() and int(restarts) >= START_LIMIT_BURST
+
+
 def state_text(now_state: Mapping[str, str], unit: str) -> str:
     """What `status` says of a unit (systemctl show's ActiveState, SubState, NRestarts, Result); a unit
     stopped by its start limit (a crash loop) says so, and what to do."""
@@ -332,7 +344,7 @@ def state_text(now_state: Mapping[str, str], unit: str) -> str:
     restarts = now_state.get("NRestarts")
     if restarts and restarts != "0":
         text += f", {restarts} restarts"
-    if now_state.get("Result") == "start-limit-hit":
+    if stopped_by_start_limit(now_state):
         text += (f"; stopped by systemd's start limit: it crashed {START_LIMIT_BURST} times within "
                  f"{START_LIMIT_INTERVAL // 60} min (`journalctl -u {unit}` says why; a deploy, or `systemctl "
                  f"reset-failed {unit}` then start, runs it again)")
