@@ -349,8 +349,9 @@ def test_a_request_that_cannot_be_served_is_a_400_before_it_is_queued(server: Se
 
 
 def test_a_job_that_raises_anything_is_its_own_500_and_the_next_job_runs(model: Path) -> None:
-    """Past the request checks (a Request built by hand), the binding's TypeError on a lone surrogate is
-    that job's 500; the engine thread lives on and answers the next job."""
+    """Past the request checks (a Request built by hand), a lone surrogate's UnicodeEncodeError (the text's byte
+    bound meets it first, else the binding's TypeError) is that job's 500; the engine thread lives on and answers
+    the next job."""
     import queue as queue_module
 
     from bmoe_edge.serve.worker import Job, Request, Worker
@@ -361,7 +362,7 @@ def test_a_job_that_raises_anything_is_its_own_500_and_the_next_job_runs(model: 
             events: queue_module.Queue = queue_module.Queue()
             worker.submit(Job(Request(max_tokens=2, sampling=Sampling(temp=0.0), prompt="\ud800"), events.put))
             kind, (status, message) = events.get(timeout=30)
-            assert (kind, status) == ("error", 500) and "TypeError" in message
+            assert (kind, status) == ("error", 500) and "EncodeError" in message   # the text's own bound: UTF-8
             worker.submit(Job(Request(max_tokens=2, sampling=Sampling(temp=0.0), prompt="Hi"), events.put))
             got = [events.get(timeout=60)]
             while got[-1][0] == "delta":
