@@ -11,6 +11,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
+from http import client as http_client
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,29 @@ def test_the_test_route_needs_a_test_build_as_well_as_the_variable(monkeypatch: 
     release = SimpleNamespace(build_info=lambda: SimpleNamespace(test_faults=False))
     monkeypatch.setattr(native, "load", lambda: release)
     assert "/_test/kill-worker" not in {r.path for r in app.create_app(worker, "m").routes}   # type: ignore[arg-type]
+
+
+def test_echo_scoring_stops_when_its_client_hangs_up(model: Path) -> None:
+    """Issue 44 (5): echo with logprobs scored the prompt in one native call of ctx-1 single-token decodes: a client
+    that hung up left it running (minutes to hours at a board's speed), and the next request waited for it."""
+    s = start(model, "--ctx", "8300", "--cache-mb", "0")
+    try:
+        host, port = s.url.removeprefix("http://").rsplit(":", 1)
+        words = "the fox ran over a hill and " * 500   # 4,000 tokens
+        conn = http_client.HTTPConnection(host, int(port), timeout=60)
+        body = {"prompt": words, "max_tokens": 0, "echo": True, "logprobs": 1}
+        started = time.monotonic()
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        time.sleep(0.5)
+        conn.close()   # hang up mid-scoring
+        r = post(s, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, key=None)
+        took = time.monotonic() - started
+        assert r.status_code == 200 and took < 3.0, took
+        # a whole scoring, for scale: it takes longer than the wait above, so the hang-up did stop it
+        t0 = time.monotonic()
+        assert post(s, "/v1/completions", body, key=None).status_code == 200
+        assert time.monotonic() - t0 > took - 0.5, (time.monotonic() - t0, took)
+        too_long = post(s, "/v1/completions", body | {"prompt": words * 2}, key=None)
+        assert too_long.status_code == 400, too_long.text
+    finally:
+        stop(s)

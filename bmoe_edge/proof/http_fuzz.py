@@ -31,15 +31,19 @@ import json
 import os
 import random
 import re
+import statistics
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bmoe_edge.proof import request_space
+from bmoe_edge.serve import params
 
 OUTCOMES = ("ok", "refused", "protocol", "server-error", "bad-body", "hang", "probe", "health", "dead")
 PASSING = ("ok", "refused", "protocol")
@@ -179,6 +183,7 @@ class Case:
     path: str
     body: bytes | None
     headers: dict[str, str]
+    hangup_after: int | None = None   # the client reads this many bytes of the answer, then hangs up
 
 
 def _encode(body: Any) -> bytes:
@@ -198,7 +203,9 @@ def cases(count: int, seed: int) -> Iterator[Case]:
         raw: bytes | None = None
         for _ in range(rng.choice((0, 1, 1, 1, 2, 3))):   # a sixth go unchanged: the valid path is fuzzed too
             layer = rng.random()
-            if layer < 0.65:
+            if layer < 0.35 and isinstance(body, dict):   # the parameter table's own values (request_space.py)
+                body, step = request_space.with_parameters(_route(path), body, rng)
+            elif layer < 0.65:
                 body, step = _mutate_json(body, rng)
             elif layer < 0.8:
                 raw = _encode(body) if raw is None else raw
@@ -213,7 +220,14 @@ def cases(count: int, seed: int) -> Iterator[Case]:
         data = raw if raw is not None else _encode(body)
         if method in ("GET", "OPTIONS"):
             data = None
-        yield Case(f"{n}:{path}:{'+'.join(steps) or 'valid'}", method, path, data, headers)
+        hangup = rng.choice((0, 40, 400, 4000)) if rng.random() < 0.1 else None
+        if hangup is not None:
+            steps.append(f"hangup@{hangup}")
+        yield Case(f"{n}:{path}:{'+'.join(steps) or 'valid'}", method, path, data, headers, hangup)
+
+
+def _route(path: str) -> params.Route:
+    return "chat" if path == "/v1/chat/completions" else "completions"
 
 
 def _mutate_bytes(raw: bytes, rng: random.Random) -> tuple[bytes, str]:
@@ -280,15 +294,16 @@ class HttpResult:
 class Server:
     """A `bmoe-edge serve` process on loopback, restarted when it dies."""
 
-    def __init__(self, model: Path, template: Path | None, workdir: Path) -> None:
-        self.model, self.template, self.workdir = model, template, workdir
+    def __init__(self, model: Path, template: Path | None, workdir: Path, parallel: int = 1) -> None:
+        self.model, self.template, self.workdir, self.parallel = model, template, workdir, parallel
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
         self.log: list[str] = []
 
     def start(self) -> None:
         args = [sys.executable, "-m", "bmoe_edge", "serve", "-m", str(self.model), "--port", "0", "-t", "1",
-                "--ctx", "512", "--api-key", KEY, "--queue", "2", "--body-timeout", "2"]
+                "--ctx", "512", "--api-key", KEY, "--queue", "2", "--body-timeout", "2",
+                "--parallel", str(self.parallel)]
         if self.template is not None:
             args += ["--chat-template", str(self.template)]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -325,7 +340,8 @@ class Server:
                 self.proc.wait()
 
     def request(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
-                timeout: float) -> tuple[int, dict[str, str], bytes]:
+                timeout: float, hangup_after: int | None = None) -> tuple[int, dict[str, str], bytes]:
+        """One request; with `hangup_after` the answer is read that far and the connection closed."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             conn.putrequest(method, path, skip_host="Host" in headers, skip_accept_encoding=True)
@@ -335,6 +351,8 @@ class Server:
                 conn.putheader("Content-Length", str(len(body)))
             conn.endheaders(body)
             r = conn.getresponse()
+            if hangup_after is not None:
+                return r.status, {"x-hung-up": "1"}, r.read(hangup_after)
             return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
         finally:
             conn.close()
@@ -376,13 +394,89 @@ def _good_success(headers: dict[str, str], data: bytes) -> str:
     return ""
 
 
+@dataclass
+class Vitals:
+    """What the campaign watches besides each answer: /health polled all along (its worst answer time and the
+    polls that were not a 200 within HEALTH_LIMIT_S), and the server's RSS and open descriptors after each
+    request, for the flatness check (the first window against the last)."""
+
+    health_worst_s: float = 0.0
+    health_slow: int = 0
+    health_polls: int = 0
+    samples: list[tuple[int, int]] = field(default_factory=list)   # (rss KiB, open descriptors) per request
+    restarts: int = 0
+
+    def growth(self, window: int = 500) -> tuple[float, float]:
+        """RSS and descriptors of the last `window` requests over the first's (medians): 1.0 is flat."""
+        if len(self.samples) < 2 * window:
+            window = max(1, len(self.samples) // 2)
+        first, last = self.samples[:window], self.samples[-window:]
+
+        def ratio(i: int) -> float:
+            a, b = statistics.median(x[i] for x in first), statistics.median(x[i] for x in last)
+            return b / a if a else 1.0
+        return (ratio(0), ratio(1)) if self.samples else (1.0, 1.0)
+
+    def problems(self, tolerance: float = 0.10) -> list[str]:
+        out = []
+        if self.health_slow:
+            out.append(f"/health was slower than {HEALTH_LIMIT_S:g} s (or not ok) {self.health_slow} times "
+                       f"(worst {self.health_worst_s:.2f} s)")
+        rss, fds = self.growth()
+        if rss > 1 + tolerance:
+            out.append(f"RSS grew {rss:.2f}x from the first requests to the last")
+        if fds > 1 + tolerance:
+            out.append(f"open descriptors grew {fds:.2f}x from the first requests to the last")
+        return out
+
+    def summary(self) -> str:
+        rss, fds = self.growth()
+        return (f"/health: {self.health_polls} polls, worst {self.health_worst_s:.3f} s, {self.health_slow} over "
+                f"{HEALTH_LIMIT_S:g} s; RSS last/first {rss:.3f}, descriptors last/first {fds:.3f}; "
+                f"restarts {self.restarts}")
+
+
+HEALTH_LIMIT_S = 1.0
+HEALTH_EVERY_S = 0.25
+
+
+def _poll_health(server: Server, vitals: Vitals, done: threading.Event) -> None:
+    while not done.wait(HEALTH_EVERY_S):
+        if not server.alive():
+            continue
+        started = time.monotonic()
+        try:
+            status, _, _ = server.request("GET", "/health", None, {}, 5.0)
+        except (OSError, http.client.HTTPException):
+            status = 0
+        took = time.monotonic() - started
+        vitals.health_polls += 1
+        vitals.health_worst_s = max(vitals.health_worst_s, took)
+        if status != 200 or took > HEALTH_LIMIT_S:
+            vitals.health_slow += 1
+
+
+def _resources(pid: int) -> tuple[int, int]:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        rss = int(re.search(r"^VmRSS:\s+(\d+)", status, re.M)[1])   # type: ignore[index]
+        return rss, len(os.listdir(f"/proc/{pid}/fd"))
+    except (OSError, TypeError):
+        return 0, 0
+
+
 def run_campaign(model: Path, workdir: Path, count: int, seed: int = 0, timeout: float = 60.0,
-                 template: Path | None = None) -> Iterator[HttpResult]:
-    """Every generated request, then the checks; yields one result per request."""
+                 template: Path | None = None, parallel: int = 1,
+                 vitals: Vitals | None = None) -> Iterator[HttpResult]:
+    """Every generated request, then the checks; yields one result per request. `vitals` (when given) is filled
+    in along the way: /health polled throughout, RSS and descriptors after each request."""
     workdir.mkdir(parents=True, exist_ok=True)
-    server = Server(model, template, workdir)
+    server = Server(model, template, workdir, parallel)
     server.start()
     auth = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+    vitals = vitals if vitals is not None else Vitals()
+    done = threading.Event()
+    poller = threading.Thread(target=_poll_health, args=(server, vitals, done), daemon=True)
 
     def probe() -> str:
         status, _, data = server.request("POST", "/v1/completions", json.dumps(PROBE).encode(), auth, timeout)
@@ -390,17 +484,23 @@ def run_campaign(model: Path, workdir: Path, count: int, seed: int = 0, timeout:
 
     try:
         expected = probe()
+        poller.start()
         for case in cases(count, seed):
             yield _one(server, case, timeout, probe, expected)
             if not server.alive():
+                vitals.restarts += 1
                 server.start()
+            elif server.proc is not None:
+                vitals.samples.append(_resources(server.proc.pid))
     finally:
+        done.set()
         server.stop()
 
 
 def _one(server: Server, case: Case, timeout: float, probe: Any, expected: str) -> HttpResult:
     try:
-        status, headers, data = server.request(case.method, case.path, case.body, case.headers, timeout)
+        status, headers, data = server.request(case.method, case.path, case.body, case.headers, timeout,
+                                               case.hangup_after)
     except TimeoutError:
         return HttpResult(case.name, "hang", 0, f"no answer within {timeout:g} s")
     except (ConnectionError, http.client.HTTPException, OSError) as exc:
@@ -411,6 +511,8 @@ def _one(server: Server, case: Case, timeout: float, probe: Any, expected: str) 
         status, headers, data = -1, {}, str(exc).encode()
     if status >= 500:
         outcome, detail = "server-error", data[:300].decode("utf-8", "replace")
+    elif headers.get("x-hung-up") and status < 500:   # the client left mid-answer: only the server's health counts
+        outcome, detail = ("ok" if status < 300 else "refused"), "hung up"
     elif 200 <= status < 300:
         problem = _good_success(headers, data)
         outcome, detail = ("bad-body", problem) if problem else ("ok", "")

@@ -19,7 +19,7 @@ from typing import Any
 
 from bmoe_edge.engine import chat, tools
 from bmoe_edge.engine.generation import Generation, Logprob, PositionLogprobs, Sampling, TokenMetrics
-from bmoe_edge.engine.session import Engine
+from bmoe_edge.engine.session import Engine, ScoringCancelled
 from bmoe_edge.errors import BmoeError, RequestError
 from bmoe_edge.serve import limits
 from bmoe_edge.serve.slots import BatchStats, Scheduler, SlotEngine
@@ -519,8 +519,8 @@ class Worker:
         """The job's answer from its prepared form; `reuse_kv`: the context was left by the same tenant, so its
         prefix may be kept (another tenant's prompt decodes afresh: neither cached_tokens nor timing tells one
         tenant what another asked)."""
-        if p.chat_prompt is None:
-            return _complete(engine, p.ids, r, reply, reuse_kv, cancelled)
+        if p.chat_prompt is None:   # with the prepared sampling: a response_format's grammar is in it
+            return _complete(engine, p.ids, dataclasses.replace(r, sampling=p.sampling), reply, reuse_kv, cancelled)
         return chat.reply(engine, (), r.max_tokens, p.sampling, stop=r.stop, result=reply, prompt=p.chat_prompt,
                           prompt_ids=p.ids, reuse_kv=reuse_kv, parallel=r.parallel_tool_calls)
 
@@ -602,7 +602,10 @@ def _prompt_logprobs(engine: Engine | SlotEngine, ids: Sequence[int], n_top: int
     if n_top < 0:
         return ()
     stop = cancelled.is_set if cancelled is not None else None
-    first = engine.score_positions(list(ids), n_top, cancelled=stop, batched=True) if len(ids) > 1 else []
+    try:
+        first = engine.score_positions(list(ids), n_top, cancelled=stop, batched=True) if len(ids) > 1 else []
+    except ScoringCancelled:   # the client left: the caller sees `cancelled` set and ends the answer
+        return ()
     piece = engine.token_piece(ids[0])
     return (PositionLogprobs(Logprob(ids[0], piece, None)), *first)
 
