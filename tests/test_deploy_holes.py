@@ -128,6 +128,10 @@ def test_a_signed_bundle_without_a_build_time_is_refused(edge_board, tmp_path: P
     assert not r.ok and "records no build time" in r.error and "--allow-downgrade" in r.error, r.error
     old_id = bundle.load_manifest(old).bundle_id
     assert not (inst / "releases" / f".{old_id}.partial").exists(), "refused only after uploading it"
+    # unsigned and let in by --allow-unsigned: its age cannot be compared either
+    unsigned = tiny_bundle(tmp_path / "unsigned", extra={}, sign=False)
+    r = _deploy(edge_board, unsigned, inst, trust=TrustOptions(allow_unsigned=True))
+    assert not r.ok and "records no build time" in r.error and "cannot tell whether" in r.error, r.error
 
 
 def test_a_current_release_without_a_build_time_lets_nothing_in_silently(edge_board, tmp_path: Path) -> None:
