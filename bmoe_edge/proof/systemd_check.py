@@ -99,6 +99,11 @@ echo "vmas_nohugepage=$(grep -c '^VmFlags:.* nh' "/proc/$pid/smaps")"
 echo "vmas_hugepage=$(grep -c '^VmFlags:.* hg' "/proc/$pid/smaps")"
 echo "vmas_dontfork=$(grep -c '^VmFlags:.* dc' "/proc/$pid/smaps")"
 sed -n 's/^AnonHugePages:[[:space:]]*/anon_huge_pages=/p' "/proc/$pid/smaps_rollup"
+sed -n 's/^Seccomp_filters:[[:space:]]*/seccomp_filters=/p' "/proc/$pid/status"
+sed -n 's/^NoNewPrivs:[[:space:]]*/no_new_privs=/p' "/proc/$pid/status"
+echo "home_seen=$(ls -A "/proc/$pid/root/home/pi" | tr '\n' ' ')"
+echo "devices_seen=$(ls "/proc/$pid/root/dev" | wc -l)"
+echo "memory_cgroup=$(sed -n 's/^[0-9]*:memory://p' "/proc/$pid/cgroup")"
 """
 
 Say = Callable[[str], None]
@@ -284,7 +289,7 @@ def probe(container: Container, unit: str) -> dict[str, Any]:
     found: dict[str, Any] = dict(ln.split("=", 1) for ln in out.splitlines()
                                  if "=" in ln and not ln.startswith("model_fd_flags"))
     return {"pid": pid, "model_fds": len(flags), "model_fds_o_direct": sum(1 for f in flags if f & O_DIRECT),
-            **{k: int(v.split()[0]) for k, v in found.items()}}
+            **{k: int(v.split()[0]) if v[:1].isdigit() else v.strip() for k, v in found.items()}}
 
 
 def expert_bytes_read(port: int, key: str) -> float:
@@ -405,6 +410,9 @@ def run(say: Say = print, model: Path | None = None, source: Path | None = None,
     reason = missing()
     if reason:
         raise RuntimeError(f"cannot run here: {reason}")
+    hidden = [d for d in ("/tmp", "/var/tmp", "/home", "/root") if source and source.is_relative_to(d)]
+    if hidden:   # the unit's PrivateTmp= and ProtectHome= hide these from the service
+        raise RuntimeError(f"--source {source}: the service cannot see {hidden[0]}; put it elsewhere (/srv, /opt)")
     checkout, site = checkout_paths()
     binds = [checkout, *([] if site.is_relative_to(checkout) else [site]), *([source] if source else [])]
     port, key = free_port(), secrets.token_urlsafe(16)
