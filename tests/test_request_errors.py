@@ -58,6 +58,19 @@ def test_what_a_request_asks_wrong_is_a_request_error_and_the_engine_goes_on(
     first_token(engine, PROMPT)  # the engine is as it was
 
 
+def test_a_slots_request_is_checked_before_it_can_fail_the_batch(qwen3: Path) -> None:
+    """--parallel: an id outside the vocabulary used to reach step_slots' llama_decode, failing every slot."""
+    with Engine(qwen3, replace(BASE, parallel=2)) as engine:
+        for prompt, sampling, needle in [([], Sampling(temp=0.0), "the prompt is empty"),
+                                         ([1, 99999], Sampling(temp=0.0), "outside the vocabulary"),
+                                         ([1, 2], Sampling(temp=0.0, grammar=REFUSED_GRAMMAR), "does not parse")]:
+            with pytest.raises(RequestError, match=needle):
+                engine.slot_begin(1, prompt, sampling)
+            assert not engine._native.slot_active(1)
+        engine.slot_begin(0, engine.tokenize(PROMPT), Sampling(temp=0.0))
+        assert engine.step_slots().slots[0].produced
+
+
 def test_what_a_text_to_score_has_wrong_is_a_request_error(engine: Engine) -> None:
     with pytest.raises(RequestError, match="more than the context"):
         engine.score_positions([1] * (BASE.ctx + 1))
