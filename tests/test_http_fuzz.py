@@ -5,9 +5,13 @@ docs/bench-data/2026-12-01/http-fuzz/."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
-from bmoe_edge.proof import http_fuzz
+import pytest
+
+from bmoe_edge.proof import http_fuzz, request_space
+from bmoe_edge.serve import params
 from bmoe_edge.synthetic import tinymoe
 
 from conftest import run_cli
@@ -17,24 +21,67 @@ def test_the_mutator_is_seeded_and_covers_every_layer() -> None:
     a = [(c.name, c.body, c.headers) for c in http_fuzz.cases(300, seed=4)]
     assert a == [(c.name, c.body, c.headers) for c in http_fuzz.cases(300, seed=4)]
     names = " ".join(n for n, _, _ in a)
-    for step in ("value@", "drop@", "add:", "cut@", "garbage", "origin", "host:", "method:", "no-key", "valid"):
+    for step in ("value@", "drop@", "add:", "cut@", "garbage", "origin", "host:", "method:", "no-key", "valid",
+                 "param:", "=bad", "=ok", "hangup@"):
         assert step in names, step
     assert any(b is not None and b"\\ud800" in b for _, b, _ in a)   # a lone surrogate, escaped as JSON allows
 
 
+def _bodies(count: int, seed: int) -> list[dict]:
+    out = []
+    for c in http_fuzz.cases(count, seed):
+        try:
+            body = json.loads(c.body or b"null")
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(body, dict):
+            out.append(body)
+    return out
+
+
+def test_a_parameter_added_to_the_table_is_fuzzed_with_no_change_to_the_fuzzer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The request space is the server's own parameter table (serve/params.py): a row added there is drawn in range,
+    at its edges and past them, without a line of the fuzzer changed."""
+    new = params.Param("brand_new_knob", params.Integer(0, 7), chat="supported", completions="supported",
+                       openai=False)
+    monkeypatch.setattr(params, "PARAMETERS", (*params.PARAMETERS, new))
+    values = [b["brand_new_knob"] for b in _bodies(1500, seed=3) if "brand_new_knob" in b]
+    inside = [v for v in values if type(v) is int and 0 <= v <= 7]
+    assert {0, 7} <= set(inside), values
+    assert any(v in (-1, 8) for v in values) and any(type(v) is not int for v in values), values
+
+
+def test_every_kind_of_value_in_the_table_has_a_generator() -> None:
+    rng = random.Random(1)
+    for p in params.PARAMETERS:
+        for valid in (True, False):
+            json.dumps(request_space.value(p, rng, valid))   # drawn, and JSON
+    with pytest.raises(KeyError, match="no fuzz generator"):
+        request_space.value(params.Param("x", object(), chat="supported"), rng, True)   # type: ignore[arg-type]
+
+
 def test_a_sample_of_the_campaign_finds_nothing(tmp_path: Path) -> None:
     model = tinymoe.fixture("qwen3moe", "Q8_0")
-    results = list(http_fuzz.run_campaign(model, tmp_path, 150, seed=11, template=http_fuzz.qwen3_template()))
+    vitals = http_fuzz.Vitals()
+    results = list(http_fuzz.run_campaign(model, tmp_path, 150, seed=11, template=http_fuzz.qwen3_template(),
+                                          parallel=2, vitals=vitals))
     bad = [r for r in results if r.outcome not in http_fuzz.PASSING]
     assert not bad, bad[:5]
     outcomes = {r.outcome for r in results}
     assert {"ok", "refused"} <= outcomes
+    assert vitals.health_polls > 0 and vitals.health_slow == 0 and vitals.restarts == 0, vitals.summary()
+    assert len(vitals.samples) == 150
 
 
 def test_the_command_writes_its_records(tmp_path: Path) -> None:
     result = run_cli("fuzz", "--http", "--requests", "12", "--seed", "2", "--out", str(tmp_path / "out"),
-                     "--workdir", str(tmp_path / "work"), timeout=300)
+                     "--workdir", str(tmp_path / "work"), "--parallel", "2", "--connection-rounds", "1", timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (tmp_path / "out" / "http-fuzz.jsonl").read_text().splitlines()]
-    assert len(records) == 12 and all(r["outcome"] in http_fuzz.PASSING for r in records)
+    requests = [r for r in records if "outcome" in r]
+    assert len(requests) == 12 and all(r["outcome"] in http_fuzz.PASSING for r in requests)
+    [connections] = [r["connections"] for r in records if "connections" in r]
+    assert connections["rounds"] == 1 and connections["ok"], connections
+    assert records[-1]["problems"] == []
     assert "| requests |" in (tmp_path / "out" / "http-fuzz.md").read_text()

@@ -88,21 +88,44 @@ def _write_results(out: Path | None, name: str, records: list[dict], table: str)
     (out / f"{name}.md").write_text(table + "\n")
 
 
-def _http_fuzz(requests: int, seed: int, out: Path | None, workdir: Path) -> None:
-    from bmoe_edge.proof import http_fuzz
+def _http_fuzz(requests: int, seed: int, out: Path | None, workdir: Path, parallel: int, rounds: int) -> None:
+    """The request campaign (its invariants per request, /health and resources throughout), then the connection
+    campaign on a fresh server; one record of each, and a non-zero exit on any finding."""
+    from bmoe_edge.proof import conn_fuzz, http_fuzz
     from bmoe_edge.synthetic import tinymoe
 
     model = tinymoe.fixture("qwen3moe", "Q8_0")
-    results = []
+    template = http_fuzz.qwen3_template()
+    results, vitals = [], http_fuzz.Vitals()
     started = time.monotonic()
-    for r in http_fuzz.run_campaign(model, workdir, requests, seed, template=http_fuzz.qwen3_template()):
+    for r in http_fuzz.run_campaign(model, workdir, requests, seed, template=template, parallel=parallel,
+                                    vitals=vitals):
         results.append(r)
         if r.outcome not in http_fuzz.PASSING or len(results) % 250 == 0:
             typer.echo(f"[{len(results)}/{requests}] {r.case[:100]} {r.status} {r.outcome} {r.detail[:120]}", err=True)
-    table = http_fuzz.table(results) + f"\n\nseed {seed}, {time.monotonic() - started:.0f} s"
+    problems = vitals.problems()
+    table = (http_fuzz.table(results) + f"\n\n{vitals.summary()}\n\nseed {seed}, --parallel {parallel}, "
+             f"{time.monotonic() - started:.0f} s")
+    connections = None
+    if rounds:
+        server = http_fuzz.Server(model, template, workdir, parallel)
+        server.start()
+        try:
+            assert server.proc is not None
+            connections = conn_fuzz.run_connection_campaign(f"http://127.0.0.1:{server.port}", server.proc.pid,
+                                                            rounds=rounds, seed=seed, api_key=http_fuzz.KEY)
+        finally:
+            server.stop()
+        problems += connections.findings
+        table += (f"\n\nconnections: {connections.rounds} rounds, sockets {connections.sockets}, /health worst "
+                  f"{connections.health_worst_s:.3f} s, findings {len(connections.findings)}")
     typer.echo(table)
-    _write_results(out, "http-fuzz", [r.record() for r in results], table)
-    if any(r.outcome not in http_fuzz.PASSING for r in results):
+    for line in problems:
+        typer.echo(f"finding: {line}", err=True)
+    records = [r.record() for r in results] + ([{"connections": connections.record()}] if connections else [])
+    records.append({"vitals": vitals.summary(), "problems": problems})
+    _write_results(out, "http-fuzz", records, table)
+    if problems or any(r.outcome not in http_fuzz.PASSING for r in results):
         raise typer.Exit(1)
 
 
@@ -144,6 +167,11 @@ def fuzz_cmd(
                                        "server on the tiny fixture, each followed by a greedy probe and /health.")]
         = False,
     requests: Annotated[int, typer.Option("--requests", min=1, help="With --http: requests to send.")] = 500,
+    parallel: Annotated[int, typer.Option("--parallel", min=1, max=8, help="With --http: the server's --parallel.")]
+        = 1,
+    rounds: Annotated[int, typer.Option("--connection-rounds", min=0, help="With --http: rounds of the connection "
+                                        "campaign after the requests (half-sent heads, trickles, many sockets).")]
+        = 20,
     out: Annotated[Path | None, typer.Option("--out", help="Write fuzz.jsonl and fuzz.md here.")] = None,
     workdir: Annotated[Path, typer.Option("--workdir", help="Scratch directory for the mutated files.")] =
         Path("/tmp/bmoe-fuzz"),
@@ -152,7 +180,7 @@ def fuzz_cmd(
     through info and generate; no run may end by a signal, a hang or an unexpected exception.
     With --http: the server's campaign (bmoe_edge/proof/http_fuzz.py)."""
     if http:
-        _http_fuzz(requests, seed, out, workdir)
+        _http_fuzz(requests, seed, out, workdir, parallel, rounds)
         return
     from bmoe_edge.proof import fuzz
 
