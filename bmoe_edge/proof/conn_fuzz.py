@@ -83,7 +83,7 @@ CUT_BY_HEAD_TIMEOUT = ("silent", "half-line", "byte-trickle", "endless-headers",
 class ConnectionCampaign:
     seed: int
     rounds: int = 0
-    sockets: Counter[str] = field(default_factory=Counter)   # opened, by kind
+    sockets: dict[str, int] = field(default_factory=dict)   # opened, by kind (a plain dict: asdict miscopies a Counter)
     refused: int = 0            # connects the kernel or the server refused at once (not findings)
     health_probes: int = 0
     health_worst_s: float = 0.0
@@ -149,7 +149,7 @@ def _round(result: ConnectionCampaign, rng: random.Random, server: tuple[str, in
         for kind in chosen:
             for source in _sources(kind, limits, rng):
                 opened = _open(server, source, kind, key, rng)
-                result.sockets[kind] += 1
+                result.sockets[kind] = result.sockets.get(kind, 0) + 1
                 if opened is None:
                     result.refused += 1
                 else:
