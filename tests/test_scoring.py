@@ -68,7 +68,7 @@ def test_batched_scoring_is_the_unbatched_within_the_kernels_rounding(quant: str
 def test_a_cancel_after_the_first_chunk_stops_it_there(engine: Engine, batched: bool) -> None:
     ids = long_text(engine)
     whole = [p.chosen.logprob for p in engine.score_positions(ids, 0, batched=batched)]
-    chunk = engine._native.score_batch if batched else SCORE_CHUNK
+    chunk = engine.score_batch if batched else SCORE_CHUNK
     looks: list[int] = []
 
     def cancelled() -> bool:

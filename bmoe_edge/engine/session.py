@@ -159,11 +159,18 @@ class Engine:
             if cancelled is not None and cancelled():
                 raise ScoringCancelled(len(out))
             with self._using() as engine, native.engine_errors():
-                chunk = engine.score_batch if batched else SCORE_CHUNK
+                chunk = self.score_batch if batched else SCORE_CHUNK
                 scored = engine.score_positions(ids, n_top, len(out), chunk, batched)
             out.extend(PositionLogprobs.from_native(p) for p in scored)
             if len(out) >= len(ids) - 1:
                 return out
+
+    @property
+    def score_batch(self) -> int:
+        """The positions one batched decode of `score_positions(batched=True)` scores, its chunk: the context's
+        batch, at most as many as keep the logits llama.cpp holds for them within 16 MiB."""
+        with self._using() as engine:
+            return int(engine.score_batch)
 
     @property
     def vocab_size(self) -> int:
