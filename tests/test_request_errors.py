@@ -47,10 +47,11 @@ def first_token(engine: Engine, prompt: str | list[int], sampling: Sampling | No
 @pytest.mark.parametrize(("prompt", "sampling", "needle"), [
     (PROMPT, Sampling(temp=0.0, grammar=REFUSED_GRAMMAR), "the grammar does not parse"),
     (PROMPT, Sampling(temp=0.0, grammar="root ::= nothing-here"), "the grammar does not parse"),
+    (PROMPT, Sampling(temp=0.0, grammar='root ::= "a"', grammar_triggers="(unclosed"), "not regular expressions"),
     (PROMPT, Sampling(temp=0.0, logit_bias="99999:5"), "outside the vocabulary"),
     ([], None, "the prompt is empty"),
     ([1, 99999], None, "outside the vocabulary"),
-], ids=["repetition-over-threshold", "undefined-rule", "logit-bias", "empty-prompt", "token-id"])
+], ids=["repetition-over-threshold", "undefined-rule", "trigger-regex", "logit-bias", "empty-prompt", "token-id"])
 def test_what_a_request_asks_wrong_is_a_request_error_and_the_engine_goes_on(
         engine: Engine, prompt: str | list[int], sampling: Sampling | None, needle: str) -> None:
     with pytest.raises(RequestError, match=needle):

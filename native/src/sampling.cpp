@@ -102,8 +102,12 @@ llama_sampler * grammar_sampler(const llama_vocab * vocab, const SamplingParams 
         for (const std::string & p : patterns) {
             c_patterns.push_back(p.c_str());
         }
-        return llama_sampler_init_grammar_lazy_patterns(vocab, s.grammar.c_str(), "root", c_patterns.data(),
-                                                        c_patterns.size(), nullptr, 0);
+        try {  // llama.cpp compiles each trigger as a std::regex, which throws on one that is not
+            return llama_sampler_init_grammar_lazy_patterns(vocab, s.grammar.c_str(), "root", c_patterns.data(),
+                                                            c_patterns.size(), nullptr, 0);
+        } catch (const std::exception & e) {
+            throw RequestError(std::string("the grammar's triggers are not regular expressions: ") + e.what());
+        }
     }
     llama_sampler * g = llama_sampler_init_grammar(vocab, s.grammar.c_str(), "root");
     if (g == nullptr || s.grammar_prefill.empty()) {
