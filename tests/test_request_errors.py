@@ -176,3 +176,20 @@ def test_a_request_error_is_an_engine_error_in_the_native_module(native) -> None
     assert issubclass(native.RequestError, native.EngineError)
     with pytest.raises(native.RequestError):
         native.json_schema_grammar(json.dumps({"$ref": "#/nowhere"}))
+
+
+def test_what_the_chat_layer_refuses_of_a_request_is_a_request_error(native) -> None:
+    templates = native.ChatTemplates("chatml", "<s>", "</s>")
+    inputs = native.ChatInputs()
+    inputs.messages_json = json.dumps([{"role": "user", "content": "hi"}])
+    inputs.tools_json = json.dumps([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
+    inputs.tool_choice, inputs.tool_name, inputs.add_generation_prompt = "required", "nope", True
+    with pytest.raises(native.RequestError, match="not one of the tools"):
+        templates.apply(inputs)
+    inputs.tool_name, inputs.messages_json = "", json.dumps([{"role": 3}])
+    with pytest.raises(native.RequestError, match="refused the conversation"):
+        templates.apply(inputs)
+    # A template that does not parse is the model's or the server's, not a request's.
+    with pytest.raises(native.EngineError) as refused:
+        native.ChatTemplates("{% for %}", "<s>", "</s>")
+    assert not isinstance(refused.value, native.RequestError)
