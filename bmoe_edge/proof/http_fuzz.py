@@ -203,7 +203,9 @@ def cases(count: int, seed: int) -> Iterator[Case]:
         raw: bytes | None = None
         for _ in range(rng.choice((0, 1, 1, 1, 2, 3))):   # a sixth go unchanged: the valid path is fuzzed too
             layer = rng.random()
-            if layer < 0.35 and isinstance(body, dict):   # the parameter table's own values (request_space.py)
+            if layer < 0.15 and isinstance(body, dict):   # schemas, tools, tool calls (request_space.py)
+                body, step = request_space.with_structure(_route(path), body, rng)
+            elif layer < 0.4 and isinstance(body, dict):   # the parameter table's own values (request_space.py)
                 body, step = request_space.with_parameters(_route(path), body, rng)
             elif layer < 0.65:
                 body, step = _mutate_json(body, rng)

@@ -165,11 +165,32 @@ def value(p: params.Param, rng: random.Random, valid: bool) -> Any:
 
 
 def with_parameters(route: params.Route, body: dict[str, Any], rng: random.Random) -> tuple[dict[str, Any], str]:
-    """`body` with one to four of the route's parameters (from the table) set, mostly to values they take."""
+    """`body` with one to three of the route's parameters (from the table) set: half the time all to values they
+    take (so what lies behind the checks, a schema's grammar, a tool call's rendering, is reached), else each
+    in range or not."""
     table = list(params.of(route).values())
     steps = []
-    for p in rng.sample(table, k=min(len(table), rng.randint(1, 4))):
-        valid = rng.random() < 0.7
+    all_valid = rng.random() < 0.5
+    for p in rng.sample(table, k=min(len(table), rng.randint(1, 3))):
+        valid = all_valid or rng.random() < 0.5
         body[p.name] = value(p, rng, valid)
         steps.append(f"{p.name}={'ok' if valid else 'bad'}")
     return body, "param:" + ",".join(steps)
+
+
+def with_structure(route: params.Route, body: dict[str, Any], rng: random.Random) -> tuple[dict[str, Any], str]:
+    """`body` with what reaches common's converter and the template: a generated schema as its response_format,
+    generated tools with a forced call, or a conversation with an earlier tool call (escaped control tokens in
+    its arguments) — each otherwise valid, so the request gets past the checks in front of them."""
+    pick = rng.randrange(3) if route == "chat" else 0
+    if pick == 0:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema(rng)}}
+        return body, "structure:schema"
+    if pick == 1:
+        body["tools"] = [tool(rng) for _ in range(rng.randint(1, 2))]
+        body["tool_choice"] = rng.choice(("required", "auto"))
+        body.pop("response_format", None)
+        return body, "structure:tools"
+    body["messages"] = messages(rng)
+    body["tools"] = [tool(rng)]
+    return body, "structure:tool-call"
