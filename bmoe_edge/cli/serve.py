@@ -25,6 +25,7 @@ from bmoe_edge.cli.common import (
     sampling_options,
 )
 from bmoe_edge.engine import settings
+from bmoe_edge.engine.prompt_cache import DEFAULT_CAP_BYTES, DEFAULT_FRACTION
 from bmoe_edge.engine.rpc import DEFAULT_PORT as RPC_PORT
 
 KEY_ENV = "BMOE_EDGE_API_KEY"
@@ -93,6 +94,10 @@ def serve_cmd(
         "--local-port", min=0, max=65535,
         help="With --host: this machine's port forwarded to the board's (default: --port).")] = None,
     queue: Annotated[int, typer.Option("--queue", min=1, help="Requests that may wait; more get 429.")] = 8,
+    prompt_cache_mb: Annotated[int | None, typer.Option(
+        "--prompt-cache-mb", min=0, help="Disk the prompt cache (long prompts' state files) may take, in MiB, "
+        f"shared equally by the API keys; 0 turns it off (default: {DEFAULT_FRACTION:.0%} of its filesystem, at "
+        f"most {DEFAULT_CAP_BYTES >> 20} MiB).")] = None,
     model_id: Annotated[str | None, typer.Option("--model-id", help="The name clients use (default: the "
                                                  "file's name).")] = None,
     chat_template: TemplateOpt = None,
@@ -126,7 +131,7 @@ def serve_cmd(
              accept_new_host_key=accept_new_host_key,
              run=lambda onboard, target, options: onboard.board_serve(
                  target, str(model), onboard.serve_args(overrides=engine, queue=queue, model_id=model_id,
-                                                        chat_template=chat_template),
+                                                        chat_template=chat_template) + _cache_args(prompt_cache_mb),
                  port=port, local_port=port if local_port is None else local_port, options=options,
                  api_key=api_key, board_name=board, install_dir=install_dir, say=lambda s: typer.echo(s, err=True)))
     from bmoe_edge.serve import server
@@ -140,7 +145,13 @@ def serve_cmd(
         server.serve(model, config, bind=bind, port=port, api_keys=keys or (), no_auth=no_auth,
                      allowed_hosts=allowed_host or (), cors_origins=cors_origin or (),
                      max_connections=max_connections, body_timeout_s=body_timeout, queue_size=queue,
-                     template=chat_template, parse_special=config.parse_special, model_id=model_id, say=say)
+                     template=chat_template, parse_special=config.parse_special, model_id=model_id,
+                     prompt_cache_mb=prompt_cache_mb, say=say)
+
+
+def _cache_args(prompt_cache_mb: int | None) -> list[str]:
+    """--prompt-cache-mb for the board's serve (onboard.serve_args forwards the others)."""
+    return [] if prompt_cache_mb is None else ["--prompt-cache-mb", str(prompt_cache_mb)]
 
 
 def _api_keys(api_key: str | None, api_key_file: Path | None) -> tuple[str, ...] | None:

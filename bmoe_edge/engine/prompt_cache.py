@@ -7,32 +7,57 @@ prompts never warm another's). An entry is used only where its identity is this 
 written for another model or other settings is refused with one line (BmoeError), never loaded: a state file
 of a model with the same shapes would load and answer wrongly.
 
-`serve`/`chat` keep one entry per long prompt in a directory (`--prompt-cache DIR`, else a private temporary
-one that goes with the process); `generate --prompt-cache FILE` keeps one, in that file.
+`serve`/`chat` keep one entry per long prompt in a directory (`--prompt-cache DIR`, else a private directory of
+the process under the service's state directory, removed at exit); `generate --prompt-cache FILE` keeps one, in
+that file.
+
+The disk is the board's: entries live within a byte budget (`Budget`: `serve --prompt-cache-mb`, by default
+`default_budget_bytes`), each tenant within its share of it (its own stores evict its own entries, least
+recently used first, never another's), and a state is written only where the filesystem keeps its reserve
+free after it (`RESERVE_FRACTION`, checked with statvfs). A store takes the state into memory on the engine
+thread (a memfd: a copy, no disk) and writes it on a thread of its own, so an answer never waits for the disk;
+a store that fails (a full or read-only filesystem, an I/O error) is a warning, said once per cause, and the
+answer goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from bmoe_edge.errors import BmoeError
 
-__all__ = ["MIN_TOKENS", "PromptCache", "common_prefix", "model_identity"]
+__all__ = ["MIN_TOKENS", "Budget", "PromptCache", "common_prefix", "default_budget_bytes", "model_identity",
+           "state_root"]
 
 FORMAT = "bmoe-prompt-cache/1"
 MIN_TOKENS = 256      # shorter prefixes decode in a moment: not worth a state file
-MAX_ENTRIES = 16      # a directory keeps the most recently used
+MAX_ENTRIES = 16      # per tenant: each lookup compares the prompt with every entry's tokens
 _SAMPLES = 16         # stretches of the model file hashed for its identity, besides its head
 _SAMPLE_BYTES = 1 << 16
 _HEAD_BYTES = 4 << 20  # the gguf header (metadata, tensor table) of any model this runs fits in it
+
+# The default budget: the smaller of a fixed cap and a fraction of the cache's filesystem (a board's root
+# filesystem is its SD card or eMMC: 1 GiB holds five 2048-token prompts of Qwen3-30B-A3B at ~96 KiB a token).
+DEFAULT_CAP_BYTES = 1 << 30
+DEFAULT_FRACTION = 0.05
+# A state is written only where the filesystem keeps this fraction of its size free after it (the system's
+# logs and updates need room; ext4's root reserve is not the service's to count on).
+RESERVE_FRACTION = 0.10
+CLOSE_WAIT_S = 30.0   # close waits this long for a state still being written (a hung disk: then it goes)
+_COPY_CHUNK = 1 << 20
 
 # Settings that change the keys and values a prompt leaves (everything else is bit-identical by the gates).
 KV_SETTINGS = ("n_expert_used", "drop_cold", "flash_attn")
@@ -45,6 +70,43 @@ class StateEngine(Protocol):
     def context_tokens(self) -> list[int]: ...
     def save_state(self, path: str | Path) -> None: ...
     def load_state(self, path: str | Path) -> None: ...
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The bytes the cache may take on disk (None: `default_budget_bytes` of its filesystem; 0: no cache) and
+    how many tenants share them (serve: its API keys), each holding at most an equal share."""
+
+    mb: int | None = None
+    tenants: int = 1
+
+    @property
+    def off(self) -> bool:
+        return self.mb == 0
+
+    def total_bytes(self, directory: Path) -> int:
+        return default_budget_bytes(directory) if self.mb is None else self.mb << 20
+
+    def share_bytes(self, directory: Path) -> int:
+        return self.total_bytes(directory) // max(1, self.tenants)
+
+
+def default_budget_bytes(directory: Path) -> int:
+    """The budget of a cache in `directory` when none is given (the rule is DEFAULT_CAP_BYTES and
+    DEFAULT_FRACTION, declared once above)."""
+    fs = os.statvfs(directory)
+    return min(DEFAULT_CAP_BYTES, int(DEFAULT_FRACTION * fs.f_blocks * fs.f_frsize))
+
+
+def state_root() -> Path:
+    """Where a cache lives when no --prompt-cache names one: under systemd's StateDirectory= ($STATE_DIRECTORY,
+    its first path) where the service manager sets one, else the user's cache directory (the deployed unit
+    points $XDG_CACHE_HOME into the service's own directory). Never /tmp: on a board that is the root
+    filesystem too, and a private /tmp would hide what it takes."""
+    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if state:
+        return Path(state) / "prompt-cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bmoe-edge" / "prompt-cache"
 
 
 def model_identity(model: Path, config: object, llama_commit: str) -> str:
@@ -76,32 +138,148 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def _stderr_warning(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+# -- the directory and its lock ------------------------------------------------------------------------------
+
+LOCK_NAME = ".lock"
+
+
+def _try_lock(path: Path) -> int | None:
+    """An open descriptor holding an exclusive flock on `path` (created), or None when another process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _in_use(run: Path) -> bool:
+    """Whether the process that made the run directory `run` still holds its lock."""
+    try:
+        fd = os.open(run / LOCK_NAME, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False   # no lock in it: its process was killed before it took one
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _private_run_dir(root: Path) -> tuple[Path, int]:
+    """A directory of this process's own under `root` (0700) and the lock it holds on it while it lives. Run
+    directories whose process is gone (killed before it removed its own) are removed first, so a crash loop
+    leaves no more than one budget behind. Under `root`'s lock: a process starting beside this one cannot take
+    a directory between its creation and its lock."""
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with contextlib.suppress(OSError):
+        os.chmod(root, 0o700)
+    with _locked(root / LOCK_NAME):
+        for run in root.glob("run-*"):
+            if run.is_dir() and not _in_use(run):
+                shutil.rmtree(run, ignore_errors=True)
+        path = Path(tempfile.mkdtemp(prefix="run-", dir=root))
+        fd = _try_lock(path / LOCK_NAME)
+    assert fd is not None   # a directory made a moment ago, under root's lock
+    return path, fd
+
+
 @dataclass
 class _Entry:
     state: Path
     tokens: list[int]
     scope: int
+    bytes: int   # the state file and its record
+
+
+@dataclass
+class _Snapshot:
+    """A state taken into memory on the engine thread, for the writer thread to put on disk."""
+
+    fd: int        # a memfd holding the state file's bytes
+    size: int
+    tokens: list[int]
+    scope: int
+
+
+class _NoRoom(Exception):
+    """A state not written: the cause (a key for saying it once) and the line that says why."""
+
+    def __init__(self, cause: str, line: str) -> None:
+        super().__init__(line)
+        self.cause = cause
 
 
 class PromptCache:
     """Entries in `path`: a directory (`single=False`) or one file (`single=True`). `path=None`: a private
-    temporary directory, removed by `close`."""
+    directory of this process under `state_root()`, removed by `close`."""
 
     def __init__(self, path: Path | None, identity: str, *, single: bool = False, min_tokens: int = MIN_TOKENS,
-                 max_entries: int = MAX_ENTRIES) -> None:
+                 max_entries: int = MAX_ENTRIES, budget: Budget | None = None,
+                 warn: Callable[[str], None] = _stderr_warning) -> None:
         self.identity = identity
         self.single = single
         self.min_tokens = min_tokens
         self.max_entries = 1 if single else max_entries
+        self.budget = budget or Budget()
+        self._warn_line = warn
+        self._warned: set[str] = set()
+        self._lock_fd: int | None = None
         self._temporary = path is None
-        self.path = Path(tempfile.mkdtemp(prefix="bmoe-prompt-cache-")) if path is None else path
+        if path is None:
+            path, self._lock_fd = _private_run_dir(state_root())
+        self.path = path
         self.restored_tokens = 0  # of the last restore
         self._entries: list[_Entry] = []  # most recently used last
+        self._entries_lock = threading.Lock()   # the engine thread reads them, the writer thread changes them
+        self._writing: threading.Thread | None = None
+        self._bytes_per_token = 0.0   # of the last state taken: a larger one is not taken into memory at all
         self._load()
+        directory = self.path.parent if single else self.path
+        self.total_bytes = self.budget.total_bytes(directory)
+        self.share_bytes = self.budget.share_bytes(directory)
+        for scope in {e.scope for e in self._entries}:   # a budget smaller than the last run's
+            for victim in self._victims(scope, 0):
+                self._drop(victim)
 
     def close(self) -> None:
+        """Wait (up to CLOSE_WAIT_S) for a state still being written; a private directory goes."""
+        self.flush(CLOSE_WAIT_S)
         if self._temporary:
             shutil.rmtree(self.path, ignore_errors=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for the state being written, if any; True when none is left."""
+        writing = self._writing
+        if writing is not None:
+            writing.join(timeout)
+        return writing is None or not writing.is_alive()
+
+    @property
+    def disk_bytes(self) -> int:
+        """What the entries take on disk (the state files and their records)."""
+        with self._entries_lock:
+            return sum(e.bytes for e in self._entries)
 
     # -- entries on disk ---------------------------------------------------------------------------------
 
@@ -116,7 +294,15 @@ class PromptCache:
         else:
             if self.path.exists() and not self.path.is_dir():
                 raise BmoeError(f"--prompt-cache {self.path}: not a directory (serve and chat keep a directory)")
-            self.path.mkdir(parents=True, exist_ok=True)
+            self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if self._lock_fd is None:
+                self._lock_fd = _try_lock(self.path / LOCK_NAME)
+                if self._lock_fd is None:   # two processes' budgets in one directory would add up
+                    raise BmoeError(f"--prompt-cache {self.path}: another bmoe-edge process uses it; give each "
+                                    "its own directory")
+            for partial in self.path.glob("*.partial"):   # a write a killed process left
+                with contextlib.suppress(OSError):
+                    partial.unlink()
             states = sorted(self.path.glob("*.state"), key=lambda p: p.stat().st_mtime)
         for state in states:
             record = self._read_record(state)
@@ -131,7 +317,8 @@ class PromptCache:
                 intact = False
             if not intact:
                 raise BmoeError(f"--prompt-cache {state}: its record does not match its tokens (damaged); delete it")
-            self._entries.append(_Entry(state, tokens, scope))
+            size = state.stat().st_size + self._record_path(state).stat().st_size
+            self._entries.append(_Entry(state, tokens, scope, size))
 
     def _read_record(self, state: Path) -> dict[str, object]:
         try:
@@ -148,7 +335,9 @@ class PromptCache:
     def best(self, prompt: list[int], scope: int = 0) -> tuple[_Entry | None, int]:
         """The entry sharing the longest prefix with `prompt` (at least min_tokens), and that length."""
         best, length = None, 0
-        for entry in self._entries:
+        with self._entries_lock:
+            entries = list(self._entries)
+        for entry in entries:
             n = common_prefix(entry.tokens, prompt)
             if entry.scope == scope and n >= self.min_tokens and n > length:
                 best, length = entry, n
@@ -156,8 +345,8 @@ class PromptCache:
 
     def restore(self, engine: StateEngine, prompt: list[int], scope: int = 0, held: int = 0) -> int:
         """Load the best entry into `engine` when it holds more of `prompt` than the `held` tokens the context
-        may keep; the prompt tokens it holds (the generation keeps them). A state file that fails to load is
-        dropped."""
+        may keep; the prompt tokens it holds (the generation keeps them). A state file that fails to load (or
+        that the writer evicted meanwhile) is skipped: the prompt decodes."""
         self.restored_tokens = 0
         entry, length = self.best(prompt, scope)
         if entry is None or length <= held:
@@ -166,42 +355,137 @@ class PromptCache:
             engine.load_state(entry.state)
         except BmoeError:  # unreadable, or more tokens than this context holds: the prompt decodes
             return 0
-        self._entries.remove(entry)
-        self._entries.append(entry)
+        with self._entries_lock:
+            if entry in self._entries:
+                self._entries.remove(entry)
+                self._entries.append(entry)
         with contextlib.suppress(OSError):
             os.utime(entry.state)  # most recently used, across restarts too
         self.restored_tokens = length
         return length
 
     def store(self, engine: StateEngine, prompt: list[int], scope: int = 0) -> bool:
-        """Keep the context's state after `prompt` was decoded, unless it is short or an entry holds it all."""
+        """Keep the context's state after `prompt` was decoded, unless it is short, an entry holds it all, a
+        state is still being written (one at a time: the memory it takes is bounded) or it is larger than the
+        scope's share of the budget. On the engine thread this only copies the state into memory; the disk is
+        the writer thread's. Never raises: a store that fails is a warning (said once per cause)."""
         tokens = engine.context_tokens
         n = common_prefix(tokens, prompt)
-        if n < self.min_tokens:
+        if n < self.min_tokens or self._holds(tokens, n, scope) or not self.flush(0):
             return False
-        for entry in self._entries:
-            if entry.scope == scope and common_prefix(entry.tokens, tokens) >= n:
-                return False
-        name = self.path if self.single else self.path / f"{_tokens_digest(tokens)[:24]}-{scope}.state"
-        partial = name.with_name(name.name + ".partial")
-        engine.save_state(partial)
-        record = {"format": FORMAT, "identity": self.identity, "scope": scope, "tokens": tokens,
-                  "digest": _tokens_digest(tokens)}
-        record_partial = self._record_path(partial)
-        record_partial.write_text(json.dumps(record), encoding="utf-8")
-        # The record first: a state file is never without the record that vouches for it.
-        os.replace(record_partial, self._record_path(name))
-        os.replace(partial, name)
-        for entry in list(self._entries):
-            if entry.state == name:
-                self._entries.remove(entry)
-        self._entries.append(_Entry(name, list(tokens), scope))
-        while len(self._entries) > self.max_entries:
-            self._drop(self._entries[0])
+        if self._bytes_per_token * len(tokens) > self.share_bytes:
+            self._warn("share", self._too_large(int(self._bytes_per_token * len(tokens))))
+            return False
+        try:
+            fd = _take(engine)
+        except (BmoeError, OSError) as exc:   # no memfd here (a filter refused it), or no memory for the copy
+            self._warn(f"take:{getattr(exc, 'errno', None) or 'engine'}", f"the prompt's state could not be "
+                       f"taken into memory ({exc}): this prompt is not kept")
+            return False
+        size = os.fstat(fd).st_size
+        self._bytes_per_token = size / len(tokens)
+        if size > self.share_bytes:
+            os.close(fd)
+            self._warn("share", self._too_large(size))
+            return False
+        snapshot = _Snapshot(fd, size, list(tokens), scope)
+        self._writing = threading.Thread(target=self._write, args=(snapshot,), name="bmoe-prompt-cache", daemon=True)
+        self._writing.start()
         return True
 
+    def _holds(self, tokens: list[int], n: int, scope: int) -> bool:
+        with self._entries_lock:
+            return any(e.scope == scope and common_prefix(e.tokens, tokens) >= n for e in self._entries)
+
+    def _too_large(self, size: int) -> str:
+        return (f"a prompt's state ({size >> 20} MiB) is larger than a tenant's share of the prompt cache's budget "
+                f"({self.share_bytes >> 20} MiB of {self.total_bytes >> 20} MiB, --prompt-cache-mb): such prompts "
+                "are not kept")
+
+    # -- the writer thread -------------------------------------------------------------------------------
+
+    def _write(self, snapshot: _Snapshot) -> None:
+        digest = _tokens_digest(snapshot.tokens)
+        name = self.path if self.single else self.path / f"{digest[:24]}-{snapshot.scope}.state"
+        partial = name.with_name(name.name + ".partial")
+        record_partial = self._record_path(name).with_name(self._record_path(name).name + ".partial")
+        record = json.dumps({"format": FORMAT, "identity": self.identity, "scope": snapshot.scope,
+                             "tokens": snapshot.tokens, "digest": digest}).encode()
+        size = snapshot.size + len(record)
+        try:
+            with self._entries_lock:
+                victims = self._victims(snapshot.scope, size, replacing=name)
+            self._check_room(size, sum(v.bytes for v in victims if v.state.exists()))
+            for victim in victims:
+                self._drop(victim)
+            with os.fdopen(os.dup(snapshot.fd), "rb") as source, open(partial, "wb") as out:
+                shutil.copyfileobj(source, out, _COPY_CHUNK)
+            record_partial.write_bytes(record)
+            # The record first: a state file is never without the record that vouches for it.
+            os.replace(record_partial, self._record_path(name))
+            os.replace(partial, name)
+        except _NoRoom as exc:
+            self._warn(exc.cause, str(exc))
+            return
+        except OSError as exc:   # a full, read-only or failing filesystem: the cache's loss, never the answer's
+            for path in (partial, record_partial):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            cause = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+            self._warn(f"write:{cause}", f"a prompt's state could not be written to {self.path} ({cause}: "
+                       f"{exc.strerror or exc}): it is not kept")
+            return
+        finally:
+            os.close(snapshot.fd)
+        with self._entries_lock:
+            self._entries = [e for e in self._entries if e.state != name]
+            self._entries.append(_Entry(name, snapshot.tokens, snapshot.scope, size))
+
+    def _victims(self, scope: int, size: int, replacing: Path | None = None) -> list[_Entry]:
+        """The entries to evict (least recently used first) before `size` more bytes of `scope` are kept: its
+        own beyond its share or entry count, then any beyond the whole budget (a scope no key has any more)."""
+        kept = [e for e in self._entries if e.state != replacing]
+        victims = [e for e in self._entries if e.state == replacing]
+        own = [e for e in kept if e.scope == scope]
+        new = 1 if size else 0   # 0: only bring what is kept within the budget (at load)
+        while own and (sum(e.bytes for e in own) + size > self.share_bytes or len(own) + new > self.max_entries):
+            victims.append(own.pop(0))
+        rest = [e for e in kept if e not in victims]
+        while rest and sum(e.bytes for e in rest) + size > self.total_bytes:
+            victims.append(rest.pop(0))
+        return victims
+
+    def _check_room(self, size: int, freed: int) -> None:
+        """Refuse a state the filesystem cannot take and still keep RESERVE_FRACTION of itself free."""
+        fs = os.statvfs(self.path.parent if self.single else self.path)
+        free, reserve = fs.f_bavail * fs.f_frsize + freed, int(RESERVE_FRACTION * fs.f_blocks * fs.f_frsize)
+        if free - size < reserve:
+            raise _NoRoom("reserve", f"{self.path}'s filesystem would have {max(0, free - size) >> 20} MiB free "
+                          f"after a prompt's state ({size >> 20} MiB), less than the {reserve >> 20} MiB it keeps "
+                          f"free ({RESERVE_FRACTION:.0%}): prompts are not kept while it is this full")
+
     def _drop(self, entry: _Entry) -> None:
-        self._entries.remove(entry)
+        with self._entries_lock, contextlib.suppress(ValueError):
+            self._entries.remove(entry)
         for path in (entry.state, self._record_path(entry.state)):
             with contextlib.suppress(OSError):
                 path.unlink()
+
+    def _warn(self, cause: str, line: str) -> None:
+        """A store that did not happen, said once per cause: the answer is not affected, and a full disk
+        would otherwise say it for every prompt."""
+        if cause not in self._warned:
+            self._warned.add(cause)
+            self._warn_line(f"prompt cache: {line} (said once)")
+
+
+def _take(engine: StateEngine) -> int:
+    """The engine's state in a memfd (memory, no file anywhere): llama.cpp writes it through the descriptor's
+    /proc path, as it would a file."""
+    fd = os.memfd_create("bmoe-prompt-state", os.MFD_CLOEXEC)
+    try:
+        engine.save_state(f"/proc/self/fd/{fd}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -69,10 +69,11 @@ class Engine:
     it stay text unless the config says `parse_special`."""
 
     def __init__(self, model_path: str | Path, config: StreamConfig | None = None, *,
-                 prompt_cache_kind: str = "") -> None:
+                 prompt_cache_kind: str = "", prompt_cache_budget: prompt_cache.Budget | None = None) -> None:
         """`prompt_cache_kind`: how the config's prompt_cache is kept — "file" (one prompt: generate), "dir"
-        (one file per long prompt; a private temporary directory where the config names none: serve), or ""
-        (a directory only where the config names one)."""
+        (one file per long prompt; a private directory of the process where the config names none: serve), or
+        "" (a directory only where the config names one). `prompt_cache_budget`: its bytes on disk and their
+        tenants (default: prompt_cache.default_budget_bytes, one tenant; 0 MB: no prompt cache)."""
         self.config = config or StreamConfig()
         n = native.load()
         if self.config.rpc:
@@ -88,11 +89,13 @@ class Engine:
         self._step = n.StepResult
         self.prompt_cache: prompt_cache.PromptCache | None = None
         self.prompt_scope = 0  # whose prompts the cache may restore (serve: the tenant)
-        if self.config.prompt_cache or prompt_cache_kind == "dir":
+        budget = prompt_cache_budget or prompt_cache.Budget()
+        if (self.config.prompt_cache or prompt_cache_kind == "dir") and not budget.off:
             try:
                 identity = prompt_cache.model_identity(Path(model_path), self.config, n.build_info().llama_commit)
                 path = Path(self.config.prompt_cache) if self.config.prompt_cache else None
-                self.prompt_cache = prompt_cache.PromptCache(path, identity, single=prompt_cache_kind == "file")
+                self.prompt_cache = prompt_cache.PromptCache(path, identity, single=prompt_cache_kind == "file",
+                                                             budget=budget)
             except BaseException:
                 self.close()
                 raise
@@ -260,8 +263,8 @@ class Engine:
             if not out.metrics:
                 out.ttft_ms = 1000 * (time.perf_counter() - started)
                 if cache is not None and metrics.n_tokens >= cache.min_tokens:
-                    with self._using(), native.engine_errors():
-                        cache.store(self, prompt_ids, self.prompt_scope)
+                    with self._using():   # the state copied to memory; the writer thread puts it on disk
+                        cache.store(self, prompt_ids, self.prompt_scope)   # never raises: a warning at worst
             out.metrics.append(metrics)
             if logits:
                 out.logits.append(step.logits)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bmoe_edge.engine import native
+from bmoe_edge.engine.prompt_cache import Budget
 from bmoe_edge.engine.session import Engine
 from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
@@ -109,7 +110,8 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
           api_keys: Sequence[str] = (), no_auth: bool = False, allowed_hosts: Sequence[str] = (),
           cors_origins: Sequence[str] = (), max_connections: int = MAX_CONNECTIONS,
           body_timeout_s: float = 30.0, queue_size: int = 8, template: str | None = None,
-          parse_special: bool = False, model_id: str | None = None, say: Callable[[str], None] = print) -> None:
+          parse_special: bool = False, model_id: str | None = None, prompt_cache_mb: int | None = None,
+          say: Callable[[str], None] = print) -> None:
     # uvicorn and Starlette (app, worker) load when a server starts, not when this module is imported.
     from bmoe_edge.serve import connections
     from bmoe_edge.serve.app import create_app
@@ -124,7 +126,9 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
             "use the model")
     name = model_id or model.name
     try:
-        with Engine(model, config, prompt_cache_kind="dir") as engine:  # long prompts kept (docs/serve.md)
+        # long prompts kept (docs/serve.md), each API key a tenant with its share of the budget
+        budget = Budget(prompt_cache_mb, tenants=max(1, len(api_keys)))
+        with Engine(model, config, prompt_cache_kind="dir", prompt_cache_budget=budget) as engine:
             worker = Worker(engine, queue_size=queue_size, template=template, parse_special=parse_special)
             native.load().set_fatal_listener(worker.fatal)
             if worker.template.note:
