@@ -46,10 +46,11 @@ def test_a_parameter_added_to_the_table_is_fuzzed_with_no_change_to_the_fuzzer(
     new = params.Param("brand_new_knob", params.Integer(0, 7), chat="supported", completions="supported",
                        openai=False)
     monkeypatch.setattr(params, "PARAMETERS", (*params.PARAMETERS, new))
-    values = [b["brand_new_knob"] for b in _bodies(1500, seed=3) if "brand_new_knob" in b]
+    values = [b["brand_new_knob"] for b in _bodies(3000, seed=3) if "brand_new_knob" in b]
     inside = [v for v in values if type(v) is int and 0 <= v <= 7]
-    assert {0, 7} <= set(inside), values
-    assert any(v in (-1, 8) for v in values) and any(type(v) is not int for v in values), values
+    assert {0, 7} <= set(inside), values   # its edges
+    assert any(v in (-1, 8) for v in values), values   # just past them
+    assert any(type(v) is not int for v in values), values   # the wrong type
 
 
 def test_every_kind_of_value_in_the_table_has_a_generator() -> None:

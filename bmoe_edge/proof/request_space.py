@@ -84,7 +84,9 @@ def _number(kind: params.Number | params.Integer, rng: random.Random, valid: boo
         inside = rng.randint(kind.lo, kind.hi) if whole else rng.uniform(kind.lo, kind.hi)
         return rng.choice((kind.lo, kind.hi, inside))
     step = 1 if whole else max(1e-3, (kind.hi - kind.lo) / 100)
-    return rng.choice((kind.lo - step, kind.hi + step, str(kind.lo), True, [kind.lo], 1e308, -(1 << 70)))
+    if rng.random() < 0.5:   # just past an edge: where an off-by-one would let one through
+        return rng.choice((kind.lo - step, kind.hi + step))
+    return rng.choice((str(kind.lo), True, [kind.lo], 1e308, -(1 << 70)))
 
 
 def _bias(kind: params.LogitBias, rng: random.Random, valid: bool) -> Any:
