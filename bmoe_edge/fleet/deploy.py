@@ -4,7 +4,8 @@ The jobs live beside this module: probe (what the board is), upload (and verify)
 files beside the releases), state (the install dir), table (fleets and their reports); rollback and
 status are in releases, gates and generate on a board in onboard.
 
-On the board (`<install_dir>`: `--install-dir`, else the inventory's, else the profile's `ssh.install_dir`):
+On the board (`<install_dir>`: `--install-dir`, else the inventory's, else `ssh.install_dir` of this
+checkout's profile of the board, or of the bundle's own once its signature holds here):
 
     <install_dir>/releases/<bundle_id>/           a complete release: the bundle as built (manifest.json,
                                                   wheels/, launcher/, fixtures/, profile/<board>.yaml)
