@@ -19,6 +19,7 @@ from bmoe_edge.serve import connections
 from bmoe_edge.serve.server import MAX_CONNECTIONS
 from bmoe_edge.synthetic import tinymoe
 
+from conftest import assert_clean_error, run_cli
 from test_serve import Server, http, start, stop
 
 HEAD_TIMEOUT_S = 1.0   # the servers here cut a head after 1 s (the default is connections.HEAD_TIMEOUT_S)
@@ -165,6 +166,13 @@ def test_health_answers_while_every_request_slot_is_taken(model: Path) -> None:
         assert_served_quickly(s)
     finally:
         stop(s)
+
+
+def test_too_few_connections_or_a_bad_head_timeout_is_one_line_before_the_model_loads(model: Path) -> None:
+    serve = ("serve", "-m", str(model), "--port", "0")
+    assert_clean_error(run_cli(*serve, "--max-connections", "2", timeout=20), "--max-connections", "at least 3")
+    bad = run_cli(*serve, env={**os.environ, connections.HEAD_TIMEOUT_ENV: "soon"}, timeout=20)
+    assert_clean_error(bad, connections.HEAD_TIMEOUT_ENV)
 
 
 def test_the_uvicorn_internals_the_limits_rely_on_are_there() -> None:

@@ -36,6 +36,7 @@ HEAD_TIMEOUT_S = 10.0   # a request line and its headers arrive within this, or 
 HEAD_TIMEOUT_ENV = "BMOE_EDGE_SERVE_HEAD_TIMEOUT"   # seconds; read once per server start (the tests use 1)
 KEEP_ALIVE_S = 5.0      # an idle keep-alive connection closes after this (uvicorn's timer), silently
 HEALTH_PATH = "/health"  # never counted as a request in flight: a load balancer reads it when all are busy
+MIN_CONNECTIONS = 3     # the fewest for which fewer requests may be in flight than one address holds connections
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class Limits:
         connection is busy only while a request is in flight, and fewer requests may be in flight than one
         address may hold connections, so every new connection finds an idle one of its own address (or,
         when the total is reached, of anyone's) to take the place of."""
+        if connections < MIN_CONNECTIONS:
+            raise BmoeError(f"--max-connections takes at least {MIN_CONNECTIONS} (one for /health beside a request "
+                            f"in flight and the connection it replaces), got {connections}")
         return cls(connections=connections, per_address=max(1, connections * 3 // 4),
                    requests=max(1, connections // 2), head_timeout_s=head_timeout_s())
 
@@ -223,7 +227,7 @@ def check_uvicorn() -> None:
     if list(inspect.signature(H11Protocol.__init__).parameters) != ["self", "config", "server_state", "app_state",
                                                                     "_loop"]:
         missing.append("H11Protocol(config, server_state, app_state, _loop)")
-    if "self.response_complete" not in inspect.getsource(RequestResponseCycle.__init__):
+    if "response_complete" not in RequestResponseCycle.__init__.__code__.co_names:   # set there (no source needed)
         missing.append("RequestResponseCycle.response_complete")
     state = ServerState()
     config = uvicorn.Config(_no_app, http=H11Protocol, ws="none", lifespan="off", log_config=None)
