@@ -207,14 +207,15 @@ class Container:
         return self.run("journalctl", "-u", unit, "--no-pager", "-o", "short-monotonic").stdout
 
 
-def _children(pid: int) -> list[int]:
-    found = []
+def _container_init(nspawn_pid: int) -> int | None:
+    """nspawn's child once it is systemd: before its exec it is nspawn's own fork, whose namespaces may
+    still be this machine's."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, IndexError, ValueError):
             fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid:
-                found.append(int(stat.parent.name))
-    return found
+            if int(fields[1]) == nspawn_pid and (stat.parent / "comm").read_text().strip() == "systemd":
+                return int(stat.parent.name)
+    return None
 
 
 @contextlib.contextmanager
@@ -222,16 +223,15 @@ def booted(root: Path, log: Path, binds: list[Path], say: Say) -> Iterator[Conta
     """`systemd-nspawn --boot` on the tree; powered off (or killed) on the way out, whatever happened.
     --register=no --keep-unit: this machine's PID 1 is not systemd (no machined, no scope to make)."""
     argv = ["systemd-nspawn", "-D", str(root), "--boot", "--register=no", "--keep-unit", f"--machine={MACHINE}",
-            "--console=passive",
-            *(f"--bind-ro={p}" for p in binds)]
+            "--console=passive", *(f"--bind-ro={p}" for p in binds)]
     with log.open("w") as out:
         nspawn = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     container = None
     try:
         deadline = time.monotonic() + BOOT_TIMEOUT
         while container is None and time.monotonic() < deadline and nspawn.poll() is None:
-            inits = _children(nspawn.pid)
-            container = Container(nspawn, inits[0]) if inits else None
+            init = _container_init(nspawn.pid)
+            container = Container(nspawn, init) if init else None
             time.sleep(0.5)
         if container is None:
             raise RuntimeError(f"no container init within {BOOT_TIMEOUT:.0f} s: {log.read_text()[-2000:]}")
@@ -246,7 +246,7 @@ def booted(root: Path, log: Path, binds: list[Path], say: Say) -> Iterator[Conta
             nspawn.wait(timeout=60)
         except subprocess.TimeoutExpired:
             say("the container did not power off within 60 s: killed")
-            for pid in [nspawn.pid, *( [container.pid1] if container else [])]:
+            for pid in [nspawn.pid] + ([container.pid1] if container else []):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 9)
             nspawn.wait(timeout=30)
