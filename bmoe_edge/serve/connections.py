@@ -60,8 +60,8 @@ class Limits:
         if connections < MIN_CONNECTIONS:
             raise BmoeError(f"--max-connections takes at least {MIN_CONNECTIONS} (one for /health beside a request "
                             f"in flight and the connection it replaces), got {connections}")
-        return cls(connections=connections, per_address=max(1, connections * 3 // 4),
-                   requests=max(1, connections // 2), head_timeout_s=head_timeout_s())
+        return cls(connections=connections, per_address=connections * 3 // 4, requests=connections // 2,
+                   head_timeout_s=head_timeout_s())
 
 
 def head_timeout_s() -> float:
