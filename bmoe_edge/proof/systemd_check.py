@@ -3,7 +3,8 @@ Debian 12 tree made by `debootstrap` (both from Debian's archive), install the u
 serve` renders with deploy's own start script, and show it serving, its sandbox not stopping the engine,
 a crash loop ending at the start limit and a client's failures not counting toward it.
 
-    python -m bmoe_edge.proof.systemd_check [--json FILE]      # root, Linux; ~2 min (+1 the first time)
+    python -m bmoe_edge.proof.systemd_check [--json FILE]      # root, Linux; ~1.5 min (+2 the first time)
+    ... --source DIR --client-rounds 5    # another revision's bmoe_edge/ under the unit (docs/deploy.md)
 
 The container shares this machine's network (the service's port is reached from here on loopback) and
 sees this checkout read-only at its own path; its board is laid out as deploy lays one out for a login
