@@ -85,7 +85,8 @@ def serve_cmd(
         "--cors-origin", help="A web origin (https://app.example) whose pages may call this server; repeat "
         "for more ('*': any). Without it, requests that carry an Origin are refused.")] = None,
     max_connections: Annotated[int, typer.Option(
-        "--max-connections", min=1, help="Open connections at most; more are answered 503 at once.")] = 64,
+        "--max-connections", min=1, help="Open connections at most (3 or more); past it, the one waiting "
+        "longest for a request is closed.")] = 64,
     body_timeout: Annotated[float, typer.Option(
         "--body-timeout", min=0.1, help="Seconds a request's body may take to arrive (then 408).")] = 30.0,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="Listen beyond loopback without an API key "
