@@ -138,18 +138,22 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
 def _stderr_warning(line: str) -> None:
     print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
 # -- the directory and its lock ------------------------------------------------------------------------------
 
-LOCK_NAME = ".lock"
+LOCK_NAME = ".lock"   # flock'd through a read-only descriptor: a lock keeps no file open for writing (remount ro)
 
 
 def _try_lock(path: Path) -> int | None:
     """An open descriptor holding an exclusive flock on `path` (created), or None when another process holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -160,7 +164,7 @@ def _try_lock(path: Path) -> int | None:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -171,7 +175,7 @@ def _locked(path: Path) -> Iterator[None]:
 def _in_use(run: Path) -> bool:
     """Whether the process that made the run directory `run` still holds its lock."""
     try:
-        fd = os.open(run / LOCK_NAME, os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(run / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return False   # no lock in it: its process was killed before it took one
     try:
@@ -257,7 +261,8 @@ class PromptCache:
         self.share_bytes = self.budget.share_bytes(directory)
         for scope in {e.scope for e in self._entries}:   # a budget smaller than the last run's
             for victim in self._victims(scope, 0):
-                self._drop(victim)
+                with contextlib.suppress(OSError):   # read-only: counted still, the next store tries again
+                    self._drop(victim)
 
     def close(self) -> None:
         """Wait (up to CLOSE_WAIT_S) for a state still being written; a private directory goes."""
@@ -300,9 +305,12 @@ class PromptCache:
                 if self._lock_fd is None:   # two processes' budgets in one directory would add up
                     raise BmoeError(f"--prompt-cache {self.path}: another bmoe-edge process uses it; give each "
                                     "its own directory")
-            for partial in self.path.glob("*.partial"):   # a write a killed process left
+            # A write a killed process left, a record whose state a failed eviction deleted: no entry's bytes
+            leftovers = [*self.path.glob("*.partial"), *(r for r in self.path.glob("*.state.json")
+                                                         if not r.with_suffix("").exists())]
+            for leftover in leftovers:
                 with contextlib.suppress(OSError):
-                    partial.unlink()
+                    leftover.unlink()
             states = sorted(self.path.glob("*.state"), key=lambda p: p.stat().st_mtime)
         for state in states:
             record = self._read_record(state)
@@ -398,9 +406,9 @@ class PromptCache:
             return any(e.scope == scope and common_prefix(e.tokens, tokens) >= n for e in self._entries)
 
     def _too_large(self, size: int) -> str:
-        return (f"a prompt's state ({size >> 20} MiB) is larger than a tenant's share of the prompt cache's budget "
-                f"({self.share_bytes >> 20} MiB of {self.total_bytes >> 20} MiB, --prompt-cache-mb): such prompts "
-                "are not kept")
+        return (f"a prompt's state ({_mib(size)}) is larger than a tenant's share of the prompt cache's budget "
+                f"({_mib(self.share_bytes)} of {_mib(self.total_bytes)}, --prompt-cache-mb): such prompts are not "
+                "kept")
 
     # -- the writer thread -------------------------------------------------------------------------------
 
@@ -460,16 +468,19 @@ class PromptCache:
         fs = os.statvfs(self.path.parent if self.single else self.path)
         free, reserve = fs.f_bavail * fs.f_frsize + freed, int(RESERVE_FRACTION * fs.f_blocks * fs.f_frsize)
         if free - size < reserve:
-            raise _NoRoom("reserve", f"{self.path}'s filesystem would have {max(0, free - size) >> 20} MiB free "
-                          f"after a prompt's state ({size >> 20} MiB), less than the {reserve >> 20} MiB it keeps "
-                          f"free ({RESERVE_FRACTION:.0%}): prompts are not kept while it is this full")
+            raise _NoRoom("reserve", f"{self.path}'s filesystem would have {_mib(max(0, free - size))} free after "
+                          f"a prompt's state ({_mib(size)}), less than the {_mib(reserve)} it keeps free "
+                          f"({RESERVE_FRACTION:.0%}): prompts are not kept while it is this full")
 
     def _drop(self, entry: _Entry) -> None:
+        """Delete an entry's files (the state first: a state file is never without its record); it leaves the
+        list once they are gone, so a file that cannot be deleted (OSError: a read-only filesystem) is still
+        counted in the budget."""
+        for path in (entry.state, self._record_path(entry.state)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
         with self._entries_lock, contextlib.suppress(ValueError):
             self._entries.remove(entry)
-        for path in (entry.state, self._record_path(entry.state)):
-            with contextlib.suppress(OSError):
-                path.unlink()
 
     def _warn(self, cause: str, line: str) -> None:
         """A store that did not happen, said once per cause: the answer is not affected, and a full disk
