@@ -21,6 +21,7 @@ import pytest
 from bmoe_edge.engine import prompt_cache
 from bmoe_edge.engine.session import Engine, Sampling
 from bmoe_edge.engine.settings import StreamConfig
+from bmoe_edge.errors import BmoeError
 from bmoe_edge.serve.worker import ENGINE_FAILURES
 from bmoe_edge.synthetic import tinymoe
 
@@ -228,3 +229,20 @@ def test_the_default_directory_is_the_service_s_state_directory_private_and_a_de
     with Engine(model, StreamConfig(threads=1), prompt_cache_kind="dir",
                 prompt_cache_budget=prompt_cache.Budget(mb=0)) as off:
         assert off.prompt_cache is None   # --prompt-cache-mb 0
+
+
+def test_a_directory_another_process_uses_or_one_that_cannot_be_made_is_one_clear_refusal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes in one --prompt-cache DIR would each keep their own budget there (twice the bytes): the
+    second is refused while the first holds it. A state directory that cannot be made is one line too."""
+    first = prompt_cache.PromptCache(tmp_path / "prompts", "me")
+    try:
+        with pytest.raises(BmoeError, match="another bmoe-edge process uses it"):
+            prompt_cache.PromptCache(tmp_path / "prompts", "me")
+    finally:
+        first.close()
+    prompt_cache.PromptCache(tmp_path / "prompts", "me").close()   # free again once the first is closed
+    (tmp_path / "not-a-dir").write_text("")
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "not-a-dir"))
+    with pytest.raises(BmoeError, match=r"the prompt cache cannot use .*not-a-dir"):
+        prompt_cache.PromptCache(None, "me")

@@ -246,19 +246,28 @@ class PromptCache:
         self._warn_line = warn
         self._warned: set[str] = set()
         self._lock_fd: int | None = None
-        self._temporary = path is None
-        if path is None:
-            path, self._lock_fd = _private_run_dir(state_root())
-        self.path = path
+        self._temporary = False
         self.restored_tokens = 0  # of the last restore
         self._entries: list[_Entry] = []  # most recently used last
         self._entries_lock = threading.Lock()   # the engine thread reads them, the writer thread changes them
         self._writing: threading.Thread | None = None
         self._bytes_per_token = 0.0   # of the last state taken: a larger one is not taken into memory at all
-        self._load()
-        directory = self.path.parent if single else self.path
-        self.total_bytes = self.budget.total_bytes(directory)
-        self.share_bytes = self.budget.share_bytes(directory)
+        self.path = path or state_root()
+        try:
+            if path is None:
+                self.path, self._lock_fd = _private_run_dir(self.path)
+                self._temporary = True
+            self._load()
+            directory = self.path.parent if single else self.path
+            self.total_bytes = self.budget.total_bytes(directory)
+            self.share_bytes = self.budget.share_bytes(directory)
+        except OSError as exc:   # a directory this user cannot make or read: one line, before anything is served
+            self.close()
+            raise BmoeError(f"the prompt cache cannot use {self.path}: {exc.strerror or exc}; give --prompt-cache "
+                            "another directory (or serve --prompt-cache-mb 0 for none)") from None
+        except BaseException:
+            self.close()
+            raise
         for scope in {e.scope for e in self._entries}:   # a budget smaller than the last run's
             for victim in self._victims(scope, 0):
                 with contextlib.suppress(OSError):   # read-only: counted still, the next store tries again
