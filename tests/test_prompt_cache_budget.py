@@ -246,3 +246,21 @@ def test_a_directory_another_process_uses_or_one_that_cannot_be_made_is_one_clea
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "not-a-dir"))
     with pytest.raises(BmoeError, match=r"the prompt cache cannot use .*not-a-dir"):
         prompt_cache.PromptCache(None, "me")
+
+
+def test_a_stopped_server_s_directory_goes_by_the_next_start_at_the_latest(model: Path, tmp_path: Path) -> None:
+    """uvicorn re-raises the SIGTERM it caught once it has shut down, so a stopped serve may never run its
+    cleanup (today's /tmp directories piled up, one per stop): the next start removes what it left, so a
+    restart loop keeps one directory, not one per restart."""
+    state = tmp_path / "state"
+    env = {"STATE_DIRECTORY": str(state)}
+    for _ in range(3):
+        server = start(model, "--no-auth", env=env)
+        try:
+            complete(server, story(0))
+            runs = list((state / "prompt-cache").glob("run-*"))
+            assert len(runs) == 1, runs
+            wait_for(lambda runs=runs: len(list(runs[0].glob("*.state"))) == 1, "the prompt was not kept")
+        finally:
+            stop(server)
+    assert len(list((state / "prompt-cache").glob("run-*"))) <= 1
