@@ -186,3 +186,17 @@ def test_a_sample_of_the_connection_campaign(server: Server) -> None:
     assert result.ok, result.findings
     assert result.rounds == 4 and result.health_worst_s < 1
     assert set(result.sockets) == set(conn_fuzz.ATTACKS)
+
+
+def test_bytes_that_are_not_http_write_a_bounded_number_of_lines_to_the_log(server: Server) -> None:
+    """uvicorn warns once per connection whose bytes are not HTTP: 300 of them wrote 300 journal lines (a flood at
+    the client's connection rate). Now at most a burst a minute (connections.FewerRepeats)."""
+    before = server.stderr.count("Invalid HTTP request")
+    for _ in range(300):
+        with socket.create_connection(address(server), timeout=5) as sock:
+            sock.sendall(b"\x16\x03\x01 not http at all\r\n\r\n")
+            sock.recv(1024)
+    time.sleep(0.3)
+    logged = server.stderr.count("Invalid HTTP request") - before
+    assert 0 < logged <= connections.FewerRepeats().burst, logged
+    assert_served_quickly(server)

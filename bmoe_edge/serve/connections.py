@@ -19,7 +19,9 @@ import asyncio
 import inspect
 import ipaddress
 import json
+import logging
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -248,3 +250,40 @@ def check_uvicorn() -> None:
 
 async def _no_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     raise AssertionError("check_uvicorn's probe serves nothing")
+
+
+class FewerRepeats(logging.Filter):
+    """uvicorn warns once per connection whose bytes are not HTTP ("Invalid HTTP request received."), so any
+    client could write to the journal at its connection rate. The same message passes at most `burst` times
+    per `window_s`; past that, the first one let through again says how many were left out."""
+
+    def __init__(self, burst: int = 10, window_s: float = 60.0) -> None:
+        super().__init__()
+        self.burst, self.window_s = burst, window_s
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[float, int, int]] = {}   # message -> (window start, passed, dropped)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = str(record.msg)[:200]
+        now = time.monotonic()
+        with self._lock:
+            start, passed, dropped = self._seen.get(key, (now, 0, 0))
+            if now - start > self.window_s:
+                if dropped:
+                    record.msg = f"{record.msg} ({dropped} more like it in the last {self.window_s:g} s left out)"
+                start, passed, dropped = now, 0, 0
+            if passed >= self.burst:
+                self._seen[key] = (start, passed, dropped + 1)
+                return False
+            self._seen[key] = (start, passed + 1, dropped)
+            if len(self._seen) > 1000:   # many distinct messages: forget the oldest windows
+                for old in sorted(self._seen, key=lambda k: self._seen[k][0])[:500]:
+                    del self._seen[old]
+            return True
+
+
+def quiet_repeats(logger_name: str = "uvicorn.error") -> None:
+    """Install FewerRepeats on uvicorn's error logger once (after uvicorn configured its logging)."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, FewerRepeats) for f in logger.filters):
+        logger.addFilter(FewerRepeats())

@@ -84,9 +84,11 @@ def _uvicorn_config(app: Any, limits: Any) -> Any:
 
     from bmoe_edge.serve import connections
 
-    return uvicorn.Config(connections.RequestSlots(app, limits.requests), http=connections.protocol_for(limits),
-                          ws="none", log_level="warning", timeout_graceful_shutdown=5,
-                          timeout_keep_alive=limits.keep_alive_s)
+    config = uvicorn.Config(connections.RequestSlots(app, limits.requests), http=connections.protocol_for(limits),
+                            ws="none", log_level="warning", timeout_graceful_shutdown=5,
+                            timeout_keep_alive=limits.keep_alive_s)
+    connections.quiet_repeats()   # after the Config: it configures uvicorn's loggers
+    return config
 
 
 WATCH_S = 0.2
