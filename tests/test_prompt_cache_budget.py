@@ -264,3 +264,18 @@ def test_a_stopped_server_s_directory_goes_by_the_next_start_at_the_latest(model
         finally:
             stop(server)
     assert len(list((state / "prompt-cache").glob("run-*"))) <= 1
+
+
+def test_a_state_larger_than_a_tenant_s_share_is_never_written(model: Path, tmp_path: Path) -> None:
+    """1 MiB shared by four keys: 256 KiB each, less than one state of the tiny model (~310 KiB). Nothing is
+    written, one warning says why; the next prompt's state is not even copied (estimated from the first)."""
+    lines: list[str] = []
+    with Engine(model, StreamConfig(threads=1)) as engine:
+        engine.prompt_cache = prompt_cache.PromptCache(tmp_path / "prompts", "me", warn=lines.append,
+                                                       budget=prompt_cache.Budget(mb=1, tenants=4))
+        answers = [engine.run(story(i), 3, Sampling(temp=0.0)).text for i in range(3)]
+        assert engine.prompt_cache.flush(10)
+        with Engine(model, StreamConfig(threads=1)) as plain:
+            assert answers == [plain.run(story(i), 3, Sampling(temp=0.0)).text for i in range(3)]
+    assert not list((tmp_path / "prompts").glob("*.state*"))
+    assert len(lines) == 1 and "larger than a tenant's share" in lines[0] and "0.2 MiB of 1.0 MiB" in lines[0]

@@ -56,6 +56,10 @@ DEFAULT_FRACTION = 0.05
 # A state is written only where the filesystem keeps this fraction of its size free after it (the system's
 # logs and updates need room; ext4's root reserve is not the service's to count on).
 RESERVE_FRACTION = 0.10
+# A state waits in memory (a memfd, counted as the process's) until it is written: one larger than this
+# fraction of the memory available (/proc/meminfo MemAvailable) is not taken; the expert cache sized itself to
+# the memory there was.
+MEMORY_FRACTION = 0.25
 CLOSE_WAIT_S = 30.0   # close waits this long for a state still being written (a hung disk: then it goes)
 _COPY_CHUNK = 1 << 20
 
@@ -140,6 +144,15 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
+
+
+def _memory_available() -> int | None:
+    """The kernel's estimate of the memory it can give without swapping (MemAvailable), None where unknown."""
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
 
 
 def _stderr_warning(line: str) -> None:
@@ -383,15 +396,23 @@ class PromptCache:
 
     def store(self, engine: StateEngine, prompt: list[int], scope: int = 0) -> bool:
         """Keep the context's state after `prompt` was decoded, unless it is short, an entry holds it all, a
-        state is still being written (one at a time: the memory it takes is bounded) or it is larger than the
-        scope's share of the budget. On the engine thread this only copies the state into memory; the disk is
-        the writer thread's. Never raises: a store that fails is a warning (said once per cause)."""
+        state is still being written (one at a time: the memory it takes is bounded), or it is larger than the
+        scope's share of the budget or than MEMORY_FRACTION of the memory available (its size estimated from
+        the last state's bytes per token: the first is taken unchecked). On the engine thread this only copies
+        the state into memory; the disk is the writer thread's. Never raises: a store that fails is a warning
+        (said once per cause)."""
         tokens = engine.context_tokens
         n = common_prefix(tokens, prompt)
         if n < self.min_tokens or self._holds(tokens, n, scope) or not self.flush(0):
             return False
-        if self._bytes_per_token * len(tokens) > self.share_bytes:
-            self._warn("share", self._too_large(int(self._bytes_per_token * len(tokens))))
+        estimate = int(self._bytes_per_token * len(tokens))   # 0 before the first state: not known yet
+        if estimate > self.share_bytes:
+            self._warn("share", self._too_large(estimate))
+            return False
+        available = _memory_available()
+        if available is not None and estimate > MEMORY_FRACTION * available:
+            self._warn("memory", f"a prompt's state (~{_mib(estimate)}) is more than {MEMORY_FRACTION:.0%} of the "
+                       f"memory available now ({_mib(available)}): it is not copied to be written, nor kept")
             return False
         try:
             fd = _take(engine)
