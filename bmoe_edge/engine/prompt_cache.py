@@ -473,6 +473,10 @@ class PromptCache:
             self._warn(f"write:{cause}", f"a prompt's state could not be written to {self.path} ({cause}: "
                        f"{exc.strerror or exc}): it is not kept")
             return
+        except Exception as exc:   # a fault of ours: this thread prints no traceback beside the server's answers
+            self._warn(f"fault:{type(exc).__name__}", f"a prompt's state was not written ({type(exc).__name__}: "
+                       f"{exc})")
+            return
         finally:
             os.close(snapshot.fd)
         with self._entries_lock:
