@@ -37,7 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from bmoe_edge.engine import memlimits
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.units import MiB
 
 __all__ = ["MIN_TOKENS", "Budget", "PromptCache", "common_prefix", "default_budget_bytes", "model_identity",
            "state_root"]
@@ -57,8 +59,8 @@ DEFAULT_FRACTION = 0.05
 # logs and updates need room; ext4's root reserve is not the service's to count on).
 RESERVE_FRACTION = 0.10
 # A state waits in memory (a memfd, counted as the process's) until it is written: one larger than this
-# fraction of the memory available (/proc/meminfo MemAvailable) is not taken; the expert cache sized itself to
-# the memory there was.
+# fraction of the memory available (`_memory_available`) is not taken; the expert cache sized itself to the
+# memory there was.
 MEMORY_FRACTION = 0.25
 CLOSE_WAIT_S = 30.0   # close waits this long for a state still being written (a hung disk: then it goes)
 _COPY_CHUNK = 1 << 20
@@ -147,12 +149,20 @@ def _mib(n: int) -> str:
 
 
 def _memory_available() -> int | None:
-    """The kernel's estimate of the memory it can give without swapping (MemAvailable), None where unknown."""
+    """The memory a copy may take: the kernel's MemAvailable, or less where a cgroup limits this process (the
+    deployed unit's MemoryMax): that limit less what the process holds (its resident set). None: unknown."""
+    available = None
     with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return None
+                available = int(line.split()[1]) * 1024
+    limit = memlimits.tightest_limit()
+    if limit is not None:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            resident = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            room = max(0, limit.mb * MiB - resident)
+            available = room if available is None else min(available, room)
+    return available
 
 
 def _stderr_warning(line: str) -> None:
