@@ -316,8 +316,8 @@ def test_the_server_stops_cleanly_on_sigterm(model: Path) -> None:
     s = start(model)
     assert post(s, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, key=None).status_code == 200
     s.process.terminate()
-    # uvicorn shuts down gracefully, then re-raises the signal: systemd counts SIGTERM as a clean stop.
-    assert s.process.wait(timeout=30) in (0, -signal.SIGTERM)
+    # uvicorn shuts down gracefully; serve then closes the engine and exits 0 (the signal is not raised again)
+    assert s.process.wait(timeout=30) == 0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -630,7 +630,7 @@ def test_sigterm_during_a_stream_ends_it_and_answers_the_queued_requests(model: 
         assert "shutting down" in rest or rest.endswith("data: [DONE]\n\n") or rest == "", rest[-300:]
         waiter.join(timeout=30)
         assert queued and queued[0].status_code == 503, queued
-        assert s.process.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert s.process.wait(timeout=30) == 0   # by its own path (the SIGTERM uvicorn caught is not raised again)
         assert time.monotonic() - started < 5
     finally:
         stop(s)

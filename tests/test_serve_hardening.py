@@ -266,3 +266,20 @@ def test_echo_scoring_stops_when_its_client_hangs_up(model: Path) -> None:
         assert too_long.status_code == 400, too_long.text
     finally:
         stop(s)
+
+
+def test_sigterm_ends_serve_by_its_own_path_closing_the_engine_and_the_prompt_cache(model: Path,
+                                                                                    tmp_path: Path) -> None:
+    """uvicorn raised the SIGTERM it caught again after shutting down: the process died by it (-15) before serve
+    closed the engine, the worker and the prompt cache's run directory (one left behind at every stop)."""
+    import signal
+
+    s = start(model, env={"STATE_DIRECTORY": str(tmp_path)})
+    try:
+        assert post(s, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, key=None).status_code == 200
+        assert list((tmp_path / "prompt-cache").glob("run-*"))   # its run directory, while it runs
+        s.process.send_signal(signal.SIGTERM)
+        assert s.process.wait(timeout=30) == 0
+        assert not list((tmp_path / "prompt-cache").glob("run-*"))
+    finally:
+        stop(s)

@@ -243,6 +243,8 @@ def check_uvicorn() -> None:
                 missing.append(f"H11Protocol.{name}")
     finally:
         probe.loop.close()
+    if not isinstance(getattr(uvicorn.Server(config), "_captured_signals", None), list):   # server.py's shutdown
+        missing.append("Server._captured_signals")
     if missing:
         raise BmoeError(f"uvicorn {uvicorn.__version__} changed what serve's connection limits rely on "
                         f"(bmoe_edge/serve/connections.py): {', '.join(missing)}")

@@ -3,11 +3,12 @@ engine, start its worker, and run uvicorn on the bound socket until interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,17 @@ def _server_class() -> type:
         async def shutdown(self, sockets: Any = None) -> None:
             self.worker.stop_taking_jobs()
             await super().shutdown(sockets)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            """uvicorn raises a SIGTERM or SIGINT it caught again once it has shut down, so the process died
+            by it before `serve` closed the engine, the worker and the prompt cache's directory (one left in
+            /tmp at every stop); forgetting it lets `serve` end by its own path (exit 0, or 1 on a failure)."""
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    self._captured_signals.clear()
 
     return Server
 
