@@ -699,7 +699,8 @@ def test_unknown_routes_and_methods_are_openai_errors_not_redirects(server: Serv
 def test_an_engine_that_fails_every_request_is_unhealthy_and_the_server_restarts(model: Path, tmp_path: Path) -> None:
     import shutil
 
-    copy = tmp_path / "model.gguf"
+    copy = tmp_path / "secret-dir" / "model.gguf"   # a path the clients must not learn (issue 44, item 7)
+    copy.parent.mkdir()
     shutil.copy(model, copy)
     s = start(copy)
     try:
@@ -708,11 +709,14 @@ def test_an_engine_that_fails_every_request_is_unhealthy_and_the_server_restarts
         for _ in range(3):
             r = post(s, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, key=None)
             assert r.status_code == 500 and r.json()["error"]["type"] == "server_error", r.text
+            assert "secret-dir" not in r.text
         health = http(s.url, "GET", "/health")
         assert health.status_code == 503 and "failed on 3 requests in a row" in health.json()["reason"]
+        assert "secret-dir" not in health.text
         assert s.process.wait(timeout=30) == 1
         time.sleep(0.2)
         assert "error: the server stopped: the engine failed on 3 requests in a row" in s.stderr, s.stderr
+        assert "secret-dir" in s.stderr   # the operator's log says which file
     finally:
         stop(s)
 

@@ -7,7 +7,6 @@ size before tokenizing, the penalty window, tenants' metrics, and what a 500 or 
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -198,29 +197,6 @@ def test_health_says_busy_while_the_engine_is_inside_a_long_call(model: Path) ->
         sender.join(30)
         assert answers == [500]   # the I/O deadline: the engine's own failure, one of them
         assert _healthy(s) == _healthy(s) | {"status": "ok", "busy": False}
-    finally:
-        stop(s)
-
-
-def test_an_engine_failure_tells_the_client_and_health_no_path(model: Path, tmp_path: Path) -> None:
-    """Issue 44 (7): engine error text with file paths reached clients and the keyless /health."""
-    copy = tmp_path / "secret-dir" / "model.gguf"
-    copy.parent.mkdir()
-    shutil.copy(model, copy)
-    s = start(copy)
-    try:
-        assert post(s, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, key=None).status_code == 200
-        import os
-
-        os.utime(copy, (time.time() + 100, time.time() + 100))   # the model file changed under the server
-        for _ in range(3):
-            r = post(s, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, key=None)
-            assert r.status_code == 500 and "secret-dir" not in r.text, r.text
-        health = http(s.url, "GET", "/health")
-        assert health.status_code == 503 and "secret-dir" not in health.text, health.text
-        assert s.process.wait(timeout=30) == 1
-        time.sleep(0.2)
-        assert "secret-dir" in s.stderr   # the operator's log has it
     finally:
         stop(s)
 

@@ -27,6 +27,7 @@ from bmoe_edge.cli.common import (
 from bmoe_edge.engine import settings
 from bmoe_edge.engine.prompt_cache import DEFAULT_CAP_BYTES, DEFAULT_FRACTION
 from bmoe_edge.engine.rpc import DEFAULT_PORT as RPC_PORT
+from bmoe_edge.serve import limits
 
 KEY_ENV = "BMOE_EDGE_API_KEY"
 ModelOpt = Annotated[Path, typer.Option("-m", "--model", help="The gguf model (first shard of a split model).")]
@@ -88,7 +89,8 @@ def serve_cmd(
         "--max-connections", min=1, help="Open connections at most (3 or more); past it, the one waiting "
         "longest for a request is closed.")] = 64,
     body_timeout: Annotated[float, typer.Option(
-        "--body-timeout", min=0.1, help="Seconds a request's body may take to arrive (then 408).")] = 30.0,
+        "--body-timeout", min=0.1, help="Seconds a request's body may take to arrive (then 408).")] =
+        limits.BODY_TIMEOUT_S,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="Listen beyond loopback without an API key "
                                           "(anyone who reaches the port can use the model).")] = False,
     local_port: Annotated[int | None, typer.Option(

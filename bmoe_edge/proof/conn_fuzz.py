@@ -129,7 +129,7 @@ def run_connection_campaign(base_url: str, pid: int, *, rounds: int = 20, second
             result.findings.append(f"leak: round {number} left {settled - baseline} descriptors open "
                                    f"({RECLAIM_S:g} s after its sockets closed)")
         result.fds.append(settled)
-        result.rss_kib.append(_rss_kib(pid))
+        result.rss_kib.append(rss_kib(pid))
     _check_flat(result)
     if not _completion(host, port, api_key):
         result.findings.append("completion: a completion failed after the campaign")
@@ -158,7 +158,7 @@ def _round(result: ConnectionCampaign, rng: random.Random, server: tuple[str, in
             _drive(held, rng)
             if tick % 3 == 0:
                 _health(result, server, number)
-            result.peak_fds = max(result.peak_fds, _fds(pid))
+            result.peak_fds = max(result.peak_fds, open_fds(pid))
             time.sleep(TICK_S)
         if result.peak_fds > baseline + limits.connections + FD_SLACK:
             result.findings.append(f"cap: the server held {result.peak_fds} descriptors by round {number}, past "
@@ -273,21 +273,23 @@ def _check_flat(result: ConnectionCampaign) -> None:
 def _reclaimed(pid: int, baseline: int | None) -> int:
     """The server's open descriptors once it has closed what the client closed (at most RECLAIM_S)."""
     deadline = time.monotonic() + RECLAIM_S
-    count = _fds(pid)
+    count = open_fds(pid)
     while baseline is not None and count > baseline and time.monotonic() < deadline:
         time.sleep(TICK_S)
-        count = _fds(pid)
+        count = open_fds(pid)
     return count
 
 
-def _fds(pid: int) -> int:
+def open_fds(pid: int) -> int:
+    """The process's open descriptors (0 when it is gone)."""
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return 0
 
 
-def _rss_kib(pid: int) -> int:
+def rss_kib(pid: int) -> int:
+    """The process's resident memory in KiB (0 when it is gone)."""
     try:
         with open(f"/proc/{pid}/status") as status:
             for line in status:

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bmoe_edge.proof import request_space
+from bmoe_edge.proof import conn_fuzz, request_space
 from bmoe_edge.serve import params
 
 OUTCOMES = ("ok", "refused", "protocol", "server-error", "bad-body", "hang", "probe", "health", "dead")
@@ -458,15 +458,6 @@ def _poll_health(server: Server, vitals: Vitals, done: threading.Event) -> None:
             vitals.health_slow += 1
 
 
-def _resources(pid: int) -> tuple[int, int]:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-        rss = int(re.search(r"^VmRSS:\s+(\d+)", status, re.M)[1])   # type: ignore[index]
-        return rss, len(os.listdir(f"/proc/{pid}/fd"))
-    except (OSError, TypeError):
-        return 0, 0
-
-
 def run_campaign(model: Path, workdir: Path, count: int, seed: int = 0, timeout: float = 60.0,
                  template: Path | None = None, parallel: int = 1,
                  vitals: Vitals | None = None) -> Iterator[HttpResult]:
@@ -493,7 +484,7 @@ def run_campaign(model: Path, workdir: Path, count: int, seed: int = 0, timeout:
                 vitals.restarts += 1
                 server.start()
             elif server.proc is not None:
-                vitals.samples.append(_resources(server.proc.pid))
+                vitals.samples.append((conn_fuzz.rss_kib(server.proc.pid), conn_fuzz.open_fds(server.proc.pid)))
     finally:
         done.set()
         server.stop()

@@ -31,7 +31,6 @@ from bmoe_edge.serve.openai_api import ApiError
 from bmoe_edge.serve.worker import Job, Prepared, QueueFull, Request, Unavailable, Worker, loop_delivery, request_id
 
 TEST_HOOKS = "BMOE_EDGE_SERVE_TEST_HOOKS"   # "1" in a test build (build_info().test_faults): the /_test/ routes
-MAX_BODY_BYTES, MAX_DEPTH, BODY_TIMEOUT_S = limits.MAX_BODY_BYTES, limits.MAX_DEPTH, limits.BODY_TIMEOUT_S
 RETRY_AFTER_S = 2
 PREPARE_THREADS = 2   # requests rendered, converted and tokenized at once, off the event loop
 PREPARING_MAX = 4 * PREPARE_THREADS   # ... and waiting for a thread: past it, a 429 (as a full queue)
@@ -42,19 +41,19 @@ def _error(exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
-async def _body(request: HttpRequest, timeout_s: float = BODY_TIMEOUT_S) -> Any:
-    """The request's JSON body: at most MAX_BODY_BYTES, read within `timeout_s` (a client that trickles
+async def _body(request: HttpRequest, timeout_s: float = limits.BODY_TIMEOUT_S) -> Any:
+    """The request's JSON body: at most limits.MAX_BODY_BYTES, read within `timeout_s` (a client that trickles
     its body is a 408, not a connection held open), checked by check_json."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
+    if declared is not None and declared.isdigit() and int(declared) > limits.MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is over {limits.MAX_BODY_BYTES >> 20} MiB")
 
     async def read() -> bytes:
         raw = bytearray()
         async for chunk in request.stream():
             raw += chunk
-            if len(raw) > MAX_BODY_BYTES:
-                raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
+            if len(raw) > limits.MAX_BODY_BYTES:
+                raise ApiError(413, f"the request body is over {limits.MAX_BODY_BYTES >> 20} MiB")
         return bytes(raw)
 
     try:
@@ -66,14 +65,14 @@ async def _body(request: HttpRequest, timeout_s: float = BODY_TIMEOUT_S) -> Any:
     except ValueError as exc:   # also bytes that are not UTF-8
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
-        raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels") from None
+        raise ApiError(400, f"the request body nests deeper than {limits.MAX_DEPTH} levels") from None
     check_json(body)
     return body
 
 
 def check_json(body: Any) -> None:
     """Refuse what JSON allows and nothing after this may meet: a string that is not Unicode text (a lone
-    surrogate such as "\\ud800" parses, but cannot be encoded), nesting deeper than MAX_DEPTH, or more values
+    surrogate such as "\\ud800" parses, but cannot be encoded), nesting deeper than limits.MAX_DEPTH, or more values
     than MAX_JSON_VALUES (held as Python objects while the request waits: ~50 bytes of body, ~1 KB held)."""
     todo: list[tuple[Any, int]] = [(body, 1)]
     seen = 0
@@ -85,8 +84,8 @@ def check_json(body: Any) -> None:
         if isinstance(value, str):
             _text(value)
         elif isinstance(value, dict | list):
-            if depth > MAX_DEPTH:
-                raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels")
+            if depth > limits.MAX_DEPTH:
+                raise ApiError(400, f"the request body nests deeper than {limits.MAX_DEPTH} levels")
             if isinstance(value, dict):
                 for key, item in value.items():
                     _text(key)
@@ -136,7 +135,7 @@ async def _until_disconnect(request: HttpRequest) -> None:
 
 class Server:
     def __init__(self, worker: Worker, model_id: str, api_keys: Sequence[str] = (),
-                 body_timeout_s: float = BODY_TIMEOUT_S) -> None:
+                 body_timeout_s: float = limits.BODY_TIMEOUT_S) -> None:
         self.worker = worker
         self.body_timeout_s = body_timeout_s
         self.model_id = model_id
@@ -351,7 +350,7 @@ class Server:
 
 def create_app(worker: Worker, model_id: str, api_keys: Sequence[str] = (), *, bind: str = "127.0.0.1",
                allowed_hosts: Sequence[str] = (), cors_origins: Sequence[str] = (),
-               body_timeout_s: float = BODY_TIMEOUT_S) -> Starlette:
+               body_timeout_s: float = limits.BODY_TIMEOUT_S) -> Starlette:
     """The routes behind the gate (gate.py: Host, Origin and Content-Type checked first)."""
     server = Server(worker, model_id, api_keys, body_timeout_s)
 

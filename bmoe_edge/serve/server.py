@@ -18,6 +18,7 @@ from bmoe_edge.engine.session import Engine
 from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.net import is_loopback
+from bmoe_edge.serve import limits
 
 DEFAULT_PORT = 8080
 MAX_CONNECTIONS = 64
@@ -123,7 +124,7 @@ def _watch(worker: Any, server: Any) -> None:
 def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: int = DEFAULT_PORT,
           api_keys: Sequence[str] = (), no_auth: bool = False, allowed_hosts: Sequence[str] = (),
           cors_origins: Sequence[str] = (), max_connections: int = MAX_CONNECTIONS,
-          body_timeout_s: float = 30.0, queue_size: int = 8, template: str | None = None,
+          body_timeout_s: float = limits.BODY_TIMEOUT_S, queue_size: int = 8, template: str | None = None,
           parse_special: bool = False, model_id: str | None = None, prompt_cache_mb: int | None = None,
           say: Callable[[str], None] = print) -> None:
     # uvicorn and Starlette (app, worker) load when a server starts, not when this module is imported.
