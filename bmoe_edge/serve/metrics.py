@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bmoe_edge.serve.slots import BatchStats
-from bmoe_edge.serve.worker import Stats
+from bmoe_edge.serve.stats import Stats
 
 
 def prometheus(stats: Stats, queue_depth: int, rejected: int, batch: BatchStats | None = None) -> str:
