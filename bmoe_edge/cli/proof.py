@@ -123,7 +123,8 @@ def _http_fuzz(requests: int, seed: int, out: Path | None, workdir: Path, parall
     for line in problems:
         typer.echo(f"finding: {line}", err=True)
     records = [r.record() for r in results] + ([{"connections": connections.record()}] if connections else [])
-    records.append({"vitals": vitals.summary(), "problems": problems})
+    records.append({"vitals": vitals.summary(), "problems": problems,
+                    "rss_kib_fds_every_50": vitals.samples[::50]})   # the curve behind the growth figures
     _write_results(out, "http-fuzz", records, table)
     if problems or any(r.outcome not in http_fuzz.PASSING for r in results):
         raise typer.Exit(1)
