@@ -90,3 +90,20 @@ def memory_pressure() -> float | None:
 def tightest_limit() -> MemoryLimit | None:
     """The smallest cgroup limit of this process, None where only the machine's RAM bounds it."""
     return min(memory_limits(), key=lambda limit: limit.mb, default=None)
+
+
+def release_free_heap() -> bool:
+    """Give the heap's free memory back to the system (glibc's malloc_trim: every arena, free pages inside them
+    too). An answer's temporaries — a grammar sampler's tables, a template's rendering, a schema's conversion,
+    on whichever thread made them — stay mapped in their thread's arena after they are freed, so a server's
+    RSS rose with the arenas' high-water marks (1.3-1.4x over 5,000 fuzz requests) and the expert cache, sized
+    from the memory really there, lost what they held. False where the C library has no malloc_trim."""
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True

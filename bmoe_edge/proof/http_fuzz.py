@@ -301,6 +301,7 @@ class Server:
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
         self.log: list[str] = []
+        self.tracebacks = 0
 
     def start(self) -> None:
         args = [sys.executable, "-m", "bmoe_edge", "serve", "-m", str(self.model), "--port", "0", "-t", "1",
@@ -328,6 +329,7 @@ class Server:
         for line in proc.stderr:
             self.log.append(line.rstrip("\n"))
             del self.log[:-50]
+            self.tracebacks += line.startswith("Traceback")   # an expected error is one line, never a traceback
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -407,6 +409,7 @@ class Vitals:
     health_polls: int = 0
     samples: list[tuple[int, int]] = field(default_factory=list)   # (rss KiB, open descriptors) per request
     restarts: int = 0
+    tracebacks: int = 0   # in the server's log
 
     def growth(self, window: int = 500) -> tuple[float, float]:
         """RSS and descriptors of the last `window` requests over the first's (medians): 1.0 is flat."""
@@ -429,13 +432,15 @@ class Vitals:
             out.append(f"RSS grew {rss:.2f}x from the first requests to the last")
         if fds > 1 + tolerance:
             out.append(f"open descriptors grew {fds:.2f}x from the first requests to the last")
+        if self.tracebacks:
+            out.append(f"the server's log has {self.tracebacks} tracebacks")
         return out
 
     def summary(self) -> str:
         rss, fds = self.growth()
         return (f"/health: {self.health_polls} polls, worst {self.health_worst_s:.3f} s, {self.health_slow} over "
                 f"{HEALTH_LIMIT_S:g} s; RSS last/first {rss:.3f}, descriptors last/first {fds:.3f}; "
-                f"restarts {self.restarts}")
+                f"restarts {self.restarts}; tracebacks {self.tracebacks}")
 
 
 HEALTH_LIMIT_S = 1.0
@@ -458,6 +463,17 @@ def _poll_health(server: Server, vitals: Vitals, done: threading.Event) -> None:
             vitals.health_slow += 1
 
 
+# Requests that take the server's one-time buffers to their size before anything is measured: every seed once,
+# and a prompt scored in a whole batch (echo with logprobs: the context's logits buffer grows to a scoring
+# chunk's, 16 MiB at most, and llama.cpp never shrinks it). The flatness check then sees growth per request.
+WARM_UP = (*SEEDS, ("/v1/completions", {"prompt": "word " * 300, "max_tokens": 1, "echo": True, "logprobs": 5}))
+
+
+def _warm_up(server: Server, auth: dict[str, str], timeout: float) -> None:
+    for path, body in WARM_UP:
+        server.request("POST", path, json.dumps(body).encode(), auth, timeout)
+
+
 def run_campaign(model: Path, workdir: Path, count: int, seed: int = 0, timeout: float = 60.0,
                  template: Path | None = None, parallel: int = 1,
                  vitals: Vitals | None = None) -> Iterator[HttpResult]:
@@ -477,6 +493,7 @@ def run_campaign(model: Path, workdir: Path, count: int, seed: int = 0, timeout:
 
     try:
         expected = probe()
+        _warm_up(server, auth, timeout)
         poller.start()
         for case in cases(count, seed):
             yield _one(server, case, timeout, probe, expected)
@@ -488,6 +505,7 @@ def run_campaign(model: Path, workdir: Path, count: int, seed: int = 0, timeout:
     finally:
         done.set()
         server.stop()
+        vitals.tracebacks = server.tracebacks
 
 
 def _one(server: Server, case: Case, timeout: float, probe: Any, expected: str) -> HttpResult:

@@ -10,7 +10,8 @@ in the suite; both fail loudly if an upgrade changes them):
   connection_lost); `self.client` the peer's (host, port) once connected; `self.transport`, `self.loop`;
 - `self.conn` is the connection's h11.Connection; `self.cycle` its current RequestResponseCycle (None
   before the first request head), whose `response_complete` turns true when the response is sent;
-- `on_response_complete()` runs when a response is sent and the connection may wait for its next request.
+- `on_response_complete()` runs when a response is sent and the connection may wait for its next request;
+- `data_received(data)` is where the bytes of a connection enter (and uvicorn's own 400 for bytes h11 refuses).
 """
 
 from __future__ import annotations
@@ -121,6 +122,15 @@ class BoundedH11Protocol(H11Protocol):
         self._stop_head_clock()
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        # uvicorn answers bytes h11 cannot parse with a 400 even where an earlier answer already ended the
+        # connection (h11's MUST_CLOSE): h11 refuses to send it (LocalProtocolError) and asyncio logged a
+        # traceback for each such connection (seen in the HTTP fuzz). The connection is over either way.
+        try:
+            super().data_received(data)
+        except h11.LocalProtocolError:
+            self.transport.close()
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing() and not self.serving():   # not: a pipelined request went on
@@ -224,7 +234,7 @@ def check_uvicorn() -> None:
     import uvicorn
     from uvicorn.server import ServerState
 
-    missing = [name for name in ("connection_made", "connection_lost", "on_response_complete")
+    missing = [name for name in ("connection_made", "connection_lost", "on_response_complete", "data_received")
                if not callable(getattr(H11Protocol, name, None))]
     if list(inspect.signature(H11Protocol.__init__).parameters) != ["self", "config", "server_state", "app_state",
                                                                     "_loop"]:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bmoe_edge.engine import chat, tools
+from bmoe_edge.engine import chat, memlimits, tools
 from bmoe_edge.engine.generation import Generation, Logprob, PositionLogprobs, Sampling
 from bmoe_edge.engine.session import Engine, ScoringCancelled
 from bmoe_edge.errors import BmoeError, RequestError
@@ -107,6 +107,7 @@ class Worker:
         self._running: set[Job] = set()
         self._context_tenant = 0   # whose prompt the context holds
         self._warm = False   # the pool holds the pages the cache's budget allows (see _warm_a_little)
+        self._trim = False   # an answer's freed heap is still to be given back (see _warm_a_little)
         run = self._run if self._scheduler is None else self._run_batched
         self._thread = threading.Thread(target=run, name="bmoe-engine", daemon=True)
         self._thread.start()
@@ -204,17 +205,27 @@ class Worker:
                 finally:
                     self.stats.busy = False
                     self._running.discard(job)
-                    self._warm = False   # the answer moved the cache's budget: warm up to the new one
+                    self._answered()
         except BaseException as exc:
             self.failure = f"the engine thread failed ({type(exc).__name__})"
             raise
         finally:
             self._thread_ended()
 
+    def _answered(self) -> None:
+        """A job ran: once idle, the heap's freed memory goes back to the system first, then the pool warms up to
+        the cache's new budget."""
+        self._warm = False
+        self._trim = True
+
     def _warm_a_little(self) -> None:
         """Idle: fault in the next piece of the memory the expert cache may fill (session.IDLE_WARM_STEP), so
         the next prompt's reads do not wait for the kernel to zero its pages (docs/memory.md). A failure only
-        stops the warming: the prompt faults its pages in itself, and fails there if the memory is gone."""
+        stops the warming: the prompt faults its pages in itself, and fails there if the memory is gone. After
+        an answer, first the heap's free memory goes back (memlimits.release_free_heap: ~1 ms)."""
+        if self._trim:
+            self._trim = False
+            memlimits.release_free_heap()
         try:
             self.stats.pool_to_warm_bytes = self.engine.warm_cache_memory()
         except BmoeError:
@@ -239,7 +250,7 @@ class Worker:
             while not self.closing:
                 self._admit()
                 if self._running:
-                    self._warm = False   # the answers move the cache's budget: warm up to the new one after
+                    self._answered()
                 elif not self._warm:
                     self._warm_a_little()
                     continue
