@@ -200,3 +200,22 @@ def test_bytes_that_are_not_http_write_a_bounded_number_of_lines_to_the_log(serv
     logged = server.stderr.count("Invalid HTTP request") - before
     assert 0 < logged <= connections.FewerRepeats().burst, logged
     assert_served_quickly(server)
+
+
+def test_a_body_that_is_not_what_its_head_claims_ends_the_connection_without_a_traceback(model: Path) -> None:
+    """Found by the HTTP fuzz: no key (the app answers 401) and a false chunked claim (h11 refuses the body, uvicorn
+    answers 400 itself): the app's answer then failed in h11 and uvicorn logged a traceback for it."""
+    s = start(model, "--api-key", "k-3f1c", env=FAST)
+    try:
+        body = b'{"messages": [{"role": "user", "content": "Hi"}]}\r\n\r\n'
+        for _ in range(3):
+            with socket.create_connection(address(s), timeout=5) as sock:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                             b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
+                answer = sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 4"), answer[:80]
+        time.sleep(0.3)
+        assert "Traceback" not in s.stderr, s.stderr[-3000:]
+        assert http(s.url, "GET", "/health", timeout=2).status_code == 200
+    finally:
+        stop(s)
