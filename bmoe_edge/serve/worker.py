@@ -331,6 +331,7 @@ class Worker:
         else:
             reuse = True
         self.progress.started()
+        answered = False   # counted as bmoe_requests_total, for the server and for its tenant alike
         try:
             prepared = job.prepared or self.prepare(job.request)
             answer = self._answer(job.request, prepared, reply, reuse, engine, job.cancelled)
@@ -352,6 +353,7 @@ class Worker:
                     return
                 job.deliver(("done", reply))
             self.stats.requests += 1
+            answered = True
             self.engine_failures, self.last_engine_failure = 0, ""
         except Exception as exc:
             status, message = self._failure(exc)
@@ -362,7 +364,7 @@ class Worker:
                 self.stats.add(reply)
                 own = self._by_tenant.setdefault(job.request.tenant, Stats())
                 own.add(reply)
-                own.requests += reply.finish_reason != ""
+                own.requests += answered
 
     def _failure(self, exc: Exception) -> tuple[int, str]:
         """The one place that says whose fault an error is. The request's (RequestError: its schema, grammar,
