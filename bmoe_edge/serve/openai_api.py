@@ -257,7 +257,7 @@ def parse_chat(body: Any, model_id: str) -> Request:
     parallel = body.get("parallel_tool_calls", False)
     if not isinstance(parallel, bool):
         raise ApiError(400, "'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
-    plain = tuple(chat.Message(m["role"], m["content"]) for m in rendered)   # for the control-token check
+    plain = tuple(chat.Message(m["role"], m["content"]) for m in rendered)   # the text alone (template_messages render)
     return Request(messages=plain, think=_think(body), tools=tuple(given), tool_choice=choice,
                    template_messages=rendered, reasoning_effort=_effort(body), continue_final=continue_final,
                    parallel_tool_calls=parallel, **common)

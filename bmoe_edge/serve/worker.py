@@ -419,9 +419,8 @@ class Worker:
         if r.reasoning_effort and "reasoning_effort" not in self.template.source:
             raise RequestError("this model's chat template takes no reasoning_effort (gpt-oss's does)")
         messages = r.template_messages or tuple(m.openai() for m in r.messages)
-        strings = tools.template_inputs(messages, r.tools)
+        strings = tools.template_inputs(messages, r.tools)   # the messages' text included
         self._bounded(sum(len(text.encode("utf-8")) for _, text in strings))
-        chat.check_text(self.engine, r.messages, self.parse_special)
         chat.check_strings(self.engine, strings, self.parse_special)
         turn = chat.Turn(tools=r.tools if r.tool_choice != "none" else (), tool_choice=r.tool_choice,
                          json_schema=r.json_schema, think=r.think, continue_final=r.continue_final,
