@@ -1,6 +1,6 @@
 """Benchmark smoke tests: `bench io` and `bench stream` on a tiny model write their files and columns.
 
-Timing is not checked (these are commands, not timed tests); the campaign lives in docs/bench-data/.
+Timing is not checked (these are commands, not timed tests); the campaign lives in bench-data/.
 """
 
 from __future__ import annotations

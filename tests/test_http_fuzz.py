@@ -1,6 +1,6 @@
 """The HTTP fuzz campaign's CI sample: generated requests against a real `serve` on the tiny fixture,
 each followed by a greedy probe and /health (bmoe_edge/proof/http_fuzz.py); the full run's data is in
-docs/bench-data/2026-12-01/http-fuzz/."""
+bench-data/2026-12-01/http-fuzz/."""
 
 from __future__ import annotations
 

@@ -308,7 +308,7 @@ def test_fault_sample_never_changes_a_token_silently(qwen3: Path, tmp_path: Path
 
 
 # The full campaigns take most of an hour: they are commands (`bmoe-edge faults --count 1000`, `bmoe-edge fuzz
-# --count 2000`) whose results are committed (docs/bench-data/2026-12-01/integrity); CI runs the bounded samples
+# --count 2000`) whose results are committed (bench-data/2026-12-01/integrity); CI runs the bounded samples
 # above. BMOE_EDGE_FULL_CAMPAIGNS=1 runs them here too (docs/testing.md).
 
 

@@ -149,7 +149,7 @@ def test_trim_frees_the_pages_of_a_huge_page_whose_other_pages_hold_a_slice() ->
     """A slice moved into the mirror keeps its huge page alive: trimming the free units beside it
     unmapped their pages and freed none, the kernel queued the huge page for a deferred split and the
     cgroup kept charging all of it (103-144 MiB the budget could not give the cache, under a 1107 MiB
-    cap: docs/bench-data/2026-12-02/long-prompt-3). Trimmed pages must be no huge page's any more."""
+    cap: bench-data/2026-12-02/long-prompt-3). Trimmed pages must be no huge page's any more."""
     if "[never]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text() or os.geteuid() != 0:
         pytest.skip("needs transparent huge pages and root (physical page numbers, /proc/kpageflags)")
     m = T.Mirror(file_size=64 << 20, unit=PAGE)
@@ -178,7 +178,7 @@ def test_trim_frees_the_pages_of_a_huge_page_whose_other_pages_hold_a_slice() ->
 def test_trim_keeps_the_pages_the_budget_has_room_for_and_reserve_faults_them_in_ahead() -> None:
     """A budget moved for a prompt's compute buffer trims the pool down to the new budget, not to nothing:
     trimming every free unit made the same prompt fault its pages in again on the eval thread (at 420 MB/s
-    for a VM's fresh memory: docs/bench-data/2026-12-02/ttft-warm). reserve() faults pages in ahead, in
+    for a VM's fresh memory: bench-data/2026-12-02/ttft-warm). reserve() faults pages in ahead, in
     steps, up to a target, reusing trimmed free units before it grows the pool."""
     m = T.Mirror(file_size=64 << 20, unit=PAGE)
     m.set_huge_pages(False)

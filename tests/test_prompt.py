@@ -37,7 +37,7 @@ def json_lines(stdout: str) -> list[dict]:
 
 def test_a_long_prompt_gives_its_compute_buffers_back_and_its_tokens_equal_resident(model: Path) -> None:
     """The prompt's ubatch of 512 writes compute buffers no decode after it touches again: they are given back
-    (the budget taking them is measured under a cap on the 3 GB presets: docs/bench-data/2026-12-01/long-prompt),
+    (the budget taking them is measured under a cap on the 3 GB presets: bench-data/2026-12-01/long-prompt),
     and the tokens and logits are those of a resident run."""
     config = StreamConfig(threads=1, ctx=1024, batch=512, ubatch=512)
     with Engine(model, config) as streamed, Engine(model, StreamConfig(stream=False, threads=1, ctx=1024, batch=512,
@@ -57,7 +57,7 @@ def test_a_long_prompt_gives_its_compute_buffers_back_and_its_tokens_equal_resid
 def test_the_pool_warmed_between_requests_changes_no_token_and_the_prompt_adds_no_page(model: Path) -> None:
     """serve's idle steps fault the pool's pages in up to the cache's budget, a bounded piece at a time, so a
     prompt does not wait for the kernel to zero them on the eval thread (docs/memory.md; the first touch of
-    a VM's fresh memory ran at 420 MB/s: docs/bench-data/2026-12-02/ttft-warm). The tokens and logits are a
+    a VM's fresh memory ran at 420 MB/s: bench-data/2026-12-02/ttft-warm). The tokens and logits are a
     cold engine's, and the warmed prompt's reads land in pages the pool already held."""
     config = StreamConfig(threads=1, ctx=1024, batch=512, ubatch=512, cache_mb=4)
     with Engine(model, config) as warmed, Engine(model, config) as cold:

@@ -12,7 +12,7 @@ no tampered release was installed (no site/), `current` still points at A, verif
 
 The default suite runs a sample (SAMPLE: the scenario that ran its payload on the code before issue 27,
 and the board's own refusal); BMOE_EDGE_FULL_CAMPAIGNS=1 runs every row and, with
-BMOE_EDGE_TAMPER_TABLE=FILE, writes the result table (docs/bench-data/2026-12-01/tamper/).
+BMOE_EDGE_TAMPER_TABLE=FILE, writes the result table (bench-data/2026-12-01/tamper/).
 """
 
 from __future__ import annotations

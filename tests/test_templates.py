@@ -130,7 +130,7 @@ def test_every_template_renders_chat_thinking_and_a_tool_round(engine: Engine, n
 # Forced calls that do not come out valid from the random-weight fixture at this pin, and why: none. Those
 # that did not were fixed where common's grammar and parser disagreed, or its grammar did not follow the
 # schema or bound what a forced call writes (third_party/llama.cpp/patches/0004-0011; measured:
-# docs/bench-data/2026-12-02/templates/). A row here is a strict xfail, so a pin whose common fixes one fails
+# bench-data/2026-12-02/templates/). A row here is a strict xfail, so a pin whose common fixes one fails
 # until its row goes; docs/serve.md's table says the same.
 NOT_FORCED: dict[tuple[str, str], str] = {}
 

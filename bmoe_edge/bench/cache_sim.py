@@ -53,7 +53,7 @@ class Step:
         """The layer's union, each expert with the number of tokens that routed to it. (The engine counts a
         prompt's batch once per sequence; a trace does not say which rows are one sequence's, so a replay
         counts its prompt steps by token: after a prompt of many tokens its cache can differ from the engine's.
-        The traces in docs/bench-data/2026-12-02/batching-cache have 4-token warm-ups and short prompts.)"""
+        The traces in bench-data/2026-12-02/batching-cache have 4-token warm-ups and short prompts.)"""
         return Counter(e for row in self.layers[layer] for e in set(row))
 
 

@@ -35,7 +35,7 @@ def fit_to_job(config: StreamConfig, prompt: str | int, max_tokens: int, fixed: 
 
     A long prompt is decoded in one ubatch up to the table's context (2048 tokens), not the table's 512: each
     ubatch of a long prompt routes to nearly every expert of every layer, so four ubatches of a 2,048-token
-    prompt read its experts 3.4 times over (docs/bench-data/2026-12-02/long-prompt). The compute buffers
+    prompt read its experts 3.4 times over (bench-data/2026-12-02/long-prompt). The compute buffers
     that ubatch writes are the cache's except while the prompt is decoded (docs/memory.md), and where the
     memory limit cannot hold them the engine decodes the prompt in the ubatch it can (its run info's
     `ubatch`)."""

@@ -391,7 +391,7 @@ llama_context_params Engine::Impl::context_params() const {
     // 0 = auto: every core for a resident run; one core left to the read lanes while streaming.
     // llama.cpp's compute threads spin at their barriers, so a thread per core starves the lanes
     // (and itself, waiting for a descheduled peer): on 2 cores, streaming with 2 compute threads
-    // decoded 0.4 tok/s against 1.0-1.7 with 1 (docs/bench-data/2026-11-30).
+    // decoded 0.4 tok/s against 1.0-1.7 with 1 (bench-data/2026-11-30).
     const int cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
     const int threads = config.threads > 0 ? config.threads : config.stream ? std::max(1, cores - 1) : cores;
     params.n_threads = threads;
@@ -421,7 +421,7 @@ void Engine::Impl::create_context() {
     // seconds per layer while that layer's reads, started by its router, land in a fraction of it), so it
     // computes on every core, as a resident run does; the lanes sleep in the kernel on their reads and
     // need little CPU. With one core left to them, a 512-token prompt at the Pi 5 Gen 2 class took 1.94x
-    // the resident prefill, with 23 ms of its 27.8 s stalled on reads (docs/bench-data/2026-12-02).
+    // the resident prefill, with 23 ms of its 27.8 s stalled on reads (bench-data/2026-12-02).
     const int cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
     prompt_threads = config.threads == 0 && config.stream ? std::max(decode_threads, cores) : decode_threads;
     detail::clear_llama_error();

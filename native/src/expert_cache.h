@@ -16,7 +16,7 @@
 // of several sequences' experts (~22 of 64 a layer for 4 sequences on skewed routing), more than a
 // share at a 40% cap (12): under LRU the step's own order decided what stayed (its highest ids), and
 // the cache kept little that the next step reused. Counts keep the experts every sequence comes back
-// to. Replayed on real traces (docs/bench-data/2026-12-02/batching-cache/, `bench cache-sim`): 17%
+// to. Replayed on real traces (bench-data/2026-12-02/batching-cache/, `bench cache-sim`): 17%
 // fewer bytes read for 4 skewed sequences, 10% fewer for one, 2% fewer on uniform routing; LRU, 2Q, ARC
 // and "admit on second use" all read more. Ranking::Lru (equal shares, least recent first) is the
 // cache before it, for A/B measurements only (BMOE_CACHE_POLICY=lru).

@@ -3,10 +3,10 @@
 // moved back when it is evicted. A unit that comes back keeps its page (it is neither freed nor
 // zeroed), so the next read into it neither allocates nor faults in fresh memory: releasing pages
 // with MADV_DONTNEED and faulting them in again cost more than half of the CPU of a cache-off run
-// (docs/bench-data/2026-11-29). The region grows in transparent-huge-page sized chunks, populated
+// (bench-data/2026-11-29). The region grows in transparent-huge-page sized chunks, populated
 // at once, so a slice's pages are physically contiguous where the kernel has huge pages: an
 // O_DIRECT read is then a few DMA segments, not one per 4 KiB page (a virtualized disk pays per
-// segment: docs/bench-data/2026-12-01/contiguity). Pure mechanism: which units back which mirror
+// segment: bench-data/2026-12-01/contiguity). Pure mechanism: which units back which mirror
 // range is the mirror's business. Used from the eval thread only.
 #pragma once
 

@@ -24,7 +24,7 @@ public:
     // decodes a side keep one stalled decode from deciding. Not more: at a drive with no idle time
     // (the Pi 5's NVMe classes) the 1-2% of wrong guesses are bytes, and bytes are time there —
     // reading ahead measured 2.4-2.5% slower at Gen 2 over 160 tokens, which a 3% margin kept on
-    // (docs/bench-data/2026-12-02/storage-2). Where it pays, it pays far more than 1% (1.24x here).
+    // (bench-data/2026-12-02/storage-2). Where it pays, it pays far more than 1% (1.24x here).
     static constexpr double kOffMargin = 0.01;
 
     explicit PrefetchPolicy(Mode mode) : mode_(mode) {}

@@ -31,7 +31,7 @@ void Engine::Impl::set_up_speculation() {
     const bool rolls_back = !recurrent || llama_n_rs_seq(ctx.get()) >= static_cast<uint32_t>(config.draft_max);
     // Chained heads (more than one next-n block, Step 3.5) did not pay at the Pi 5 Gen 2 class even when
     // they agreed with the model (0.97x; a random one 0.77x: every probe feeds all the blocks, which
-    // split the cache until the give-up; docs/bench-data/2026-12-02/mtp): auto leaves them to `mtp`.
+    // split the cache until the give-up; bench-data/2026-12-02/mtp): auto leaves them to `mtp`.
     if (speculation == Speculative::Auto) {  // on a recurrent trunk prompt lookup is not worth its snapshots
         speculation = !rolls_back                              ? Speculative::Off
                       : assistant || (heads == 1 && !rpc)      ? Speculative::Mtp

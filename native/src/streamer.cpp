@@ -210,7 +210,7 @@ std::vector<ReadJob> Streamer::jobs_for(int layer, const std::vector<int> & miss
     // Projection-major, experts ascending: the order the expert matmuls consume them. A prompt's batch misses
     // nearly every expert of a layer: one job per slice there made each lane wake ~200 times a layer, and
     // with the prompt computing on every core each wake waited for one (its reads took 2x as long at the Pi 5
-    // Gen 2 class, docs/bench-data/2026-12-02/long-prompt-2). Adjacent slices are adjacent in the file and in
+    // Gen 2 class, bench-data/2026-12-02/long-prompt-2). Adjacent slices are adjacent in the file and in
     // the mirror: one read fills them (not when each slice is checked against its own checksum).
     const auto & mine = by_layer_[static_cast<size_t>(layer)];
     const bool merge = firsts != nullptr && !mine.empty() &&
