@@ -1,4 +1,4 @@
-"""Speculative decoding from the model's own MTP head (`--speculative mtp`, docs/architecture.md).
+"""Speculative decoding from the model's own MTP head (`--speculative mtp`, docs/speculation.md).
 
 The gate cells (gates.MTP_CASES on the MTP fixtures, gates.mtp_sample()): greedy tokens equal plain
 decoding, logits bit for bit equal a resident run that speculates too, and the head's drafts both

@@ -1,4 +1,4 @@
-// ExpertCache (expert_cache.h, docs/architecture.md "The expert cache"): per-layer shares of the budget
+// ExpertCache (expert_cache.h, docs/streaming.md "The expert cache and overlap"): per-layer shares of the budget
 // (the rest one more expert for the first layers it pays for), the layer being computed never a
 // victim, and inside a layer the lowest aged use count goes first (a step's tokens each count), ties
 // least recent; Ranking::Lru is the cache before it (equal shares, least recent first).

@@ -1,4 +1,4 @@
-// ngram_draft and DraftPolicy (ngram_draft.h, docs/architecture.md "Speculative decoding"): the
+// ngram_draft and DraftPolicy (ngram_draft.h, docs/speculation.md): the
 // continuation of the latest earlier occurrence of the last 4, 3 or 2 tokens; the draft length starts
 // at 2, doubles while drafts are accepted whole (up to the maximum), falls to what was accepted, and
 // drafting pauses 4, 8, ... 64 decodes after drafts the model rejects outright twice in a row, and the

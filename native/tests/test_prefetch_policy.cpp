@@ -1,4 +1,4 @@
-// PrefetchPolicy (prefetch_policy.h, docs/architecture.md "Read-ahead"): predict reads ahead in
+// PrefetchPolicy (prefetch_policy.h, docs/streaming.md "Read-ahead"): predict reads ahead in
 // every decode; auto measures 8 decodes without, 16 with, 8 without, keeps the faster setting (by the
 // medians; off only when it is faster by more than 1%) for 120 decodes, twice as long each time the
 // next probe agrees (up to 960), then measures again.
