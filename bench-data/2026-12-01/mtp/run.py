@@ -1,4 +1,4 @@
-"""--speculative mtp against plain greedy decoding, side by side (docs/bench-data/2026-12-01/mtp).
+"""--speculative mtp against plain greedy decoding, side by side (bench-data/2026-12-01/mtp).
 
 Fixtures: glm4moe with 8 trunk layers (n_embd 256, experts 512 wide, 8 experts, top-2, Q8_0, 48 MiB)
 and one MTP block, written by bmoe_edge.synthetic.mtp_rows with three heads: agree (the trunk's last
@@ -8,7 +8,7 @@ REPEATS interleaved repeats; 1 compute thread, 4 read lanes, overlap auto, prefe
 decides by timing: its reads would make the bytes per token vary). Writes cells.csv (one row per
 run) and prints a summary table.
 
-    .venv/bin/python docs/bench-data/2026-12-01/mtp/run.py [OUT_DIR [ARCH [REPEATS]]]
+    .venv/bin/python bench-data/2026-12-01/mtp/run.py [OUT_DIR [ARCH [REPEATS]]]
 
 ARCH: glm4moe (the default; cells.csv) or qwen35moe (its trunk hybrid: cells-qwen35moe.csv).
 """

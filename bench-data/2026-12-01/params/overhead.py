@@ -3,7 +3,7 @@
 logit bias, and with the penalties; the cells interleaved, six rounds, medians of the decode tok/s (the engine's
 step times: sampling and the logprobs included) and of the whole loop's (Python's copies of them too).
 
-    .venv/bin/python docs/bench-data/2026-12-01/params/overhead.py > docs/bench-data/2026-12-01/params/overhead.jsonl
+    .venv/bin/python bench-data/2026-12-01/params/overhead.py > bench-data/2026-12-01/params/overhead.jsonl
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ interleaved, on two prompts: one that repeats the model's own continuation (what
 is to a real model: the continuation is already in the context), one that repeats a phrase the model
 does not continue (drafts found, then rejected: the case speculation must not lose) and a plain one.
 
-Run from the repository root: .venv/bin/python docs/bench-data/2026-12-01/speculative/measure.py MODEL OUT.json
+Run from the repository root: .venv/bin/python bench-data/2026-12-01/speculative/measure.py MODEL OUT.json
 """
 
 import json

@@ -3,13 +3,11 @@
 # Gen 3, this machine's drive unthrottled), on the uniform and the skewed 2.9 GB presets at a 40% cap,
 # 2 repeats, every cell's reads throttled to the class (bench stream --storage). Then the flagship's
 # shape (17 GB) at Gen 2 and Gen 3 under a 6.5 GB cap (flagship.sh).
-#   MODELS=/tmp/storage-models docs/bench-data/2026-12-01/storage/run.sh [CLASS ...]
+#   MODELS=/tmp/storage-models bench-data/2026-12-01/storage/run.sh [CLASS ...]
 set -euo pipefail
-cd "$(dirname "$0")"
-BMOE=${BMOE:-../../../../.venv/bin/bmoe-edge}
-MODELS=${MODELS:-/tmp/storage-models}
-[ -f "$MODELS/q3g-uniform.gguf" ] || $BMOE tiny-model --preset qwen3-30b-a3b-3g --routing-skew 0 -o "$MODELS/q3g-uniform.gguf"
-[ -f "$MODELS/q3g-skewed.gguf" ] || $BMOE tiny-model --preset qwen3-30b-a3b-3g --routing-skew 0.8 -o "$MODELS/q3g-skewed.gguf"
+cd "$(dirname "$0")" && . ../../campaign.sh
+q3g uniform > /dev/null
+q3g skewed > /dev/null
 # The adaptive defaults and the simpler settings they must not lose to: cache off, two fixed budgets
 # (half and all of what the 1161 MiB cap leaves), cache auto with 1/2/4 lanes, overlap off, read-ahead
 # off/predict/auto; mmap and resident for the baseline and the physical limit; the storage check.
@@ -22,8 +20,6 @@ for pair in ${@:-rpi5-nvme-gen2:skewed rpi5-nvme-gen3:skewed native:skewed micro
   [ "$class" = "$pair" ] && preset=skewed  # a class alone: the skewed preset
   tokens=24; mmap_tokens=6
   [ "$class" = microsd ] && { tokens=10; mmap_tokens=3; }
-  out="$class-$preset"
-  $BMOE bench stream -m "$MODELS/q3g-$preset.gguf" --ram-cap 40% --storage "$class" --tokens $tokens \
-    --mmap-tokens $mmap_tokens --repeats 2 --budgets 410,820 --cells "$CELLS" --io-seconds 1 \
-    --out "$out" > "$out.log" 2>&1 || echo "$out failed: see $out.log"
+  stream "$class-$preset" -m "$(q3g "$preset")" --ram-cap 40% --storage "$class" --tokens $tokens \
+    --mmap-tokens $mmap_tokens --repeats 2 --budgets 410,820 --cells "$CELLS" --io-seconds 1
 done

@@ -3,7 +3,7 @@ per cell the median tok/s (min-max over repeats), MB fetched per token, hit %, t
 stall ms per token, the I/O-bound tok/s at the class (class MB/s / MB fetched per token), the
 compute-bound tok/s (1000 / the cell's own compute ms per token: no resident cell fits the 17 GB model
 here), which is lower, and measured / the lower one.
-    .venv/bin/python docs/bench-data/2026-12-01/storage/tables.py DIR ..."""
+    .venv/bin/python bench-data/2026-12-01/storage/tables.py DIR ..."""
 
 from __future__ import annotations
 

@@ -1,20 +1,17 @@
 """Issue 29: memory after a prompt of N tokens (the long-prompt cells' settings) under a 1107 MiB cgroup v1 cap:
 the cgroup's memory.stat, the largest resident mappings, smaps_rollup. What found the 96 MiB work buffer.
 
-    .venv/bin/python docs/bench-data/2026-12-02/long-prompt-2/mem_after_prompt.py MODEL.gguf 2048
+    .venv/bin/python bench-data/2026-12-02/long-prompt-2/mem_after_prompt.py MODEL.gguf 2048
 """
 import os, sys, time
 from pathlib import Path
-from bmoe_edge.bench import ramcap
 from bmoe_edge.cli.bench import _long_prompt_configs
 from bmoe_edge.bench.machine import long_prompt
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # bench-data/
+import campaign
 
 n = int(sys.argv[2]); model = sys.argv[1]
-parent = ramcap.memory_cgroup_v1()
-cg = parent / f"diag-{os.getpid()}"
-cg.mkdir()
-(cg / "memory.limit_in_bytes").write_text(str(1107 * 2**20))
-(cg / "cgroup.procs").write_text(str(os.getpid()))
+cg, _ = campaign.join_cap("diag", cap_mib=1107)
 from bmoe_edge.engine import Engine, Generation, StreamConfig
 config = _long_prompt_configs(16, None, [2048])[2048]
 print(config)

@@ -2,11 +2,9 @@
 # Issue 29: how much slower a decode after a 2,048-token prompt is with nothing streamed (the model resident,
 # uncapped, the same settings): attention over 2,048 more positions in every layer. What the streamed
 # cells' "x long-prompt-16" is to be read against. Skewed preset, 2 repeats, 64 answer tokens.
-#   MODELS=/tmp/storage-models docs/bench-data/2026-12-02/long-prompt-2/resident-after.sh
+#   MODELS=/tmp/storage-models bench-data/2026-12-02/long-prompt-2/resident-after.sh
 set -euo pipefail
-cd "$(dirname "$0")"
-BMOE=${BMOE:-../../../../.venv/bin/bmoe-edge}
-MODELS=${MODELS:-/tmp/storage-models}
-$BMOE bench stream -m "$MODELS/q3g-skewed.gguf" --ram-cap 40% \
+cd "$(dirname "$0")" && . ../../campaign.sh
+stream resident-after-2048 -m "$(q3g skewed)" --ram-cap 40% \
   --cells long-prompt-16-resident,long-prompt-2048-resident --long-prompts 16,2048 --tokens 64 --repeats 2 \
-  --io-seconds 0 --out resident-after-2048 > resident-after-2048.log 2>&1 || echo "resident failed"
+  --io-seconds 0

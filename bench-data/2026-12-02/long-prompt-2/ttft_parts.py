@@ -3,7 +3,7 @@
 long-prompt-512 cell's settings, one knob changed at a time, each a fresh capped, throttled process:
 lanes, overlap, the cap. Uniform preset, 40% cap, 2 repeats, interleaved.
 
-    .venv/bin/python docs/bench-data/2026-12-02/long-prompt-2/ttft_parts.py /tmp/storage-models/q3g-uniform.gguf
+    .venv/bin/python bench-data/2026-12-02/long-prompt-2/ttft_parts.py /tmp/storage-models/q3g-uniform.gguf
 """
 import json
 import sys

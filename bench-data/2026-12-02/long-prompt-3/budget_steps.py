@@ -2,23 +2,22 @@
 settings, 40% cap = 1107 MiB, cgroup v1): the cgroup's usage and file pages, our mapped file pages, the
 budget. Why a 2,048-token prompt leaves the decode's budget ~37 MiB below a 16-token one's.
 
-    .venv/bin/python docs/bench-data/2026-12-02/long-prompt-3/budget_steps.py MODEL.gguf N [TOKENS]
+    .venv/bin/python bench-data/2026-12-02/long-prompt-3/budget_steps.py MODEL.gguf N [TOKENS]
 """
 import os
 import sys
 from pathlib import Path
 
-from bmoe_edge.bench import ramcap
 from bmoe_edge.bench.machine import long_prompt
 from bmoe_edge.cli.bench import _long_prompt_configs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # bench-data/
+import campaign  # noqa: E402
 
 model, n = sys.argv[1], int(sys.argv[2])
 tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 32
 Path("/proc/sys/vm/drop_caches").write_text("3\n")   # every run starts with the same (empty) page cache
-cg = ramcap.memory_cgroup_v1() / f"diag-{os.getpid()}"
-cg.mkdir()
-(cg / "memory.limit_in_bytes").write_text(str(1107 * 2**20))
-(cg / "cgroup.procs").write_text(str(os.getpid()))
+cg, _ = campaign.join_cap("diag", cap_mib=1107)
 from bmoe_edge.engine import Engine, Generation, StreamConfig  # noqa: E402  (after joining the cgroup)
 
 

@@ -3,7 +3,7 @@ One process per engine, uncapped (the cache holds every expert): streamed, a pro
 then a different prompt B of the same length (every expert cached: no reads); resident, the same A then B.
 Prints each prompt's time (the first step's wall time), bytes read and threads.
 
-    .venv/bin/python docs/bench-data/2026-12-02/long-prompt-3/prompt_compute.py MODEL.gguf [N] [REPEATS]
+    .venv/bin/python bench-data/2026-12-02/long-prompt-3/prompt_compute.py MODEL.gguf [N] [REPEATS]
 """
 import json
 import subprocess
@@ -37,17 +37,12 @@ if len(sys.argv) > 3 and sys.argv[3] == "--one":
     import os
     from pathlib import Path
 
-    from bmoe_edge.bench import ramcap
-    if os.environ.get("CAP_MIB"):      # the long-prompt cells' cap (1107 MiB for the 3 GB presets)
-        cg = ramcap.memory_cgroup_v1() / f"pc-{os.getpid()}"
-        cg.mkdir()
-        (cg / "memory.limit_in_bytes").write_text(str(int(os.environ["CAP_MIB"]) << 20))
-        (cg / "cgroup.procs").write_text(str(os.getpid()))
-    if os.environ.get("BPS"):          # the storage class's read throttle (blkio v1, as --storage)
-        bg = Path(f"/sys/fs/cgroup/blkio/pc-{os.getpid()}")
-        bg.mkdir()
-        (bg / "blkio.throttle.read_bps_device").write_text(f"{os.environ.get('DEV', '254:0')} {os.environ['BPS']}\n")
-        (bg / "cgroup.procs").write_text(str(os.getpid()))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # bench-data/
+    import campaign
+    # CAP_MIB: the long-prompt cells' cap (1107 MiB for the 3 GB presets); BPS: the storage class's read
+    # throttle (blkio v1, as --storage) of the disk DEV
+    campaign.join_cap("pc", cap_mib=int(os.environ.get("CAP_MIB") or 0), read_bps=int(os.environ.get("BPS") or 0),
+                      device=os.environ.get("DEV", "254:0"))
     config = _long_prompt_configs(16, None, [n])[n]
     config["stream"] = kind == "stream"
     with Engine(model, StreamConfig(**config)) as e:

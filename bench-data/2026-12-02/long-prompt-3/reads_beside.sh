@@ -3,18 +3,16 @@
 # compute on this VM as much as a streamed prompt's reads slow its own? prompt_compute.py's resident engine,
 # with dd reading the model file in a loop beside it the whole time; with BPS (bytes a second), dd's reads are
 # throttled to it (blkio v1, as --storage throttles the engine's).
-#   [BPS=430000000] docs/bench-data/2026-12-02/long-prompt-3/reads_beside.sh MODEL.gguf
+#   [BPS=430000000] bench-data/2026-12-02/long-prompt-3/reads_beside.sh MODEL.gguf
 set -euo pipefail
-cd "$(dirname "$0")"
+cd "$(dirname "$0")" && . ../../campaign.sh
 model=$1
 if [[ -n "${BPS:-}" ]]; then
-  cg=/sys/fs/cgroup/blkio/reads-beside-$$
-  mkdir -p "$cg"
   dev=$(lsblk -no MAJ:MIN "$(df --output=source "$model" | tail -1)" | tr -d ' ')
-  echo "${dev%%:*}:0 $BPS" > "$cg/blkio.throttle.read_bps_device"
+  cg=$(read_throttle "reads-beside-$$" "${dev%%:*}:0" "$BPS")
 fi
 ( [[ -n "${BPS:-}" ]] && echo $BASHPID > "$cg/cgroup.procs"
   while :; do dd if="$model" of=/dev/null bs=4M iflag=direct status=none; done ) &
 reader=$!
 trap 'kill $reader 2>/dev/null' EXIT
-../../../../.venv/bin/python prompt_compute.py "$model" 512 --one resident
+"$PY" prompt_compute.py "$model" 512 --one resident

@@ -1,4 +1,4 @@
-"""--speculative off / mtp / auto at a storage class, under a RAM cap (docs/bench-data/2026-12-02/mtp).
+"""--speculative off / mtp / auto at a storage class, under a RAM cap (bench-data/2026-12-02/mtp).
 
 Fixtures (bmoe_edge.synthetic.mtp_rows, written once into ~/.cache/bmoe-edge/bench-mtp): an ARCH trunk
 of 24 layers (the first dense), n_embd 512, experts 1024 wide, 32 experts, top-2 (a token routes to
@@ -15,7 +15,7 @@ threads auto, cache auto) but `speculative`, and CTX/BATCH. In each repeat the c
 run back to back (off, mtp, auto, in an order rotated per repeat), so a ratio is taken within a
 repeat. Writes cells-ARCH-STORAGE.csv (one row per cell) and prints a summary table.
 
-    .venv/bin/python docs/bench-data/2026-12-02/mtp/run.py [--out DIR] [--arch glm4moe|step35|gemma4]
+    .venv/bin/python bench-data/2026-12-02/mtp/run.py [--out DIR] [--arch glm4moe|step35|gemma4]
         [--storage rpi5-nvme-gen2|native|MB/s] [--cap 40%] [--repeats 3] [--tokens 192]
         [--heads agree,random] [--trace DIR (per-step rows of every cell)]
 """

@@ -3,11 +3,9 @@
 # the same cache and lanes with read-ahead off (auto-overlap-od4) and on (auto-overlap-od4-pfauto),
 # 4 interleaved repeats: in lanes.sh `defaults` lost 0.81x to auto-overlap-od4 in one of two repeats.
 # (A paired cell cannot run at this budget: its two engines' caches would not fit the cap together.)
-#   MODELS=/tmp/storage-models docs/bench-data/2026-12-02/storage-2/microsd-pair.sh
+#   MODELS=/tmp/storage-models bench-data/2026-12-02/storage-2/microsd-pair.sh
 set -euo pipefail
-cd "$(dirname "$0")"
-BMOE=${BMOE:-../../../../.venv/bin/bmoe-edge}
-MODELS=${MODELS:-/tmp/storage-models}
-$BMOE bench stream -m "$MODELS/q3g-skewed.gguf" --ram-cap 40% --storage microsd \
+cd "$(dirname "$0")" && . ../../campaign.sh
+stream microsd-readahead -m "$(q3g skewed)" --ram-cap 40% --storage microsd \
   --tokens 24 --repeats 4 --cells defaults,auto-overlap-od4,auto-overlap-od4-pfauto --io-seconds 1 \
-  --long-prompts "" --out microsd-readahead > microsd-readahead.log 2>&1
+  --long-prompts ""

@@ -3,14 +3,7 @@
 # prompt against after 16 tokens, same settings, 40% cap, at the Pi 5 NVMe Gen 2 class (where a decode is
 # I/O-bound, so the ratio is readable), both presets, 2 repeats, 64 answer tokens. The before is
 # ../long-prompt-3/gen2.sh (gen2-per-sequence-*-2048: same cells and settings).
-#   MODELS=/tmp/storage-models [PREFIX=gen2] [PRESETS="skewed uniform"] docs/bench-data/2026-12-02/ttft-warm/gen2.sh
-set -euo pipefail
-cd "$(dirname "$0")"
-BMOE=${BMOE:-../../../../.venv/bin/bmoe-edge}
-MODELS=${MODELS:-/tmp/storage-models}
-for preset in ${PRESETS:-skewed uniform}; do
-  out=${PREFIX:-gen2}-$preset-2048
-  $BMOE bench stream -m "$MODELS/q3g-$preset.gguf" --ram-cap 40% --storage rpi5-nvme-gen2 \
-    --cells long-prompt-16,long-prompt-2048 --long-prompts 16,2048 --tokens 64 --repeats 2 --io-seconds 1 \
-    --out "$out" > "$out.log" 2>&1 || echo "$out failed"
-done
+#   MODELS=/tmp/storage-models [PREFIX=gen2] [PRESETS="skewed uniform"] bench-data/2026-12-02/ttft-warm/gen2.sh
+# The same cells and settings as ../long-prompt-3/gen2.sh, run again after the change: that script's commands,
+# sourced ($0 stays this script, so it runs in this folder and the outputs land here).
+. "$(dirname "$0")/../long-prompt-3/gen2.sh"

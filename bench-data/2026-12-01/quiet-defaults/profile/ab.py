@@ -2,7 +2,7 @@
 cgroup at the cap after dropping the model's page cache; prints tok/s, I/O and stall per token, rusage
 from the first generate call, the cgroup's failcnt and the /proc/vmstat counters that moved.
 
-    .venv/bin/python docs/bench-data/2026-12-01/quiet-defaults/profile/ab.py MODEL CAP_MIB TOKENS REPEATS \
+    .venv/bin/python bench-data/2026-12-01/quiet-defaults/profile/ab.py MODEL CAP_MIB TOKENS REPEATS \
         '{"cache_mb": "auto"}' '{"cache_mb": 600}'
 
 Each JSON argument is laid over the bench cells' `*-overlap-od4` config (ctx 256, batch 64, 1 thread,
