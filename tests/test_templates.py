@@ -1,6 +1,6 @@
 """Every chat template the pinned llama.cpp vendors (`models/templates/*.jinja`, enumerated: a new pin's
 templates are tested without editing this file) through llama.cpp's own chat layer (engine/chat.py,
-native/src/chat.cpp): plain chat renders, thinking on and off does what the template allows, a forced
+native/src/engine/chat.cpp): plain chat renders, thinking on and off does what the template allows, a forced
 tool call (`required` and a named function) comes back as a valid `tool_calls` entry whose arguments
 parse and follow the schema, the second turn with the tool's result renders, and the answer read while
 it streams equals the answer read whole.

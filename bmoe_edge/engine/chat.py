@@ -1,4 +1,4 @@
-"""Conversations on the engine through llama.cpp's own chat layer (`common`, native/src/chat.cpp): the
+"""Conversations on the engine through llama.cpp's own chat layer (`common`, native/src/engine/chat.cpp): the
 model's template rendered by its Jinja engine (tools, earlier tool calls and results, thinking on or off,
 the template's own switches), the grammar a forced tool call or a response_format needs, and the answer
 read back into reasoning, content and tool calls as it streams, for each of the formats common knows.

@@ -5,7 +5,7 @@ The sidecar sits next to the model (first shard) as `<model>.sums`: JSON, one CR
 slice of every routed-expert tensor, one per dense tensor, and one per file header (everything
 before the file's first tensor), each file named with its size. It carries its own BLAKE2b over
 the canonical JSON of the rest, so a damaged sidecar is refused, never believed. The sums are
-computed by the engine's own CRC-32C (`native/src/crc32c.cpp`), the one `--verify-slices` checks
+computed by the engine's own CRC-32C (`native/src/core/crc32c.cpp`), the one `--verify-slices` checks
 every read with.
 """
 

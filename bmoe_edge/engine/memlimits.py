@@ -1,6 +1,6 @@
 """The memory limits that apply to this process: every memory cgroup it is in (v2 and v1, with their
 ancestors) and the machine's pressure. `tune` reports them, `rpc-worker` reports the tightest to the
-main board; the engine reads the same in C++ (native/src/memory_budget.cpp). Standard library only."""
+main board; the engine reads the same in C++ (native/src/policy/memory_budget.cpp). Standard library only."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Fixture rows of the architectures the engine refuses, kept to measure the refusal again: not in the
-gate table (`arch_rows.ROWS`), each one's reason in `native/src/recipes.cpp`. `tiny-model --arch` writes
+gate table (`arch_rows.ROWS`), each one's reason in `native/src/core/recipes.cpp`. `tiny-model --arch` writes
 them like any row.
 """
 

@@ -11,12 +11,12 @@
 #include <memory>
 #include <optional>
 
-#include "bench_reader.h"
+#include "read/bench_reader.h"
 #include "bmoe/error.h"
-#include "expert_cache.h"
-#include "expert_names.h"
-#include "mirror.h"
-#include "page_pool.h"
+#include "policy/expert_cache.h"
+#include "model/expert_names.h"
+#include "read/mirror.h"
+#include "read/page_pool.h"
 
 namespace nb = nanobind;
 using namespace bmoe::detail;

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "check.h"
-#include "expert_cache.h"
+#include "policy/expert_cache.h"
 
 using bmoe::detail::ExpertCache;
 using bmoe::detail::ExpertKey;

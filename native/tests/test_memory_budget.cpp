@@ -11,7 +11,7 @@
 #include <string>
 
 #include "check.h"
-#include "memory_budget.h"
+#include "policy/memory_budget.h"
 
 using bmoe::StreamConfig;
 using bmoe::detail::BudgetPolicy;

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "check.h"
-#include "ngram_draft.h"
+#include "policy/ngram_draft.h"
 
 using bmoe::detail::DraftPolicy;
 using bmoe::detail::ngram_draft;

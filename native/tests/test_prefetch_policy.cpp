@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "check.h"
-#include "prefetch_policy.h"
+#include "policy/prefetch_policy.h"
 
 using bmoe::detail::PrefetchPolicy;
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "check.h"
-#include "rpc_placement.h"
+#include "policy/rpc_placement.h"
 
 using bmoe::detail::describe;
 using bmoe::detail::kWorkerReserveBytes;
