@@ -7,6 +7,7 @@
 
 #include "bmoe/error.h"
 #include "engine/engine_impl.h"
+#include "policy/cache_sizing.h"
 #include "model/expert_names.h"
 #include "seam/seam_drop.h"
 #include "core/telemetry.h"
@@ -153,24 +154,17 @@ void Engine::Impl::size_cache() {
     footprint.n_expert = info.n_expert;
     footprint.n_expert_used = info.n_expert_used;
     const auto projections = static_cast<uint64_t>(info.streamed_tensors / std::max(1, streamer.n_layers()));
-    // The layer being computed and the one being read (overlap), and with read-ahead the next
-    // layer's guesses, each slice rounded out to units.
-    // --parallel: a step's sequences route to up to N times a token's experts per layer (their union).
-    const uint64_t routed = std::min<uint64_t>(static_cast<uint64_t>(info.n_expert),
-                                               static_cast<uint64_t>(info.n_expert_used) * config.parallel);
-    const uint64_t slices = routed * projections;
-    footprint.in_flight_bytes = (config.prefetch != Prefetch::Off ? 3 : 2) * (routed * widest_layer + slices * 2 * info.page_size);
-    // Each cached slice is a mapping moved into the mirror, splitting the reservation around it,
-    // and leaves the same split behind in the pool.
-    const uint64_t maps_free = detail::mappings_left();
-    const uint64_t per_expert_maps = 4 * projections;
-    if (maps_free != UINT64_MAX && per_expert_maps > 0) {
-        const uint64_t cap = maps_free / per_expert_maps / std::max(1, streamer.n_layers()) *
-                             streamer.cache().bytes_per_token_slot();
-        if (cap < info.expert_bytes) {  // only a limit where the cache could otherwise hold more
-            footprint.mappings_cap_bytes = cap;
-        }
-    }
+    detail::CacheShape shape;
+    shape.n_expert = static_cast<uint64_t>(info.n_expert);
+    shape.n_expert_used = static_cast<uint64_t>(info.n_expert_used);
+    shape.parallel = config.parallel;
+    shape.prefetch = config.prefetch != Prefetch::Off;
+    shape.widest_expert_bytes = widest_layer;
+    shape.projections = projections;
+    shape.page_size = info.page_size;
+    footprint.in_flight_bytes = detail::in_flight_bytes(shape);
+    footprint.mappings_cap_bytes = detail::mappings_cap_bytes(detail::mappings_left(), projections, streamer.n_layers(),
+                                                              streamer.cache().bytes_per_token_slot(), info.expert_bytes);
     memory = std::make_unique<detail::MemoryBudget>(config, std::move(footprint), streamer.cache().bytes_per_token_slot());
     // A prompt's compute buffers are written only while it is decoded, and the cache makes room for them then
     // (before_prompt): the ubatch is what that room affords, so a context sized for a long prompt in one ubatch
@@ -198,11 +192,7 @@ void Engine::Impl::size_cache() {
     if (!report.note.empty()) {
         info.warning += std::string(info.warning.empty() ? "" : "; ") + report.note;
     }
-    // Huge pages make a slice's read a few DMA segments; they pay where slices are read every token.
-    // A cache that holds every expert reads nothing once full, and a reclaimer working through
-    // physical memory (this VM's DAMON pageout) splits huge pages: 0.63 of resident against 0.98 in
-    // plain pages (docs/memory.md). There, plain pages.
-    streaming.pool->set_huge_pages(report.budget < info.expert_bytes);
+    streaming.pool->set_huge_pages(detail::pool_wants_huge_pages(report.budget, info.expert_bytes));
     streamer.set_budget(report.budget);
 }
 
