@@ -124,19 +124,7 @@ struct Engine::Impl {
 
     Speculative speculation = Speculative::Off;  // what --speculative resolved to at open (never Auto)
     detail::DraftPolicy draft_policy;
-    static constexpr int kNgramMin = 2;      // prompt lookup: the shortest and longest n-gram matched
-    static constexpr int kNgramMax = 4;
-    // The MTP head's drafts cost head decodes (and a catch-up feed after each pause): after this many
-    // outright rejections in a row (4 + 8 + 16 + 32 + 64 decodes of pauses between them) it stops.
-    static constexpr int kMtpGiveUp = 7;
-    // ... and after this many rejected probes before its first agreement in a generation (probes at
-    // decodes 1, 2, 7 and 16: DraftPolicy's pauses), a drafter that does not fit the model at all.
-    static constexpr int kMtpFirstProbes = 4;
-    // While paused, the head sees only the last this many decodes before it drafts again (its context
-    // restarts there): a catch-up over the whole pause would read most of its layer's experts.
-    static constexpr int kMtpResumeFeed = 4;
-    // The drafter's pages sleep through a pause this long or longer (pauses: 4, 8, 16, 32, 64).
-    static constexpr int kSleepDrafterPause = 16;
+    // (its constants, n-gram lengths and the MTP head's give-up and pauses: DraftPolicy's, policy/ngram_draft.h)
 
     void open(const std::string & path);
     // open's steps, in the order it takes them (engine.cpp)

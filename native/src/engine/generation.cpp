@@ -83,7 +83,7 @@ void Engine::Impl::decode(std::vector<llama_token> & tokens, bool all_logits) {
             // The hidden states the head drafts from: kept only while it may draft (greedy, not given
             // up, at most kMtpResumeFeed decodes before a pause ends), else they would pile up to the
             // context's length; it restarts after such a gap.
-            if (mtp && greedy && !draft_policy.gave_up() && draft_policy.paused() < kMtpResumeFeed) {
+            if (mtp && greedy && !draft_policy.gave_up() && draft_policy.paused() < detail::DraftPolicy::kMtpResumeFeed) {
                 mtp->observe(tokens.data() + done, n, first, all_logits);
             }
             in_context.insert(in_context.end(), tokens.begin() + static_cast<long>(done),
@@ -176,8 +176,8 @@ int32_t Engine::begin(const std::vector<int32_t> & prompt, const SamplingParams 
     // An MTP head's or a draft model's drafts are probed first (its agreement is the drafter's; a prompt
     // lookup's is its match's) and given up on (kMtpFirstProbes, kMtpGiveUp).
     const bool mtp_drafts = d.speculation == Speculative::Mtp;
-    d.draft_policy = detail::DraftPolicy(d.config.draft_max, mtp_drafts ? Impl::kMtpGiveUp : 0,
-                                         mtp_drafts ? Impl::kMtpFirstProbes : 0);
+    d.draft_policy = detail::DraftPolicy(d.config.draft_max, mtp_drafts ? detail::DraftPolicy::kMtpGiveUp : 0,
+                                         mtp_drafts ? detail::DraftPolicy::kMtpFirstProbes : 0);
     if (d.mtp) {  // a new generation: the head drafts again (greedy only)
         d.resume_drafting();
     }

@@ -106,7 +106,7 @@ void Engine::Impl::hold_drafter() {
     }
     const bool gave_up = draft_policy.gave_up();
     cache_heads(!gave_up && !draft_policy.probing());
-    if (!mtp->asleep() && (gave_up || draft_policy.paused() >= kSleepDrafterPause)) {
+    if (!mtp->asleep() && (gave_up || draft_policy.paused() >= detail::DraftPolicy::kSleepDrafterPause)) {
         sleep_drafter();
     } else if (mtp->asleep() && !gave_up && draft_policy.paused() == 0) {
         wake_drafter();
@@ -171,7 +171,7 @@ std::vector<llama_token> Engine::Impl::draft_for(llama_pos used) {
     }
     std::vector<llama_token> history(in_context);
     history.insert(history.end(), pending.begin(), pending.end());
-    return detail::ngram_draft(history, kNgramMin, kNgramMax, max);
+    return detail::ngram_draft(history, detail::DraftPolicy::kNgramMin, detail::DraftPolicy::kNgramMax, max);
 }
 
 }  // namespace bmoe
