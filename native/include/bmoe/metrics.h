@@ -129,7 +129,10 @@ struct FieldInfo {
 template <typename T>
 constexpr const char * field_kind() {
     static_assert(std::is_arithmetic_v<T> || std::is_same_v<T, std::string>, "a record field is a number or text");
-    return std::is_same_v<T, bool> ? "bool" : std::is_integral_v<T> ? "int" : std::is_floating_point_v<T> ? "float" : "str";
+    return std::is_same_v<T, bool>             ? "bool"
+           : std::is_integral_v<T>          ? "int"
+           : std::is_floating_point_v<T>    ? "float"
+                                            : "str";
 }
 
 #define BMOE_FIELD_INFO(type, name, default_value, help) FieldInfo{#name, field_kind<type>(), help},
