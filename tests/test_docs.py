@@ -170,9 +170,11 @@ PLACEHOLDER = re.compile(r"[*{<]|(?<![A-Za-z])(CLASS|BOARD|NAME|DATE|RUN)(?![A-Z
 def _git_ignored(paths: set[str]) -> set[str]:
     if not paths:
         return set()
-    out = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=REPO, input="\n".join(sorted(paths)),
+    # Each also as a directory: a pattern such as `src-*/` matches only one, and a missing path is neither.
+    asked = "\n".join(f"{p}\n{p.rstrip('/')}/" for p in sorted(paths))
+    out = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=REPO, input=asked,
                          capture_output=True, text=True, check=False)
-    return set(out.stdout.split())
+    return {p for p in paths if {p, p.rstrip("/") + "/"} & set(out.stdout.split())}
 
 
 @pytest.mark.parametrize("page", [REPO / "README.md", *sorted(DOCS.glob("*.md"))], ids=lambda p: p.name)
