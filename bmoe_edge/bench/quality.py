@@ -3,7 +3,8 @@
 Each setting is compared with the lossless run in two ways: greedy generation from a prompt (how
 many tokens agree, position by position, and where the first difference is) and the perplexity of
 a text scored teacher-forced (the mean negative log-likelihood per token, exponentiated). A lossy
-setting is any mix of the engine's lossy knobs, e.g. `n_expert_used=6` or `drop_cold=0.05`.
+setting is any mix of the engine's lossy knobs (the settings rows marked lossy), e.g. `n_expert_used=6` or
+`drop_cold=0.05`.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from bmoe_edge.engine import Engine, Generation, StreamConfig
-from bmoe_edge.engine.settings import BY_NAME
+from bmoe_edge.engine import Engine, Generation, StreamConfig, settings
 from bmoe_edge.errors import BmoeError
 
-LOSSY_SETTINGS = ("n_expert_used", "drop_cold")
+LOSSY_SETTINGS = tuple(s.name for s in settings.LOSSY_SETTINGS)
 DEFAULT_PROMPT = "The history of the printing press begins"
 # Plain English prose (written for this project): the text whose perplexity each setting is scored on.
 DEFAULT_TEXT = (
@@ -51,7 +51,7 @@ def parse_lossy(spec: str) -> dict[str, object]:
         name = name.strip().replace("-", "_")
         if not sep or name not in LOSSY_SETTINGS:
             raise BmoeError(f"--lossy {spec!r}: expected NAME=VALUE with NAME one of {', '.join(LOSSY_SETTINGS)}")
-        values[name] = BY_NAME[name].check(raw.strip())
+        values[name] = settings.BY_NAME[name].check(raw.strip())
     if not values:
         raise BmoeError("--lossy needs at least one NAME=VALUE")
     return values

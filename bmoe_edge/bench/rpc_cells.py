@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bmoe_edge.bench.cells import BenchCell, spawn_cell
+from bmoe_edge.bench.defaults import THREADS
 from bmoe_edge.bench.ramcap import CapResult, MemCap, make_cap
 from bmoe_edge.engine import rpc_worker
 from bmoe_edge.units import MiB
@@ -56,7 +57,8 @@ def rpc_cell(stream_cell: BenchCell, n_workers: int, endpoints: str) -> BenchCel
 
 
 def run_rpc_cells(stream_cell: BenchCell, model: Path, cap_bytes: int, workers: list[int], out: Path,
-                  cap_method: str = "auto", threads: int = 1, timeout: float = 3600) -> list[dict[str, Any]]:
+                  cap_method: str = "auto", threads: int = THREADS.value,
+                  timeout: float = 3600) -> list[dict[str, Any]]:
     """One record per worker count: the main cell's (tok/s, net_bytes_per_token, its cap's peak) and each
     worker cap's peak usage."""
     out.mkdir(parents=True, exist_ok=True)

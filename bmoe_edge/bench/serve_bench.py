@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bmoe_edge.bench import ramcap
+from bmoe_edge.bench.defaults import PREFILL_CHUNK
 from bmoe_edge.errors import BmoeError
 
 PROMPTS = (
@@ -41,7 +42,7 @@ class ServeCell:
     parallel: int
     clients: int
     long_prompt: int = 0      # a gap cell: the second client's prompt length, tokens
-    chunk: int = 128
+    chunk: int = PREFILL_CHUNK.value
     env: tuple[tuple[str, str], ...] = ()   # the server's extra environment (an A/B of a hidden switch)
 
 

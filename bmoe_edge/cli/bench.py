@@ -8,7 +8,9 @@ from typing import Annotated, Protocol, TypeVar
 
 import typer
 
-from bmoe_edge.cli.common import bench_app, fail, machine_config
+from bmoe_edge.bench.defaults import PREFILL_CHUNK, SERVE_CTX, THREADS
+from bmoe_edge.cli.common import bench_app, fail, machine_config, setting_options
+from bmoe_edge.engine.settings import BY_NAME
 
 
 @bench_app.command("io")
@@ -96,7 +98,7 @@ def bench_stream_cmd(
     mmap_tokens: Annotated[int | None, typer.Option("--mmap-tokens", help="For the (slow) mmap cell.")] = None,
     repeats: Annotated[int, typer.Option("--repeats", min=1)] = 3,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("bench-out"),
-    threads: Annotated[int, typer.Option("-t", "--threads", help="Compute threads of every cell.")] = 1,
+    threads: Annotated[int, typer.Option(*THREADS.row.flags, help=THREADS.help)] = THREADS.value,
     cells: Annotated[str | None, typer.Option("--cells", help="Only these labels (comma list).")] = None,
     budgets: Annotated[str | None, typer.Option("--budgets", help="Cache budgets, MiB (default: by cap).")] = None,
     cap_method: Annotated[str, typer.Option("--cap-method", help="auto, cgroup-v1, cgroup-v2, balloon.")] = "auto",
@@ -153,10 +155,10 @@ def bench_serve_cmd(
     tokens: Annotated[int, typer.Option("--tokens", min=2, help="Generated tokens per client.")] = 48,
     long_prompt: Annotated[int, typer.Option("--long-prompt", min=0, help="The gap cells' long prompt, tokens "
                                              "(0: none).")] = 2000,
-    chunk: Annotated[int, typer.Option("--prefill-chunk", min=1, help="The servers' prefill chunk.")] = 128,
+    chunk: Annotated[int, typer.Option(*PREFILL_CHUNK.row.flags, min=1, help=PREFILL_CHUNK.help)] = PREFILL_CHUNK.value,
     repeats: Annotated[int, typer.Option("--repeats", min=1)] = 2,
-    threads: Annotated[int, typer.Option("-t", "--threads", help="Compute threads of every server.")] = 1,
-    ctx: Annotated[int, typer.Option("--ctx", help="Each sequence's context (gap cells: room for the prompt).")] = 512,
+    threads: Annotated[int, typer.Option(*THREADS.row.flags, help=THREADS.help)] = THREADS.value,
+    ctx: Annotated[int, typer.Option(*SERVE_CTX.row.flags, help=SERVE_CTX.help)] = SERVE_CTX.value,
     cells: Annotated[str | None, typer.Option("--cells", help="Only these labels (comma list).")] = None,
     cap_method: Annotated[str, typer.Option("--cap-method", help="auto, cgroup-v1, cgroup-v2, balloon.")] = "auto",
     out: Annotated[Path, typer.Option("--out", help="Output directory (cells.csv, clients.csv).")] = Path("bench-out"),
@@ -223,6 +225,7 @@ def bench_routing_cmd(
 
 
 @bench_app.command("quality")
+@setting_options([BY_NAME["cache_mb"]], "engine")  # --cache-mb, as `generate` takes it (default: the profile's)
 def bench_quality_cmd(
     model: Annotated[Path, typer.Option("-m", "--model")],
     lossy: Annotated[list[str], typer.Option("--lossy", help="A lossy setting to compare with the lossless model, "
@@ -231,9 +234,8 @@ def bench_quality_cmd(
     prompt: Annotated[str | None, typer.Option("--prompt", help="The generation prompt.")] = None,
     text: Annotated[Path | None, typer.Option("--text", help="Score this text's perplexity (default: a built-in "
                                               "paragraph).")] = None,
-    cache_mb: Annotated[str | None, typer.Option("--cache-mb", help="Cache budget of every run (default: the "
-                                                 "machine profile's).")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write quality.json and quality.md here.")] = None,
+    *, engine: dict[str, object],
 ) -> None:
     """What lossy knobs cost: token agreement with the lossless run and the perplexity delta on a text,
     every run with this machine's settings."""
@@ -241,8 +243,7 @@ def bench_quality_cmd(
     from bmoe_edge.boards import profiles
     from bmoe_edge.engine import settings
 
-    flags: dict[str, object] = {"cache_mb": cache_mb} if cache_mb is not None else {}
-    base = settings.resolve(profiles.load_profile(profiles.machine_board()).engine, flags)
+    base = settings.resolve(profiles.load_profile(profiles.machine_board()).engine, engine)
     try:
         body = text.read_text() if text is not None else quality.DEFAULT_TEXT
     except OSError as exc:
@@ -269,7 +270,7 @@ def bench_rpc_cmd(
     workers: Annotated[str, typer.Option("--workers", help="Worker counts (0 = streaming alone).")] = "0,1,2",
     tokens: Annotated[int, typer.Option("--tokens", min=2, help="Generated tokens per cell.")] = 64,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("bench-out/rpc"),
-    threads: Annotated[int, typer.Option("-t", "--threads", help="Compute threads of the main and each worker.")] = 1,
+    threads: Annotated[int, typer.Option(*THREADS.row.flags, help=THREADS.help)] = THREADS.value,
     cap_method: Annotated[str, typer.Option("--cap-method", help="auto, cgroup-v1, cgroup-v2.")] = "auto",
 ) -> None:
     """Main + N rpc-server workers, each process in its own cgroup at the same cap, against streaming

@@ -1,48 +1,55 @@
 """What a generation is made of: its sampling settings, each token with its step's metrics, and the
-whole result. Plain data, below the engine (session) and the conversations on it (chat)."""
+whole result. Plain data, below the engine (session) and the conversations on it (chat).
+
+The telemetry records are declared once, as rows of `native/include/bmoe/metrics.h`: `TokenMetrics` is built
+from the rows the engine exports (their names, types, defaults and help), and so are the run info's keys."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any
 
+from bmoe_edge.engine import native
 from bmoe_edge.engine.settings import Sampling  # the sampling rows' record (declared with the engine's settings)
 
-__all__ = ["Generation", "Logprob", "PositionLogprobs", "Sampling", "Token", "TokenMetrics"]
+__all__ = ["RUN_INFO_FIELDS", "TOKEN_METRICS_FIELDS", "Generation", "Logprob", "PositionLogprobs", "RecordField",
+           "Sampling", "Token", "TokenMetrics"]
 
 
 @dataclass(frozen=True)
-class TokenMetrics:
-    step: int
-    n_tokens: int
-    wall_ms: float
-    io_ms: float
-    stall_ms: float
-    drain_ms: float
-    compute_ms: float
-    bytes_read: int
-    slice_bytes: int
-    copy_bytes: int
-    cache_lookups: int
-    cache_hits: int
-    evictions: int
-    rereads: int             # slices read again because the first read failed its checksum (--verify-slices)
-    major_faults: int
-    rss_bytes: int
-    resident_expert_bytes: int
-    cache_budget_bytes: int  # the budget after this step: it follows memory pressure
-    pool_bytes: int          # memory the expert page pool holds
-    drafted: int = 0         # speculative decoding: draft tokens decoded with this one
-    accepted: int = 0        # ... that the model agreed with (the next tokens, without a decode)
-    probed: int = 0          # a draft checked against this step's own token instead (drafts rejected outright)
-    dropped: int = 0             # --drop-cold (lossy): routed slots skipped
-    read_ahead: bool = False     # --prefetch: this step guessed each next layer's experts and read them ahead
-    predicted: int = 0           # expert slots guessed ahead
-    predicted_correct: int = 0   # ... that the router then chose
-    ahead_bytes: int = 0         # bytes read for guesses
-    ahead_wasted_bytes: int = 0  # ... for guesses the router did not choose
-    net_bytes: int = 0       # RPC: bytes sent to and received from the workers in this step
-    routed_bytes: int = 0    # bytes of the distinct experts this step routed to (each counted once)
-    released_bytes: int = 0  # a prompt's step: compute-buffer memory given back to the cache after it
+class RecordField:
+    """One row of a native telemetry record (bmoe/metrics.h), seen from Python."""
+
+    name: str
+    kind: type   # bool, int, float or str
+    help: str
+
+
+_KINDS: dict[str, type] = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def _rows(described: Any) -> tuple[RecordField, ...]:
+    return tuple(RecordField(r.name, _KINDS[r.kind], r.help) for r in described)
+
+
+# The rows as the engine exports them: nothing in Python lists a field.
+TOKEN_METRICS_FIELDS: tuple[RecordField, ...] = _rows(native.load().token_metrics_fields())
+RUN_INFO_FIELDS: tuple[RecordField, ...] = _rows(native.load().run_info_fields())
+
+
+def _metrics_record() -> Any:
+    defaults = native.load().TokenMetrics()
+    doc = "One step's telemetry, one field per row of bmoe/metrics.h:\n\n" + "\n".join(
+        f"- {f.name}: {f.help}" for f in TOKEN_METRICS_FIELDS)
+    cls = make_dataclass("TokenMetrics", [(f.name, f.kind, field(default=f.kind(getattr(defaults, f.name))))
+                                          for f in TOKEN_METRICS_FIELDS],
+                         frozen=True, kw_only=True, namespace={"__doc__": doc})
+    cls.__module__ = __name__
+    return cls
+
+
+# One generated step's telemetry (frozen, keyword-only; the metrics CSV's columns are its fields, in order).
+TokenMetrics = _metrics_record()
 
 
 @dataclass(frozen=True)

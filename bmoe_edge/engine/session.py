@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bmoe_edge.engine import chat, checksums, native, prompt_cache, rpc
-from bmoe_edge.engine.generation import Generation, PositionLogprobs, Sampling, Token, TokenMetrics
+from bmoe_edge.engine.generation import RUN_INFO_FIELDS, Generation, PositionLogprobs, Sampling, Token, TokenMetrics
 from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
 
@@ -34,10 +34,9 @@ def _check_workers(config: StreamConfig, protocol: str) -> None:
     rpc.probe_all(endpoints, protocol)
 
 
-def run_info_fields(info: Any) -> tuple[str, ...]:
-    """The fields of the native RunInfo: whatever the engine reports (a field added in C++ shows up
-    in `--json` and the CSV without a Python edit)."""
-    return tuple(name for name in dir(info) if not name.startswith("_") and not callable(getattr(info, name)))
+# The run info's keys: the native RunInfo's rows (bmoe/metrics.h), by name as `--json` has always listed them (a
+# field added in C++ shows up in `--json` and the CSV without a Python edit).
+RUN_INFO_KEYS: tuple[str, ...] = tuple(sorted(f.name for f in RUN_INFO_FIELDS))
 
 
 # Scoring's chunk without `batched`: the positions one native call decodes one by one between two looks at
@@ -119,7 +118,7 @@ class Engine:
     def run_info(self) -> dict[str, object]:
         with self._using() as engine:
             info = engine.run_info
-            return {name: getattr(info, name) for name in run_info_fields(info)}
+            return {name: getattr(info, name) for name in RUN_INFO_KEYS}
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool | None = None) -> list[int]:
         """Token ids of `text` (BOS added when `add_special`); control-token names in it are parsed only

@@ -44,6 +44,7 @@ class Setting:
     profile: Literal["required", "optional", None] = None   # key under a board profile's `engine:`
     auto: bool = False                  # "auto" is a value too (the engine decides where it runs)
     toggle: bool = False                # natively a switch: off, on or auto
+    lossy: bool = False                 # a value other than the default makes the output differ from the model's
 
     @property
     def flag(self) -> str:
@@ -134,7 +135,7 @@ def _row(info: Any, defaults: Mapping[str, Any]) -> Setting:
         choices=() if info.kind == "toggle" else tuple(info.choices),
         minimum=None if info.minimum == float("-inf") else info.minimum,
         maximum=None if info.maximum == float("inf") else info.maximum, below_max=info.below_max,
-        profile=info.profile or None, auto=info.auto_value, toggle=info.kind == "toggle")
+        profile=info.profile or None, auto=info.auto_value, toggle=info.kind == "toggle", lossy=info.lossy)
     return replace(partial, default=partial.from_native(defaults[info.name]))
 
 
@@ -151,6 +152,8 @@ SAMPLING_SETTINGS: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.group ==
 PROFILE_SETTINGS: tuple[Setting, ...] = tuple(s for s in ENGINE_SETTINGS if s.profile)
 FLAG_SETTINGS: tuple[Setting, ...] = tuple(s for s in ENGINE_SETTINGS if s.flags)
 SAMPLING_FLAGS: tuple[Setting, ...] = tuple(s for s in SAMPLING_SETTINGS if s.flags)
+# The rows whose value, away from its default, changes the output (`bench quality` measures them, gates refuse them).
+LOSSY_SETTINGS: tuple[Setting, ...] = tuple(s for s in ENGINE_SETTINGS if s.lossy)
 # Conversations (`chat`, `serve`) sample where nothing says otherwise; everything else is greedy by default.
 CONVERSATION_TEMP: float = float(native.load().conversation_temp)
 

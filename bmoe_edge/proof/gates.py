@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from bmoe_edge.engine import Engine, Generation, StreamConfig, info
+from bmoe_edge.engine.settings import LOSSY_SETTINGS
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.synthetic import release_types
 from bmoe_edge.synthetic.arch_rows import MOE_ARCHS, ROWS
@@ -248,9 +249,9 @@ def rpc_matrix(endpoints: str) -> list[GateCell]:
 
 
 def stream_config(case: StreamCase, all_expert_bytes: int) -> StreamConfig:
-    if case.overrides.get("n_expert_used", "auto") != "auto" or case.overrides.get("drop_cold", 0):
-        raise BmoeError(f"gate case {case.name}: lossy settings (n_expert_used, drop_cold) have no place in the gates: "
-                        "they compare against the lossless model")
+    if any(case.overrides.get(s.name, s.default) != s.default for s in LOSSY_SETTINGS):
+        raise BmoeError(f"gate case {case.name}: lossy settings ({', '.join(s.name for s in LOSSY_SETTINGS)}) have no "
+                        "place in the gates: they compare against the lossless model")
     if case.cache == "auto":
         cache_mb: float | str = "auto"
         extra = {"cache_floor_mb": 0, "cache_ceil_mb": 64}

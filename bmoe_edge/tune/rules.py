@@ -5,8 +5,9 @@
 - `io_threads`: the fewest lanes whose bandwidth (the mean over the sizes) is within 5% of the best;
 - `storage.read_mb_s`: that bandwidth, in MB/s;
 - `threads`: from the streaming decode cells (compute threads beside the read lanes, the way runs use
-  them): the count with the best median tok/s, unless the profile's own count (0 = auto: one core left
-  to the read lanes) is within the spread of the rounds of the best — a tie — and then it is left alone;
+  them): the count with the best median tok/s, unless the profile's own count (0 = auto, resolved by the
+  engine's own rule: `_native.compute_threads`) is within the spread of the rounds of the best — a tie —
+  and then it is left alone;
 - `cache_margin_mb`: what `auto` keeps free beyond what the engine counts itself (its working set and
   the experts in flight): 64 MiB + 1% of the effective memory limit (allocator churn, page tables, the
   kernel's slack), + with pread the page cache its reads pass through (2 x lanes x the largest slice),
@@ -28,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bmoe_edge.engine import native
 from bmoe_edge.engine.settings import BY_NAME
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.tune.measure import ComputeCell, IoCell, Machine
@@ -104,8 +106,8 @@ def choose_reads(io: Sequence[IoCell], odirect_note: str, sizes: Sequence[int]) 
 
 
 def streaming_threads(threads: int, cores: int) -> int:
-    """What a thread setting is in a streaming run (0 = auto: one core left to the read lanes)."""
-    return threads if threads > 0 else max(1, cores - 1)
+    """What a thread setting is in a streaming run on `cores` cores: the engine's own rule (0 = auto)."""
+    return int(native.load().compute_threads(threads, True, cores))
 
 
 def choose_threads(compute: Sequence[ComputeCell], profile_threads: int, cores: int) -> tuple[int | None, str]:

@@ -77,6 +77,8 @@ void set_fatal_listener(nb::object listener) {
 
 #define BMOE_BIND_ENGINE_SETTING(type, name, ...) bind_setting(config, #name, &bmoe::StreamConfig::name);
 #define BMOE_BIND_SAMPLING_SETTING(type, name, ...) bind_setting(sampling, #name, &bmoe::SamplingParams::name);
+#define BMOE_BIND_TOKEN_METRIC(type, name, ...) token_metrics.def_ro(#name, &bmoe::TokenMetrics::name);
+#define BMOE_BIND_RUN_INFO(type, name, ...) run_info.def_ro(#name, &bmoe::RunInfo::name);
 
 NB_MODULE(_native, m) {
     m.doc() = "bmoe-edge native engine";
@@ -172,7 +174,7 @@ NB_MODULE(_native, m) {
         BMOE_RO(SettingInfo, group) BMOE_RO(SettingInfo, name) BMOE_RO(SettingInfo, kind)
         BMOE_RO(SettingInfo, choices) BMOE_RO(SettingInfo, minimum) BMOE_RO(SettingInfo, maximum)
         BMOE_RO(SettingInfo, below_max) BMOE_RO(SettingInfo, auto_value)
-        BMOE_RO(SettingInfo, profile) BMOE_RO(SettingInfo, flag)
+        BMOE_RO(SettingInfo, profile) BMOE_RO(SettingInfo, lossy) BMOE_RO(SettingInfo, flag)
         BMOE_RO(SettingInfo, short_flag) BMOE_RO(SettingInfo, help);
     m.def("settings", &bmoe::settings);
     m.attr("conversation_temp") = bmoe::kConversationTemp;
@@ -188,37 +190,18 @@ NB_MODULE(_native, m) {
           nb::arg("sampling"), nb::arg("name"));
     m.def("parse_endpoints", &bmoe::parse_endpoints, nb::arg("list"));
     m.def("parse_weights", &bmoe::parse_weights, nb::arg("list"));
+    m.def("compute_threads", &bmoe::compute_threads, nb::arg("threads"), nb::arg("stream"), nb::arg("cores"));
 
-    nb::class_<bmoe::TokenMetrics>(m, "TokenMetrics")
-        BMOE_RO(TokenMetrics, step) BMOE_RO(TokenMetrics, n_tokens) BMOE_RO(TokenMetrics, wall_ms)
-        BMOE_RO(TokenMetrics, io_ms) BMOE_RO(TokenMetrics, stall_ms) BMOE_RO(TokenMetrics, drain_ms) BMOE_RO(TokenMetrics, compute_ms)
-        BMOE_RO(TokenMetrics, bytes_read) BMOE_RO(TokenMetrics, slice_bytes) BMOE_RO(TokenMetrics, copy_bytes)
-        BMOE_RO(TokenMetrics, cache_lookups) BMOE_RO(TokenMetrics, cache_hits) BMOE_RO(TokenMetrics, evictions) BMOE_RO(TokenMetrics, rereads)
-        BMOE_RO(TokenMetrics, major_faults) BMOE_RO(TokenMetrics, rss_bytes)
-        BMOE_RO(TokenMetrics, resident_expert_bytes) BMOE_RO(TokenMetrics, cache_budget_bytes)
-        BMOE_RO(TokenMetrics, pool_bytes) BMOE_RO(TokenMetrics, drafted) BMOE_RO(TokenMetrics, accepted)
-        BMOE_RO(TokenMetrics, probed)
-        BMOE_RO(TokenMetrics, dropped) BMOE_RO(TokenMetrics, read_ahead) BMOE_RO(TokenMetrics, predicted) BMOE_RO(TokenMetrics, predicted_correct)
-        BMOE_RO(TokenMetrics, ahead_bytes) BMOE_RO(TokenMetrics, ahead_wasted_bytes)
-        BMOE_RO(TokenMetrics, net_bytes) BMOE_RO(TokenMetrics, routed_bytes) BMOE_RO(TokenMetrics, released_bytes);
-
-    nb::class_<bmoe::RunInfo>(m, "RunInfo")
-        BMOE_RO(RunInfo, model) BMOE_RO(RunInfo, architecture) BMOE_RO(RunInfo, n_layer) BMOE_RO(RunInfo, n_expert)
-        BMOE_RO(RunInfo, n_expert_used) BMOE_RO(RunInfo, streaming) BMOE_RO(RunInfo, streamed_tensors)
-        BMOE_RO(RunInfo, expert_bytes) BMOE_RO(RunInfo, file_bytes) BMOE_RO(RunInfo, n_files)
-        BMOE_RO(RunInfo, threads) BMOE_RO(RunInfo, io_threads) BMOE_RO(RunInfo, read_path_requested)
-        BMOE_RO(RunInfo, read_path) BMOE_RO(RunInfo, read_path_note) BMOE_RO(RunInfo, dio_align)
-        BMOE_RO(RunInfo, page_size) BMOE_RO(RunInfo, kernel_page_size) BMOE_RO(RunInfo, cache_budget_mb)
-        BMOE_RO(RunInfo, cache_mode) BMOE_RO(RunInfo, cache_note) BMOE_RO(RunInfo, memory_limit_source)
-        BMOE_RO(RunInfo, memory_limit_mb) BMOE_RO(RunInfo, memory_headroom_mb) BMOE_RO(RunInfo, memory_pending_mb)
-        BMOE_RO(RunInfo, cache_adaptive)
-        BMOE_RO(RunInfo, dense) BMOE_RO(RunInfo, overlap) BMOE_RO(RunInfo, prefetch) BMOE_RO(RunInfo, prefetch_note) BMOE_RO(RunInfo, hook_compiled_in)
-        BMOE_RO(RunInfo, lazy_load) BMOE_RO(RunInfo, ctx) BMOE_RO(RunInfo, batch) BMOE_RO(RunInfo, ubatch)
-        BMOE_RO(RunInfo, flash_attn) BMOE_RO(RunInfo, fault) BMOE_RO(RunInfo, io_timeout_s)
-        BMOE_RO(RunInfo, verify_slices) BMOE_RO(RunInfo, parse_special) BMOE_RO(RunInfo, warning) BMOE_RO(RunInfo, load_ms)
-        BMOE_RO(RunInfo, load_bytes_read) BMOE_RO(RunInfo, load_major_faults) BMOE_RO(RunInfo, rss_after_load)
-        BMOE_RO(RunInfo, routed_bytes_per_token) BMOE_RO(RunInfo, speculative) BMOE_RO(RunInfo, lossy)
-        BMOE_RO(RunInfo, placement) BMOE_RO(RunInfo, rpc_workers) BMOE_RO(RunInfo, main_layers);
+    // The telemetry records: one read-only attribute per row of bmoe/metrics.h, and the rows' description.
+    nb::class_<bmoe::FieldInfo>(m, "FieldInfo")
+        BMOE_RO(FieldInfo, name) BMOE_RO(FieldInfo, kind) BMOE_RO(FieldInfo, help);
+    m.def("token_metrics_fields", &bmoe::token_metrics_fields);
+    m.def("run_info_fields", &bmoe::run_info_fields);
+    nb::class_<bmoe::TokenMetrics> token_metrics(m, "TokenMetrics");
+    token_metrics.def(nb::init<>());  // the rows' defaults, for Python's record
+    BMOE_TOKEN_METRICS(BMOE_BIND_TOKEN_METRIC)
+    nb::class_<bmoe::RunInfo> run_info(m, "RunInfo");
+    BMOE_RUN_INFO(BMOE_BIND_RUN_INFO)
 
     nb::class_<bmoe::TokenLogprob>(m, "TokenLogprob")
         .def_ro("token", &bmoe::TokenLogprob::token)

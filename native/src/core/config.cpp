@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -62,7 +63,7 @@ std::string long_flag(const std::string & name, bool toggle) {
 
 template <typename T>
 SettingInfo describe_row(const char * group, const char * name, double lo, double hi, Rule rule, Profile profile,
-                         const char * flag, const char * help) {
+                         Output output, const char * flag, const char * help) {
     SettingInfo s;
     s.group = group;
     s.name = name;
@@ -75,11 +76,12 @@ SettingInfo describe_row(const char * group, const char * name, double lo, doubl
     s.below_max = rule == Rule::BelowMax;
     s.auto_value = rule == Rule::Auto || std::is_same_v<T, Toggle>;
     s.profile = profile_text(profile);
+    s.lossy = output == Output::Lossy;
     if (flag != nullptr) {
         s.flag = long_flag(name, std::is_same_v<T, bool> || std::is_same_v<T, Toggle>);
         s.short_flag = flag;
     }
-    s.help = help;
+    s.help = std::string(s.lossy ? "LOSSY: " : "") + help;
     return s;
 }
 
@@ -130,8 +132,8 @@ void check_row(const char * name, const T & value, double lo, double hi, Rule ru
     }
 }
 
-#define BMOE_DESCRIBE(group, type, name, default_value, lo, hi, rule, profile, flag, help) \
-    out.push_back(describe_row<type>(group, #name, lo, hi, rule, profile, flag, help));
+#define BMOE_DESCRIBE(group, type, name, default_value, lo, hi, rule, profile, output, flag, help) \
+    out.push_back(describe_row<type>(group, #name, lo, hi, rule, profile, output, flag, help));
 #define BMOE_DESCRIBE_ENGINE(...) BMOE_DESCRIBE("engine", __VA_ARGS__)
 #define BMOE_DESCRIBE_SAMPLING(...) BMOE_DESCRIBE("sampling", __VA_ARGS__)
 #define BMOE_CHECK_NAMED(type, name, default_value, lo, hi, rule, ...) \
@@ -140,6 +142,28 @@ void check_row(const char * name, const T & value, double lo, double hi, Rule ru
         return;                                                         \
     }
 #define BMOE_CHECK_ALL(type, name, default_value, lo, hi, rule, ...) check_row<type>(#name, c.name, lo, hi, rule);
+
+// A value as the run info's `lossy` label shows it.
+template <typename T>
+std::string label_text(const T & value) {
+    if constexpr (std::is_same_v<T, bool>) {
+        return value ? "true" : "false";
+    } else if constexpr (std::is_floating_point_v<T>) {
+        char text[48];
+        std::snprintf(text, sizeof(text), "%g", static_cast<double>(value));
+        return text;
+    } else if constexpr (std::is_integral_v<T>) {
+        return std::to_string(value);
+    } else if constexpr (std::is_enum_v<T>) {
+        return to_string(value);
+    } else {
+        return value;
+    }
+}
+#define BMOE_LOSSY_LABEL(type, name, default_value, lo, hi, rule, profile, output, ...)        \
+    if (output == Output::Lossy && !(c.name == static_cast<type>(default_value))) {           \
+        label += (label.empty() ? "" : ", ") + std::string(#name "=") + label_text(c.name);  \
+    }
 
 }  // namespace
 
@@ -163,6 +187,20 @@ void check_setting(const SamplingParams & c, const std::string & wanted) {
 void check_settings(const StreamConfig & c) { BMOE_ENGINE_SETTINGS(BMOE_CHECK_ALL) }
 
 void check_settings(const SamplingParams & c) { BMOE_SAMPLING_SETTINGS(BMOE_CHECK_ALL) }
+
+std::string lossy_settings(const StreamConfig & c) {
+    std::string label;
+    BMOE_ENGINE_SETTINGS(BMOE_LOSSY_LABEL)
+    return label;
+}
+
+// 0 = auto: every core for a resident run; one core left to the read lanes while streaming. llama.cpp's
+// compute threads spin at their barriers, so a thread per core starves the lanes (and itself, waiting for a
+// descheduled peer): on 2 cores, streaming with 2 compute threads decoded 0.4 tok/s against 1.0-1.7 with 1
+// (bench-data/2026-11-30). `tune` compares its measurements with this rule (through the bindings).
+int compute_threads(int threads, bool stream, int cores) {
+    return threads > 0 ? threads : stream ? std::max(1, cores - 1) : cores;
+}
 
 FaultInjection parse_fault(const std::string & spec, const std::string & what) {
     FaultInjection f;

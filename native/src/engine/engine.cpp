@@ -194,13 +194,8 @@ void Engine::Impl::check_lossy_settings(const std::string & path) {
             throw Error("n_expert_used must be between 1 and " + std::to_string(n_expert) +
                         " (the model's experts), got " + std::to_string(config.n_expert_used));
         }
-        info.lossy = "n_expert_used=" + std::to_string(config.n_expert_used);
     }
-    if (config.drop_cold > 0) {
-        char text[48];
-        std::snprintf(text, sizeof(text), "drop_cold=%g", config.drop_cold);
-        info.lossy += (info.lossy.empty() ? "" : ", ") + std::string(text);
-    }
+    info.lossy = lossy_settings(config);  // the rows marked Output::Lossy (bmoe/config.h)
 }
 
 void Engine::Impl::refuse_unstreamable(const std::string & path, const Recipe & recipe_row) {
@@ -307,12 +302,9 @@ llama_context_params Engine::Impl::context_params() const {
     params.n_ubatch = static_cast<uint32_t>(config.ubatch);
     params.n_seq_max = static_cast<uint32_t>(config.parallel);
     params.kv_unified = false;
-    // 0 = auto: every core for a resident run; one core left to the read lanes while streaming.
-    // llama.cpp's compute threads spin at their barriers, so a thread per core starves the lanes
-    // (and itself, waiting for a descheduled peer): on 2 cores, streaming with 2 compute threads
-    // decoded 0.4 tok/s against 1.0-1.7 with 1 (bench-data/2026-11-30).
+    // 0 = auto: the rule, and why, beside the threads row (config.cpp).
     const int cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
-    const int threads = config.threads > 0 ? config.threads : config.stream ? std::max(1, cores - 1) : cores;
+    const int threads = compute_threads(config.threads, config.stream, cores);
     params.n_threads = threads;
     params.n_threads_batch = threads;  // a long prompt takes every core only around its own batch (step_once)
     params.flash_attn_type = config.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
