@@ -25,7 +25,7 @@ from bmoe_edge.tune import rules
 from conftest import REPO
 
 METRICS_H = REPO / "native" / "include" / "bmoe" / "metrics.h"
-CONFIG_CPP = REPO / "native" / "src" / "config.cpp"
+CONFIG_CPP = REPO / "native" / "src" / "core" / "config.cpp"
 ROW = re.compile(r"^\s*X\(\s*([\w:]+)\s*,\s*(\w+)\s*,", re.M)
 RECORDS = (("TokenMetrics", "BMOE_TOKEN_METRICS"), ("RunInfo", "BMOE_RUN_INFO"))
 
