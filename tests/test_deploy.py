@@ -702,7 +702,7 @@ def test_serve_service_is_installed_and_its_execstart_serves(deployed: dict, boa
     empty.write_text(" \n")
     assert_one_error(run_cli("deploy", "--bundle", str(bundle_a), "--host", board.target, "--install-dir", str(inst),
                              "--service", "serve", "-m", model, "--api-key-file", str(empty), env=_env(lab)),
-                     "is empty", "--no-auth")
+                     "holds no key", "--no-auth")
     b, layout = board_state.connect(fleet_targets.parse_target(board.target),
                                     remote.SshOptions(ssh_config=lab / "ssh_config"), install_dir=str(inst))
     keyless = services.spec_for("serve", model=model, bind="127.0.0.1", port=port, api_key=None)

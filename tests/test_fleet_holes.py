@@ -306,15 +306,16 @@ def test_a_service_beyond_loopback_without_an_api_key_is_refused_up_front(tmp_pa
 
 def test_serve_options_reach_the_unit() -> None:
     spec = services.spec_for("serve", model="/m/m.gguf", bind="0.0.0.0", port=8181, api_key="k",
-                             allowed_hosts=["pi5.lan", "pi5"], cors_origins=["https://app.example"],
-                             max_connections=16)
+                             serve={"allowed_host": ("pi5.lan", "pi5"), "cors_origin": ("https://app.example",),
+                                    "max_connections": 16})
     fields = _unit_fields(services.render_unit(spec, board_state.Layout("/opt/b"), "pi", "rpi5", ram_mb=8192))
     argv = shlex.split(fields["ExecStart"].replace("%%", "%").replace("$$", "$"))
     assert argv[argv.index("--api-key-file") + 1] == "/opt/b/services/serve/api-key"
     assert argv[-8:] == ["--allowed-host", "pi5.lan", "--allowed-host", "pi5", "--cors-origin",
                          "https://app.example", "--max-connections", "16"]
-    with pytest.raises(BmoeError, match="takes no --allowed-host"):
-        services.spec_for("rpc-worker", model=None, bind="127.0.0.1", port=None, api_key=None, max_connections=3)
+    with pytest.raises(BmoeError, match="takes no --max-connections"):
+        services.spec_for("rpc-worker", model=None, bind="127.0.0.1", port=None, api_key=None,
+                          serve={"max_connections": 3})
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 
+from bmoe_edge.engine.rpc import DEFAULT_PORT as RPC_PORT
+from bmoe_edge.engine.serve_options import BY_NAME, OPTIONS, ServeOption
 from bmoe_edge.engine.settings import FLAG_SETTINGS, SAMPLING_FLAGS, Setting
 
 app = typer.Typer(
@@ -61,26 +65,29 @@ def _option(s: Setting) -> Any:
     return Annotated[kind | None, typer.Option(*s.flags, help=s.help)]  # type: ignore[operator]
 
 
+def _grouped(command: Callable[..., Any], added: list[inspect.Parameter], into: str,
+             collect: Callable[[dict[str, Any]], Any]) -> Callable[..., Any]:
+    """`command` with the `added` options in its signature; it takes `<into>` instead: collect(their values)."""
+    signature = inspect.signature(command, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != into]
+    names = [p.name for p in added]
+
+    @functools.wraps(command)
+    def run(**kwargs: Any) -> Any:
+        grouped = collect({name: kwargs.pop(name) for name in names})   # popped before kwargs is passed on
+        return command(**kwargs, **{into: grouped})
+
+    run.__signature__ = signature.replace(parameters=[*own, *added])  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
+    return run
+
+
 def setting_options(settings: Sequence[Setting], into: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command one option per setting (from the declared settings). The command takes
     `<into>: dict[str, object]` instead: the values given, None for those not given."""
-
-    def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(command, eval_str=True)
-        own = [p for p in signature.parameters.values() if p.name != into]
-        added = [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=_option(s))
-                 for s in settings]
-
-        @functools.wraps(command)
-        def run(**kwargs: Any) -> Any:
-            given = {s.name: kwargs.pop(s.name) for s in settings}
-            return command(**kwargs, **{into: given})
-
-        run.__signature__ = signature.replace(parameters=[*own, *added])  # type: ignore[attr-defined]
-        run.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
-        return run
-
-    return wrap
+    added = [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=_option(s))
+             for s in settings]
+    return lambda command: _grouped(command, added, into, dict)
 
 
 def engine_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -92,6 +99,70 @@ def sampling_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """One option per sampling setting (--temp, --top-k, --top-p, --min-p, --seed); the command takes
     `sampling: dict[str, object]`."""
     return setting_options(SAMPLING_FLAGS, "sampling")
+
+
+def _serve_annotation(o: ServeOption, help_prefix: str, given_only: bool) -> Any:
+    kind: Any = list[o.kind] if o.many else o.kind  # type: ignore[name-defined]
+    bounds = {k: v for k, v in (("min", o.minimum), ("max", o.maximum)) if v is not None}
+    envvar = {"envvar": o.envvar} if o.envvar else {}
+    if o.kind is bool:
+        return Annotated[bool, typer.Option(*o.flags, help=help_prefix + o.help)]
+    return Annotated[kind | None if (given_only or o.default is None or o.many) else kind,
+                     typer.Option(*o.flags, help=help_prefix + o.help, **bounds, **envvar)]
+
+
+def serve_options(rows: Sequence[ServeOption] = OPTIONS, *, help_prefix: str = "",
+                  given_only: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """One option per row of serve's options (engine/serve_options.py); the command takes `serve: dict[str,
+    object]`: each row's value (a repeated option as a tuple). `given_only` (deploy --service): every default
+    is None (False for a switch), so only what was given is passed on."""
+
+    def default(o: ServeOption) -> Any:
+        if o.kind is bool:
+            return False
+        return None if (given_only or o.many) else o.default
+
+    def collect(values: dict[str, Any]) -> dict[str, Any]:
+        return {name: tuple(v or ()) if BY_NAME[name].many else v for name, v in values.items()}
+
+    added = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=default(o),
+                               annotation=_serve_annotation(o, help_prefix, given_only)) for o in rows]
+    return lambda command: _grouped(command, added, "serve", collect)
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a run happens: here (the default), on a board through its release (--host), or here with RPC
+    workers on other boards (--rpc-host, --inventory)."""
+
+    host: str | None = None
+    install_dir: str | None = None
+    ssh_config: Path | None = None
+    accept_new_host_key: bool = False
+    rpc_host: str | None = None
+    rpc_port: int = RPC_PORT
+    inventory: Path | None = None
+
+    def on_board(self, run: Callable[[Any, Any, Any], int]) -> None:
+        """With --host: `run(onboard, target, ssh_options)` on the board, and this process exits with its code."""
+        on_board(self.host, rpc_host=self.rpc_host, inventory=self.inventory, ssh_config=self.ssh_config,
+                 accept_new_host_key=self.accept_new_host_key, run=run)
+
+    def rpc_tunnelled(self, engine: dict[str, Any], say: Callable[[str], None] | None
+                      ) -> contextlib.AbstractContextManager[dict[str, Any]]:
+        return rpc_tunnelled(engine, self.rpc_host, self.rpc_port, inventory=self.inventory,
+                             ssh_config=self.ssh_config, accept_new_host_key=self.accept_new_host_key, say=say)
+
+
+def where_options() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--host, --install-dir, --ssh-config, --accept-new-host-key, --rpc-host, --rpc-port, --inventory; the
+    command takes `where: Where`."""
+    annotations = {"host": HostOpt, "install_dir": InstallDirOpt, "ssh_config": SshConfigOpt,
+                   "accept_new_host_key": AcceptNewOpt, "rpc_host": RpcHostOpt, "rpc_port": RpcPortOpt,
+                   "inventory": RpcInventoryOpt}
+    added = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                               annotation=annotations[f.name]) for f in dataclasses.fields(Where)]
+    return lambda command: _grouped(command, added, "where", lambda values: Where(**values))
 
 
 def machine_config(board: str | None, given: dict[str, Any], job: tuple[str, int] | None = None, *,

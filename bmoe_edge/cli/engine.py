@@ -12,23 +12,15 @@ import typer
 
 from bmoe_edge import __version__, doctor, llama_source
 from bmoe_edge.cli.common import (
-    AcceptNewOpt,
-    HostOpt,
-    InstallDirOpt,
-    RpcHostOpt,
-    RpcInventoryOpt,
-    RpcPortOpt,
-    SshConfigOpt,
+    Where,
     app,
     engine_options,
     fail,
     machine_config,
-    on_board,
-    rpc_tunnelled,
     sampling_options,
+    where_options,
 )
 from bmoe_edge.engine import checksums, info, moe_archs, runner, settings
-from bmoe_edge.engine.rpc import DEFAULT_PORT as RPC_PORT
 from bmoe_edge.errors import BmoeError, show_path
 from bmoe_edge.proof.gates import gated_architectures
 from bmoe_edge.synthetic import tinymoe
@@ -201,6 +193,7 @@ def _unproven(architecture: str) -> str:
 @app.command("generate")
 @engine_options()
 @sampling_options()
+@where_options()
 def generate_cmd(
     model: Annotated[Path, typer.Option("-m", "--model", help="The gguf model (first shard of a split model).")],
     prompt: Annotated[str | None, typer.Option("-p", "--prompt", help="The prompt text.")] = None,
@@ -212,16 +205,10 @@ def generate_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     progress: Annotated[bool, typer.Option("--progress", help="Per-token telemetry on stderr.")] = False,
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Write per-token telemetry here.")] = None,
-    host: HostOpt = None,
-    install_dir: InstallDirOpt = None,
-    ssh_config: SshConfigOpt = None,
-    accept_new_host_key: AcceptNewOpt = False,
-    rpc_host: RpcHostOpt = None,
-    rpc_port: RpcPortOpt = RPC_PORT,
-    inventory: RpcInventoryOpt = None,
     *,
     engine: dict[str, Any],
     sampling: dict[str, Any],
+    where: Where,
 ) -> None:
     """Generate text headlessly, streaming the routed experts from flash (greedy by default).
 
@@ -241,17 +228,14 @@ def generate_cmd(
         except UnicodeDecodeError:
             fail(f"the prompt file {prompt_file} is not UTF-8 text")
     text = prompt
-    on_board(host, rpc_host=rpc_host, inventory=inventory, ssh_config=ssh_config,
-             accept_new_host_key=accept_new_host_key,
-             run=lambda onboard, target, options: onboard.board_generate(
+    where.on_board(lambda onboard, target, options: onboard.board_generate(
                  target, str(model), text, onboard.generate_args(
                      max_tokens=max_tokens, as_json=as_json, progress=progress,
                      csv_path=None if csv_path is None else str(csv_path), overrides={**engine, **sampling}),
-                 options=options, board_name=board, install_dir=install_dir))
+                 options=options, board_name=board, install_dir=where.install_dir))
     outputs = runner.Outputs(as_json=as_json, progress=progress, csv_path=csv_path)
     say = (lambda m: typer.echo(m, err=True)) if progress else None
-    with rpc_tunnelled(engine, rpc_host, rpc_port, inventory=inventory, ssh_config=ssh_config,
-                       accept_new_host_key=accept_new_host_key, say=say) as flags:
+    with where.rpc_tunnelled(engine, say) as flags:
         runner.generate(model, prompt, max_tokens, machine_config(board, flags, (prompt, max_tokens)),
                         settings.sampling(sampling),
                         outputs, arch_warning=_unproven)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from bmoe_edge.cli.common import AcceptNewOpt, InstallDirOpt, SshConfigOpt, app, fail
+from bmoe_edge.cli.common import AcceptNewOpt, InstallDirOpt, SshConfigOpt, app, fail, serve_options
+from bmoe_edge.engine import serve_options as serve_rows
+from bmoe_edge.engine.serve_options import reaching
 
 HostsOpt = Annotated[list[str] | None, typer.Option(
     "--host", help="A board over SSH: USER@HOST[:PORT] (repeatable: a fleet, in parallel).")]
@@ -32,6 +34,7 @@ def _fleet_output(results: list, as_json: bool) -> None:
 
 
 @app.command("deploy")
+@serve_options(reaching("service"), help_prefix="With --service serve: ", given_only=True)
 def deploy_cmd(
     board: Annotated[str | None, typer.Option("--board", help="Deploy dist/<board> (hosts without a board in "
                                               "the inventory are this board).")] = None,
@@ -74,38 +77,24 @@ def deploy_cmd(
                                              "(serve: 8080).")] = None,
     api_key_file: Annotated[Path | None, typer.Option("--api-key-file", help="With --service serve: every "
                                                       "request needs this key (kept 0600 on the board).")] = None,
-    allowed_host: Annotated[list[str] | None, typer.Option("--allowed-host", help="With --service serve: a name "
-                                                           "clients reach it by (repeat for more).")] = None,
-    cors_origin: Annotated[list[str] | None, typer.Option("--cors-origin", help="With --service serve: a web "
-                                                          "origin whose pages may call it (repeat).")] = None,
-    max_connections: Annotated[int | None, typer.Option("--max-connections", min=1, help="With --service serve: "
-                                                        "open connections at most.")] = None,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="With --service serve: no API key, on purpose (an old "
                                           "one is removed; beyond loopback anyone who reaches the port may use "
                                           "it).")] = False,
+    *,
+    serve: dict[str, Any],
 ) -> None:
     """Upload a bundle to boards over SSH, verify it there, install it, switch `current` atomically."""
     from bmoe_edge.fleet import deploy, services, trust
 
     spec = None
+    given = {name: value for name, value in serve.items() if value not in (None, ())}
     if service is not None:
-        key = None
-        if api_key_file is not None:
-            try:
-                key = api_key_file.read_text().strip()
-            except OSError as exc:
-                fail(f"cannot read the API key file {api_key_file}: {exc.strerror}")
-            except UnicodeDecodeError:
-                fail(f"the API key file {api_key_file} is not text")
-            if not key:
-                fail(f"the API key file {api_key_file} is empty: a server without a key is --no-auth")
-        spec = services.spec_for(service, model=model, bind=bind, port=port, api_key=key,
-                                 allowed_hosts=allowed_host or (), cors_origins=cors_origin or (),
-                                 max_connections=max_connections, no_auth=no_auth)
-    elif (model or api_key_file or port is not None or allowed_host or cors_origin or max_connections is not None
-          or no_auth):
-        fail("-m, --port, --api-key-file, --allowed-host, --cors-origin, --max-connections and --no-auth go with "
-             "--service")
+        keys = serve_rows.read_api_keys(api_key_file) if api_key_file is not None else ()
+        spec = services.spec_for(service, model=model, bind=bind, port=port, api_key="\n".join(keys) or None,
+                                 serve=given, no_auth=no_auth)
+    elif model or api_key_file or port is not None or no_auth or given:
+        flags = ["-m", "--port", "--api-key-file", "--no-auth", *(o.flag for o in reaching("service"))]
+        fail(f"{', '.join(flags)} go with --service")
 
     default_host = None
     if not host and inventory is None and (board or bundle_dir):

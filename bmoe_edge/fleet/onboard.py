@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bmoe_edge.boards import bundle
+from bmoe_edge.engine import serve_options
 from bmoe_edge.engine.settings import BY_NAME
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import channel
@@ -71,15 +72,10 @@ def board_generate(target: Target, model: str, prompt: str, args: Sequence[str],
         return int(result.exited)
 
 
-def serve_args(*, overrides: Mapping[str, object], queue: int, model_id: str | None,
-               chat_template: str | None) -> list[str]:
-    """`bmoe-edge serve` options for the board (the engine settings only where given)."""
-    args = [*engine_flags(overrides), "--queue", str(queue)]  # sampling comes with each request
-    if model_id:
-        args += ["--model-id", model_id]
-    if chat_template:
-        args += ["--chat-template", chat_template]
-    return args
+def serve_args(*, overrides: Mapping[str, object], options: Mapping[str, object]) -> list[str]:
+    """`bmoe-edge serve` options for the board: the engine settings and serve's own options that were given
+    (serve_options' rows the board takes); sampling comes with each request."""
+    return [*engine_flags(overrides), *serve_options.as_flags(options, "board")]
 
 
 def board_serve(target: Target, model: str, args: Sequence[str], *, port: int, local_port: int,

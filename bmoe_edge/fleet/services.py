@@ -14,11 +14,12 @@ On the board:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from bmoe_edge.engine import serve_options
 from bmoe_edge.engine.rpc import DEFAULT_PORT as RPC_PORT
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet.commands import Board, tail
@@ -44,7 +45,8 @@ class ServiceKind:
 
 
 SERVICE_KINDS = (
-    ServiceKind("serve", "OpenAI-compatible server", "serve", 8080, needs_model=True, api_key=True,
+    ServiceKind("serve", "OpenAI-compatible server", "serve", serve_options.BY_NAME["port"].default,  # type: ignore[arg-type]
+                needs_model=True, api_key=True,
                 health_path="/health"),
     # A worker of another board's run (docs/rpc.md): loopback only, reached through the main board's
     # SSH tunnel; its health is its port accepting.
@@ -63,10 +65,9 @@ class ServiceSpec:
     bind: str = "127.0.0.1"
     port: int | None = None
     api_key: str | None = None
-    allowed_hosts: tuple[str, ...] = ()   # serve's --allowed-host, each
-    cors_origins: tuple[str, ...] = ()    # serve's --cors-origin, each
-    max_connections: int | None = None    # serve's --max-connections (None: serve's default)
     no_auth: bool = False                 # no key on purpose (serve's --no-auth): an old key may go
+    # serve's own options the unit passes on (serve_options' rows a service takes), as (name, value) pairs
+    serve: tuple[tuple[str, object], ...] = ()
 
     @property
     def listen_port(self) -> int:
@@ -80,22 +81,26 @@ def kind_named(name: str) -> ServiceKind:
 
 
 def spec_for(name: str, *, model: str | None, bind: str, port: int | None, api_key: str | None,
-             allowed_hosts: Sequence[str] = (), cors_origins: Sequence[str] = (),
-             max_connections: int | None = None, no_auth: bool = False) -> ServiceSpec:
-    """A service as `deploy --service` describes it, checked before anything reaches a board."""
+             serve: Mapping[str, object] | None = None, no_auth: bool = False) -> ServiceSpec:
+    """A service as `deploy --service` describes it, checked before anything reaches a board. `serve`: serve's own
+    options given (None or empty for none)."""
     kind = kind_named(name)
+    given = {k: v for k, v in (serve or {}).items() if v not in (None, ())}
     if no_auth and (api_key or not kind.api_key):
         raise BmoeError("--no-auth goes with --service serve and without --api-key-file")
-    if kind.api_key and not api_key and not is_loopback(bind) and not no_auth:
+    if kind.api_key and serve_options.needs_key(bind, bool(api_key), no_auth):
         # serve refuses to listen beyond loopback without a key: the unit would only crash in a loop
         raise BmoeError(f"--service {name} --bind {bind}: listening beyond the board's loopback needs an API key "
                         "(--api-key-file FILE; --no-auth to mean it), or keep the default 127.0.0.1 and reach it "
                         "with `serve --host`")
-    if (allowed_hosts or cors_origins or max_connections is not None) and kind.name != "serve":
-        raise BmoeError(f"--service {name} takes no --allowed-host, --cors-origin or --max-connections")
-    for value in (*allowed_hosts, *cors_origins):
-        if not value.strip() or any(c in value for c in "\n\r\0"):
-            raise BmoeError(f"--allowed-host/--cors-origin {value!r}: one plain name or origin each")
+    if given and kind.name != "serve":
+        flags = ", ".join(serve_options.BY_NAME[k].flag for k in given)
+        raise BmoeError(f"--service {name} takes no {flags} (serve's options)")
+    serve_options.check_values([*given.get("allowed_host", ()), *given.get("cors_origin", ())],  # type: ignore[misc]
+                               "--allowed-host/--cors-origin")
+    for text in ("model_id", "chat_template"):
+        if text in given:
+            serve_options.check_values([str(given[text])], serve_options.BY_NAME[text].flag)
     if kind.needs_model and not model:
         raise BmoeError(f"--service {name} needs -m MODEL (the model's path on the board)")
     if model and not model.startswith("/"):
@@ -104,8 +109,7 @@ def spec_for(name: str, *, model: str | None, bind: str, port: int | None, api_k
         raise BmoeError(f"--service {name} takes no API key")
     if port == 0:
         raise BmoeError("--port: a service needs a fixed port")
-    return ServiceSpec(kind, model, bind, port, api_key, tuple(allowed_hosts), tuple(cors_origins), max_connections,
-                       no_auth)
+    return ServiceSpec(kind, model, bind, port, api_key, no_auth, tuple(given.items()))
 
 
 def for_target(target: Target, asked: ServiceSpec | None) -> ServiceSpec | None:
@@ -143,13 +147,7 @@ def exec_argv(spec: ServiceSpec, layout: Layout, board_name: str) -> list[str]:
         argv += ["--api-key-file", f"{workdir(layout, spec.kind)}/api-key"]
     elif spec.no_auth and not is_loopback(spec.bind):
         argv += ["--no-auth"]
-    for name in spec.allowed_hosts:
-        argv += ["--allowed-host", name]
-    for origin in spec.cors_origins:
-        argv += ["--cors-origin", origin]
-    if spec.max_connections is not None:
-        argv += ["--max-connections", str(spec.max_connections)]
-    return argv
+    return argv + serve_options.as_flags(dict(spec.serve), "service")
 
 
 def render_unit(spec: ServiceSpec, layout: Layout, user: str, board_name: str, ram_mb: int) -> str:

@@ -6,11 +6,13 @@ threshold) met late, on the engine thread."""
 
 from __future__ import annotations
 
+from bmoe_edge.engine.serve_options import BY_NAME as _OPTION
+
 # The body
 MAX_BODY_BYTES = 4 << 20
 MAX_DEPTH = 64            # arrays and objects nested in a body; deeper is a 400, not a recursion in a parser
 MAX_JSON_VALUES = 1 << 16  # values in a body: a 4 MiB body of `[{},{},...]` would be ~1.4 M objects (~74 MB)
-BODY_TIMEOUT_S = 30.0
+BODY_TIMEOUT_S = float(_OPTION["body_timeout"].default)  # type: ignore[arg-type]  # serve's --body-timeout
 
 # Parameters (params.py's rows take their bounds from here)
 MAX_TOKENS = 1 << 20

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bmoe_edge.engine import native
+from bmoe_edge.engine import native, serve_options
 from bmoe_edge.engine.prompt_cache import Budget
 from bmoe_edge.engine.session import Engine
 from bmoe_edge.engine.settings import StreamConfig
@@ -20,8 +20,9 @@ from bmoe_edge.errors import BmoeError
 from bmoe_edge.net import is_loopback
 from bmoe_edge.serve import limits
 
-DEFAULT_PORT = 8080
-MAX_CONNECTIONS = 64
+DEFAULT_PORT: int = serve_options.BY_NAME["port"].default  # type: ignore[assignment]
+MAX_CONNECTIONS: int = serve_options.BY_NAME["max_connections"].default  # type: ignore[assignment]
+QUEUE: int = serve_options.BY_NAME["queue"].default  # type: ignore[assignment]
 
 
 def listen(bind: str, port: int) -> socket.socket:
@@ -49,8 +50,7 @@ def check_auth(bind: str, api_keys: Sequence[str], no_auth: bool) -> None:
         ipaddress.ip_address(bind)
     except ValueError:
         raise BmoeError(f"--bind takes an IP address (e.g. 127.0.0.1 or 0.0.0.0), got {bind!r}") from None
-    loopback = is_loopback(bind)
-    if not loopback and not api_keys and not no_auth:
+    if serve_options.needs_key(bind, bool(api_keys), no_auth):
         raise BmoeError(f"--bind {bind} without an API key would let anyone who reaches the port use the model: "
                         "give --api-key-file (or $BMOE_EDGE_API_KEY), or --no-auth to mean it")
 
@@ -124,7 +124,7 @@ def _watch(worker: Any, server: Any) -> None:
 def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: int = DEFAULT_PORT,
           api_keys: Sequence[str] = (), no_auth: bool = False, allowed_hosts: Sequence[str] = (),
           cors_origins: Sequence[str] = (), max_connections: int = MAX_CONNECTIONS,
-          body_timeout_s: float = limits.BODY_TIMEOUT_S, queue_size: int = 8, template: str | None = None,
+          body_timeout_s: float = limits.BODY_TIMEOUT_S, queue_size: int = QUEUE, template: str | None = None,
           parse_special: bool = False, model_id: str | None = None, prompt_cache_mb: int | None = None,
           say: Callable[[str], None] = print) -> None:
     # uvicorn and Starlette (app, worker) load when a server starts, not when this module is imported.
