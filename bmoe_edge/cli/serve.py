@@ -20,7 +20,6 @@ from bmoe_edge.cli.common import (
 )
 from bmoe_edge.engine import serve_options as serve_rows
 from bmoe_edge.engine import settings
-from bmoe_edge.errors import BmoeError
 
 ModelOpt = Annotated[Path, typer.Option("-m", "--model", help="The gguf model (first shard of a split model).")]
 BoardOpt = Annotated[str | None, typer.Option("--board", help="Take the defaults from this board profile "
@@ -80,10 +79,7 @@ def serve_cmd(
 
     With --host it runs on the board through its current release (-m is a path there), listening on
     the board's loopback only, and this machine's 127.0.0.1:--local-port is forwarded to it over SSH."""
-    try:
-        keys = _api_keys(serve.pop("api_key"), serve.pop("api_key_file"))
-    except BmoeError as exc:
-        fail(str(exc))
+    keys = _api_keys(serve.pop("api_key"), serve.pop("api_key_file"))   # a BmoeError is cli.run's one line
     if serve["no_auth"] and keys:
         fail("--no-auth and an API key contradict each other: give one")
     bind, port = serve.pop("bind"), serve.pop("port")
