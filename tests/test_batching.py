@@ -11,9 +11,10 @@ import pytest
 
 from bmoe_edge.engine import Engine
 from bmoe_edge.engine.batching import generate_together
+from bmoe_edge.errors import BmoeError
 from bmoe_edge.proof.batch_gate import BATCH_PROMPTS, check_batch, format_result
 from bmoe_edge.proof.gates import BASE
-from bmoe_edge.synthetic import tinymoe
+from bmoe_edge.synthetic import mtp_rows, tinymoe
 
 from test_serve import KEY, Server, long_stream, start, stop
 
@@ -43,6 +44,61 @@ def test_a_slot_freed_mid_batch_takes_a_new_prompt_and_the_others_go_on() -> Non
         assert engine.run(prompts[0], 8).tokens == want[0]
         with pytest.raises(Exception, match="slot 2 does not exist"):
             engine.slot_begin(2, prompts[0])
+
+
+def _echoing_prompt(engine: Engine) -> list[int]:
+    """A prompt that repeats the model's own continuation: prompt lookup finds its drafts there."""
+    seed = engine.run("Once upon a time", 24).text
+    return engine.tokenize(f"Once upon a time{seed} Once upon a time")
+
+
+def test_parallel_slots_draft_by_prompt_lookup_and_keep_the_tokens_they_get_alone() -> None:
+    model = tinymoe.fixture("qwen3moe", "Q8_0")
+    with Engine(model, BASE) as alone:
+        prompts = [_echoing_prompt(alone), alone.tokenize(BATCH_PROMPTS[0]), _echoing_prompt(alone)[:-3]]
+        want = [alone.run(p, 24).tokens for p in prompts]
+    config = replace(BASE, parallel=3, prefill_chunk=8, speculative="ngram", draft_max=6)
+    with Engine(model, config) as engine:
+        assert engine.run_info["speculative"] == "ngram"
+        got = generate_together(engine, prompts, 24)
+        assert [g.tokens for g in got] == want
+        echoed = got[0].metrics
+        # the echoing slots' drafts were verified in the shared batches and taken: fewer decodes than tokens
+        assert sum(m.accepted for m in echoed) >= 8 and sum(m.drafted for m in echoed) >= 8
+        assert sum(1 for m in echoed if m.n_tokens > 0) < len(got[0].tokens) - 4
+        # a lone generation on the same engine drafts the same way (one step, one slot)
+        lone = engine.run(prompts[0], 24)
+        assert lone.tokens == want[0] and sum(m.accepted for m in lone.metrics) >= 8
+
+
+def test_parallel_refuses_what_follows_one_sequence_in_one_place() -> None:
+    head = mtp_rows.mtp_fixture("glm4moe", "Q8_0", head="agree")
+    with pytest.raises(BmoeError, match=r"--parallel 2 requests draft by prompt lookup"):
+        Engine(head, replace(BASE, parallel=2, speculative="mtp"))
+    with Engine(head, replace(BASE, parallel=2, speculative="auto")) as engine:
+        assert engine.run_info["speculative"] == "ngram"   # auto: the head is for a lone generation
+        with pytest.raises(BmoeError, match="state files hold one conversation"):
+            engine.save_state("/tmp/never-written")
+
+
+def test_serve_parallel_drafts_and_metrics_count_them() -> None:
+    model = tinymoe.fixture("qwen3moe", "Q8_0")
+    with Engine(model, BASE) as alone:
+        prompt = alone.detokenize(_echoing_prompt(alone)[1:])   # the server adds the BOS itself
+    server = start(model, "--ctx", "512", "--api-key", KEY, "--parallel", "2", "--speculative", "ngram")
+    try:
+        client = server.client(KEY)
+        asked = [threading.Thread(target=client.completions.create,
+                                  kwargs={"model": server.model_id, "prompt": prompt, "max_tokens": 24,
+                                          "temperature": 0}) for _ in range(2)]
+        for t in asked:
+            t.start()
+        for t in asked:
+            t.join()
+        m = server.metrics()
+        assert m["bmoe_draft_tokens_total"] >= 8 and m["bmoe_draft_tokens_accepted_total"] >= 8, m
+    finally:
+        stop(server)
 
 
 # --- serve --parallel: a real server, OpenAI's own client -----------------------------------------------------

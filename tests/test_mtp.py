@@ -30,6 +30,8 @@ from bmoe_edge.synthetic import mtp_rows, tinymoe
 from bmoe_edge.synthetic.draft_model import draft_model_of
 from bmoe_edge.synthetic.specs import fixture_resolver
 
+from conftest import assert_clean_error, run_cli
+
 
 @pytest.fixture(scope="module")
 def mtp_results() -> list[gates.CellResult]:
@@ -367,10 +369,10 @@ def test_serve_speculates_with_the_models_drafts_and_answers_as_plain_decoding()
         assert plain_metrics["bmoe_draft_tokens_total"] == 0
         # Greedy requests draft (two 32-token answers, nearly all accepted); the sampled one does not.
         assert spec_metrics["bmoe_draft_tokens_accepted_total"] >= 40, spec_metrics
-    batched = start(gemma, "--ctx", "512", "--api-key", KEY, "--parallel", "2", "--speculative", "mtp",
-                    "--draft-model", assistant)
-    stop(batched)
-    assert "speculative decoding runs with --parallel 1" in batched.stderr
+    # A draft model follows one sequence: beside --parallel's slots it is refused at start, in one line.
+    assert_clean_error(run_cli("serve", "-m", str(gemma), "--port", "0", "--api-key", KEY, "--parallel", "2",
+                               "--speculative", "mtp", "--draft-model", str(assistant)),
+                       "--parallel 2 requests draft by prompt lookup")
 
 
 def test_a_sleeping_draft_model_gives_its_memory_back_and_its_drafts_are_unchanged() -> None:

@@ -9,8 +9,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bmoe_edge.engine.generation import Generation, PositionLogprobs, Sampling, Token
-from bmoe_edge.engine.session import Engine, metrics_of
+from bmoe_edge.engine.generation import Generation, PieceText, Sampling, Token, token_of
+from bmoe_edge.engine.session import Engine
 
 
 @dataclass(frozen=True)
@@ -36,42 +36,20 @@ class SlotEvent:
     context_full: bool = False
 
 
-class SlotText:
-    """Each slot's bytes not yet text: a piece can end inside a multi-byte character."""
-
-    def __init__(self) -> None:
-        self._pending: dict[int, bytes] = {}
-
-    def start(self, slot: int) -> None:
-        self._pending[slot] = b""
-
-    def feed(self, slot: int, piece: bytes) -> str:
-        pending = self._pending.get(slot, b"") + piece
-        try:
-            text, self._pending[slot] = pending.decode("utf-8"), b""
-        except UnicodeDecodeError:
-            text, self._pending[slot] = "", pending
-        return text
-
-
-def step(engine: Engine, text: SlotText) -> tuple[list[SlotEvent], StepInfo | None]:
-    """One batched decode; ([], None) when no slot is active."""
+def step(engine: Engine, text: PieceText) -> tuple[list[SlotEvent], StepInfo | None]:
+    """One step of every active slot: ([], None) when no slot is active; info None when the step decoded nothing
+    (each slot handed out a token a verify had already accepted)."""
     native = engine.step_slots()
-    if not native.slots:
-        return [], None
     m = native.metrics
-    info = StepInfo(native.n_sequences, native.n_decoding, m.n_tokens, m.wall_ms, m.routed_bytes,
-                    native.summed_bytes, m.bytes_read)
+    info = None if native.n_sequences == 0 else StepInfo(native.n_sequences, native.n_decoding, m.n_tokens, m.wall_ms,
+                                                         m.routed_bytes, native.summed_bytes, m.bytes_read)
     events = []
     for s in native.slots:
         if not s.produced:
             events.append(SlotEvent(s.slot, None, context_full=s.context_full))
             continue
-        r = s.result
-        logprobs = PositionLogprobs.from_native(r.logprobs) if r.logprobs.chosen.token >= 0 else None
-        piece = b"" if r.end_of_generation else r.piece
-        token = Token(r.token, text.feed(s.slot, piece), metrics_of(r.metrics), r.logits, logprobs)
-        events.append(SlotEvent(s.slot, token, end_of_generation=r.end_of_generation))
+        token = token_of(s.result, text, s.slot)
+        events.append(SlotEvent(s.slot, token, end_of_generation=s.result.end_of_generation))
     return events, info
 
 
@@ -79,22 +57,26 @@ def generate_together(engine: Engine, prompts: Sequence[Sequence[int]], max_toke
                       sampling: Sampling | None = None, *, logits: bool = False,
                       steps: list[StepInfo] | None = None, reuse_kv: bool = False) -> list[Generation]:
     """Every prompt in its own slot (0, 1, ...), all begun at once and stepped together to the end: one
-    Generation each, as `Engine.generate` fills it. `steps` (if given) gets each step's StepInfo; `reuse_kv`
-    keeps each slot's common prefix with its prompt."""
+    Generation each, as `Engine.generate` fills it (Generation.add). `steps` (if given) gets each decoding step's
+    StepInfo; `reuse_kv` keeps each slot's common prefix with its prompt."""
     if len(prompts) > engine.n_slots:
         raise ValueError(f"{len(prompts)} prompts for {engine.n_slots} slots")
     started = time.perf_counter()
-    text = SlotText()
+    text = PieceText()
     out = [Generation(list(p)) for p in prompts]
     for slot, ids in enumerate(prompts):
         text.start(slot)
         out[slot].reused_tokens = engine.slot_begin(slot, ids, sampling, logits=logits, reuse_kv=reuse_kv)
     live = set(range(len(prompts)))
+    if max_tokens <= 0:
+        for g in out:
+            g.stop_reason = "max_tokens"
+        live.clear()
     while live:
         events, info = step(engine, text)
-        if info is None:
+        if not events:
             break
-        if steps is not None:
+        if steps is not None and info is not None:
             steps.append(info)
         for e in events:
             g = out[e.slot]
@@ -103,19 +85,8 @@ def generate_together(engine: Engine, prompts: Sequence[Sequence[int]], max_toke
                 live.discard(e.slot)
             if e.token is None or e.slot not in live:
                 continue
-            if not g.metrics:
-                g.ttft_ms = 1000 * (time.perf_counter() - started)
-            g.metrics.append(e.token.metrics)
-            if logits:
-                g.logits.append(e.token.logits)
-            if e.end_of_generation:
-                g.stop_reason = "end_of_generation"
-                live.discard(e.slot)
-                continue
-            g.tokens.append(e.token.id)
-            g.text += e.token.text
-            if len(g.tokens) >= max_tokens:
-                g.stop_reason = "max_tokens"
-                engine.slot_stop(e.slot)
+            if not g.add(e.token, e.end_of_generation, started, max_tokens=max_tokens, logits=logits):
+                if g.stop_reason == "max_tokens":
+                    engine.slot_stop(e.slot)
                 live.discard(e.slot)
     return out

@@ -6,14 +6,27 @@ from the rows the engine exports (their names, types, defaults and help), and so
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, make_dataclass
+import time
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any
 
 from bmoe_edge.engine import native
 from bmoe_edge.engine.settings import Sampling  # the sampling rows' record (declared with the engine's settings)
 
-__all__ = ["RUN_INFO_FIELDS", "TOKEN_METRICS_FIELDS", "Generation", "Logprob", "PositionLogprobs", "RecordField",
-           "Sampling", "Token", "TokenMetrics"]
+__all__ = [
+    "RUN_INFO_FIELDS",
+    "TOKEN_METRICS_FIELDS",
+    "Generation",
+    "Logprob",
+    "PieceText",
+    "PositionLogprobs",
+    "RecordField",
+    "Sampling",
+    "Token",
+    "TokenMetrics",
+    "metrics_of",
+    "token_of",
+]
 
 
 @dataclass(frozen=True)
@@ -101,3 +114,54 @@ class Generation:
     stop_reason: str = ""  # "max_tokens", "end_of_generation", "context_full"
     reused_tokens: int = 0  # prompt tokens whose keys and values the context already held
     ttft_ms: float = 0.0    # from the call to the first token: tokenizing, restoring, the prompt's decode
+
+    def add(self, token: Token, end_of_generation: bool, started: float, *, max_tokens: int,
+            logits: bool = False) -> bool:
+        """One step's token into the record (the one generation loop's bookkeeping, for a lone generation and
+        for a slot alike): False once the generation is over, its stop_reason said."""
+        if not self.metrics:
+            self.ttft_ms = 1000 * (time.perf_counter() - started)
+        self.metrics.append(token.metrics)
+        if logits:
+            self.logits.append(token.logits)
+        if end_of_generation:
+            self.stop_reason = "end_of_generation"
+            return False
+        self.tokens.append(token.id)
+        self.text += token.text
+        if len(self.tokens) >= max_tokens:
+            self.stop_reason = "max_tokens"
+            return False
+        return True
+
+
+class PieceText:
+    """Each slot's bytes not yet text: a piece can end inside a multi-byte character, so text is emitted only
+    once it decodes."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, bytes] = {}
+
+    def start(self, slot: int = 0) -> None:
+        self._pending[slot] = b""
+
+    def feed(self, piece: bytes, slot: int = 0) -> str:
+        pending = self._pending.get(slot, b"") + piece
+        try:
+            text, self._pending[slot] = pending.decode("utf-8"), b""
+        except UnicodeDecodeError:
+            text, self._pending[slot] = "", pending
+        return text
+
+
+def metrics_of(m: Any) -> Any:
+    """The native TokenMetrics as the typed record."""
+    return TokenMetrics(**{f.name: getattr(m, f.name) for f in fields(TokenMetrics)})
+
+
+def token_of(result: Any, text: PieceText, slot: int = 0) -> Token:
+    """A native StepResult as the token it hands out (an end of generation has no text)."""
+    logprobs = PositionLogprobs.from_native(result.logprobs) if result.logprobs.chosen.token >= 0 else None
+    piece = b"" if result.end_of_generation else result.piece
+    return Token(result.token, text.feed(piece, slot), metrics_of(result.metrics), result.logits, logprobs)
+

@@ -6,18 +6,21 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from bmoe_edge.engine import chat, checksums, native, prompt_cache, rpc
-from bmoe_edge.engine.generation import RUN_INFO_FIELDS, Generation, PositionLogprobs, Sampling, Token, TokenMetrics
+from bmoe_edge.engine.generation import (
+    RUN_INFO_FIELDS,
+    Generation,
+    PieceText,
+    PositionLogprobs,
+    Sampling,
+    Token,
+    token_of,
+)
 from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
-
-
-def metrics_of(m) -> TokenMetrics:
-    return TokenMetrics(**{f.name: getattr(m, f.name) for f in fields(TokenMetrics)})
 
 
 def _check_workers(config: StreamConfig, protocol: str) -> None:
@@ -250,7 +253,7 @@ class Engine:
             reuse_kv = cache.restore(self, prompt_ids, self.prompt_scope, held) > 0 or reuse_kv
         with self._using() as engine, native.engine_errors():
             out.reused_tokens = engine.begin(prompt_ids, params, logits, reuse_kv)
-        pending = b""
+        text = PieceText()
         step = self._step()
         while len(out.tokens) < max_tokens:
             with self._using() as engine, native.engine_errors():
@@ -258,29 +261,15 @@ class Engine:
             if not advanced:
                 out.stop_reason = "context_full"
                 return
-            metrics = metrics_of(step.metrics)
-            if not out.metrics:
-                out.ttft_ms = 1000 * (time.perf_counter() - started)
-                if cache is not None and metrics.n_tokens >= cache.min_tokens:
-                    with self._using():   # the state copied to memory; the writer thread puts it on disk
-                        cache.store(self, prompt_ids, self.prompt_scope)   # never raises: a warning at worst
-            out.metrics.append(metrics)
-            if logits:
-                out.logits.append(step.logits)
-            if step.end_of_generation:
-                out.stop_reason = "end_of_generation"
+            token = token_of(step, text)
+            going_on = out.add(token, step.end_of_generation, started, max_tokens=max_tokens, logits=logits)
+            if len(out.metrics) == 1 and cache is not None and token.metrics.n_tokens >= cache.min_tokens:
+                with self._using():   # the state copied to memory; the writer thread puts it on disk
+                    cache.store(self, prompt_ids, self.prompt_scope)   # never raises: a warning at worst
+            if not step.end_of_generation:
+                yield token
+            if not going_on:
                 return
-            # A piece can end inside a multi-byte character: emit text only when it decodes.
-            pending += step.piece
-            try:
-                text = pending.decode("utf-8")
-                pending = b""
-            except UnicodeDecodeError:
-                text = ""
-            out.tokens.append(step.token)
-            out.text += text
-            logprobs = PositionLogprobs.from_native(step.logprobs) if step.logprobs.chosen.token >= 0 else None
-            yield Token(step.token, text, metrics, step.logits if logits else b"", logprobs)
         out.stop_reason = "max_tokens"
 
     # --parallel's slots (engine/batching.py drives them): thin calls, one native call at a time.

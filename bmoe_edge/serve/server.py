@@ -148,9 +148,6 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
             native.load().set_fatal_listener(worker.fatal)
             if worker.template.note:
                 say(f"note: {worker.template.note}")
-            if worker.parallel > 1 and engine.run_info.get("speculative", "off") != "off":
-                say(f"note: --parallel {worker.parallel} decodes its requests in one batch without drafts: "
-                    "speculative decoding runs with --parallel 1")
             app = create_app(worker, name, api_keys, bind=bind, allowed_hosts=allowed_hosts,
                              cors_origins=cors_origins, body_timeout_s=body_timeout_s)
             host, bound_port = sock.getsockname()[:2]

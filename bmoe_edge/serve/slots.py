@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bmoe_edge.engine.batching import SlotText, StepInfo, step
-from bmoe_edge.engine.generation import Generation, Sampling, Token
+from bmoe_edge.engine.batching import StepInfo, step
+from bmoe_edge.engine.generation import Generation, PieceText, Sampling, Token
 from bmoe_edge.engine.session import Engine
 from bmoe_edge.errors import BmoeError
 
@@ -67,7 +67,7 @@ class Scheduler:
         self._released: list[_Stream] = []
         self._streams: list[_Stream | None] = [None] * self.n
         self._tenant: list[int | None] = [None] * self.n   # whose context each slot holds
-        self._text = SlotText()
+        self._text = PieceText()
         self._woken = False   # wake() since the last run_once: the wait would miss it
 
     # --- job threads -------------------------------------------------------------------------------------------

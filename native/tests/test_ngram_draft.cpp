@@ -16,7 +16,7 @@ namespace {
 
 using Tokens = std::vector<int32_t>;
 
-// The engine's n-gram range (generation.cpp: kNgramMin 2, kNgramMax 4).
+// The engine's n-gram range (DraftPolicy in policy/ngram_draft.h: kNgramMin 2, kNgramMax 4).
 Tokens draft(const Tokens & history, int draft_max) { return ngram_draft(history, 2, 4, draft_max); }
 
 // Calls length() `n` times without drafting (a pause's decodes): what it said each time.

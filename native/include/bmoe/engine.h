@@ -12,6 +12,10 @@
 
 namespace bmoe {
 
+namespace detail {
+class Model;
+}
+
 // A token and its natural log-probability at one position: the log-softmax of that position's raw
 // logits (the model's own distribution, before logit bias, penalties, grammar or temperature).
 struct TokenLogprob {
@@ -146,6 +150,7 @@ public:
 
 private:
     friend class ChatTemplates;  // chat.cpp: common's templates read the model's own (and its BOS/EOS)
+    const detail::Model & model() const;
     struct Impl;
     Impl & live() const;  // throws when closed
     std::unique_ptr<Impl> impl_;

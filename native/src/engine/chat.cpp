@@ -10,7 +10,8 @@
 #include "bmoe/engine.h"
 #include "bmoe/error.h"
 #include "chat.h"  // llama.cpp common/
-#include "engine/engine_impl.h"
+#include "engine/model.h"
+#include "engine/tokens.h"
 #include "json-schema-to-grammar.h"
 #include "peg-parser.h"
 
@@ -176,7 +177,7 @@ struct ChatTemplates::Impl {
 };
 
 ChatTemplates::ChatTemplates(const Engine & engine, const std::string & source) : impl_(std::make_unique<Impl>()) {
-    const llama_model * model = engine.live().model.get();
+    const llama_model * model = engine.model().get();
     impl_->templates = refused("the chat template does not parse",
                                [&] { return common_chat_templates_init(model, source); });
 }

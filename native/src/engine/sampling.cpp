@@ -1,4 +1,4 @@
-// The sampler chain of a generation (Engine::Impl::sampler_for, build_sampler): the grammar first (lazy
+// The sampler chain of a generation (detail::sampler_for): the grammar first (lazy
 // with triggers, or holding from the first token with the template's opening fed in), then logit bias and
 // penalties, then greedy or top-k/top-p/min-p/temperature/dist, as llama.cpp's common sampler orders them.
 #include <exception>
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "bmoe/error.h"
-#include "engine/engine_impl.h"
+#include "engine/tokens.h"
 
 namespace bmoe {
 
@@ -145,27 +145,12 @@ void check_request(const SamplingParams & sampling, int32_t n_vocab) {
         throw RequestError(e.what());
     }
 }
-}  // namespace
 
-std::unique_ptr<llama_sampler, detail::SamplerDeleter> Engine::Impl::sampler_for(
-    const SamplingParams & sampling, const std::vector<llama_token> & prompt) const {
-    check_request(sampling, llama_vocab_n_tokens(vocab));
-    std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar;
-    if (!sampling.grammar.empty()) {
-        grammar.reset(grammar_sampler(vocab, sampling, prompt));
-        if (!grammar) {
-            throw RequestError("the grammar does not parse (GBNF with a `root` rule)");
-        }
-    }
-    return build_sampler(sampling, std::move(grammar), prompt);
-}
-
-std::unique_ptr<llama_sampler, detail::SamplerDeleter> Engine::Impl::build_sampler(
-    const SamplingParams & sampling, std::unique_ptr<llama_sampler, detail::SamplerDeleter> grammar,
-    const std::vector<llama_token> & prompt) const {
+detail::Sampler build_sampler(const llama_vocab * vocab, int32_t n_ctx, const SamplingParams & sampling,
+                              detail::Sampler grammar, const std::vector<llama_token> & prompt) {
     llama_sampler_chain_params chain_params = llama_sampler_chain_default_params();
     chain_params.no_perf = true;
-    std::unique_ptr<llama_sampler, detail::SamplerDeleter> sampler(llama_sampler_chain_init(chain_params));
+    detail::Sampler sampler(llama_sampler_chain_init(chain_params));
     llama_sampler * chain = sampler.get();
     if (grammar) {  // first: the samplers after it choose among the tokens it allows
         llama_sampler_chain_add(chain, grammar.release());
@@ -183,7 +168,7 @@ std::unique_ptr<llama_sampler, detail::SamplerDeleter> Engine::Impl::build_sampl
     const bool penalised = sampling.repeat_penalty != 1 || sampling.presence_penalty != 0 ||
                            sampling.frequency_penalty != 0;
     if (penalised && sampling.penalty_last_n != 0) {
-        const int32_t window = sampling.penalty_last_n < 0 ? config.ctx : sampling.penalty_last_n;
+        const int32_t window = sampling.penalty_last_n < 0 ? n_ctx : sampling.penalty_last_n;
         llama_sampler * penalties = llama_sampler_init_penalties(
             llama_vocab_n_tokens(vocab), window, static_cast<float>(sampling.repeat_penalty),
             static_cast<float>(sampling.frequency_penalty), static_cast<float>(sampling.presence_penalty));
@@ -211,6 +196,20 @@ std::unique_ptr<llama_sampler, detail::SamplerDeleter> Engine::Impl::build_sampl
     const uint32_t seed = sampling.seed == kAuto ? LLAMA_DEFAULT_SEED : static_cast<uint32_t>(sampling.seed);
     llama_sampler_chain_add(chain, llama_sampler_init_dist(seed));
     return sampler;
+}
+}  // namespace
+
+detail::Sampler detail::sampler_for(const llama_vocab * vocab, int32_t n_ctx, const SamplingParams & sampling,
+                                    const std::vector<llama_token> & prompt) {
+    check_request(sampling, llama_vocab_n_tokens(vocab));
+    detail::Sampler grammar;
+    if (!sampling.grammar.empty()) {
+        grammar.reset(grammar_sampler(vocab, sampling, prompt));
+        if (!grammar) {
+            throw RequestError("the grammar does not parse (GBNF with a `root` rule)");
+        }
+    }
+    return build_sampler(vocab, n_ctx, sampling, std::move(grammar), prompt);
 }
 
 }  // namespace bmoe

@@ -6,12 +6,11 @@
 #include <cmath>
 
 #include "bmoe/error.h"
-#include "engine/engine_impl.h"
+#include "engine/context.h"
+#include "engine/tokens.h"
 #include "model/llama_runtime.h"
 
-namespace bmoe {
-
-namespace detail {
+namespace bmoe::detail {
 
 namespace {
 
@@ -63,8 +62,6 @@ PositionLogprobs position_logprobs(const float * logits, const llama_vocab * voc
     return out;
 }
 
-}  // namespace detail
-
 namespace {
 
 // What one batched decode of scoring may ask logits for: each position's are the whole vocabulary, and llama.cpp
@@ -75,30 +72,26 @@ constexpr uint64_t kScoreLogitsBytes = 16ull << 20;
 
 }  // namespace
 
-int32_t Engine::score_batch() const {
-    const Impl & d = live();
-    const auto per_position = static_cast<uint64_t>(llama_vocab_n_tokens(d.vocab)) * sizeof(float);
+int32_t Context::score_batch() const {
+    const auto per_position = static_cast<uint64_t>(llama_vocab_n_tokens(model_.vocab())) * sizeof(float);
     const auto by_logits = static_cast<int32_t>(std::max<uint64_t>(1, kScoreLogitsBytes / per_position));
-    return std::min(d.batch_per_call(), by_logits);
+    return std::min(batch_per_call(), by_logits);
 }
 
-std::vector<PositionLogprobs> Engine::score_positions(const std::vector<int32_t> & tokens, int n_top) {
-    return score_positions(tokens, n_top, 0, static_cast<int32_t>(tokens.size()), false);
-}
-
-std::vector<PositionLogprobs> Engine::score_positions(const std::vector<int32_t> & tokens, int n_top, int32_t first,
-                                                      int32_t count, bool batched) {
-    Impl & d = live();
+std::vector<PositionLogprobs> Context::score(const std::vector<int32_t> & tokens, int n_top, int32_t first,
+                                             int32_t count, bool batched, std::vector<llama_token> & in_context,
+                                             const std::function<void()> & start_afresh) {
+    const llama_vocab * vocab = model_.vocab();
     // The text is the request's: what is wrong with it is its fault, not the engine's.
     if (tokens.size() < 2) {
         throw RequestError("scoring needs a text of at least two tokens");
     }
-    if (tokens.size() > static_cast<size_t>(d.config.ctx)) {
+    if (tokens.size() > static_cast<size_t>(config_.ctx)) {
         throw RequestError("the text to score has " + std::to_string(tokens.size()) +
-                           " tokens, more than the context (" + std::to_string(d.config.ctx) +
+                           " tokens, more than the context (" + std::to_string(config_.ctx) +
                            "): shorten it or raise --ctx");
     }
-    detail::check_tokens(d.vocab, tokens, "the text to score");
+    check_tokens(vocab, tokens, "the text to score");
     const auto scored = static_cast<int32_t>(tokens.size() - 1);  // the last token predicts nothing
     if (first < 0 || first >= scored || count < 1) {
         throw Error("scoring positions from " + std::to_string(first) + " (" + std::to_string(count) +
@@ -106,11 +99,11 @@ std::vector<PositionLogprobs> Engine::score_positions(const std::vector<int32_t>
                     std::to_string(scored - 1));
     }
     count = std::min(count, scored - first);
-    d.gguf->check_unchanged();
+    file_.gguf().check_unchanged();
     if (first == 0) {
-        reset();
-    } else if (d.in_context.size() != static_cast<size_t>(first) ||
-               !std::equal(d.in_context.begin(), d.in_context.end(), tokens.begin())) {
+        start_afresh();
+    } else if ((in_context.size() != static_cast<size_t>(first) ||
+                      !std::equal(in_context.begin(), in_context.end(), tokens.begin()))) {
         // Something else used the context since the last chunk (or that chunk failed and cleared it).
         throw Error("the context does not hold the text's first " + std::to_string(first) +
                     " tokens any more: score it again from position 0");
@@ -123,38 +116,54 @@ std::vector<PositionLogprobs> Engine::score_positions(const std::vector<int32_t>
     const int32_t per_decode = batched ? score_batch() : 1;
     for (int32_t at = first; at < first + count;) {
         const int32_t n = std::min(per_decode, first + count - at);
-        std::vector<llama_token> chunk(tokens.begin() + at, tokens.begin() + at + n);
-        // A batch writes compute buffers sized for it that no decode after it needs, as a prompt's does (step_once).
-        const bool prompt = n > 1 && d.streaming.streamer && d.memory && !d.rpc;
-        if (prompt) {
-            d.make_room_for_prompt(n);
+        std::vector<BatchEntry> chunk;
+        for (int32_t i = 0; i < n; ++i) {
+            chunk.push_back({tokens[static_cast<size_t>(at + i)], at + i, 0, true});
         }
-        {
-            const bool all_cores = n >= Impl::kPromptAllCoresTokens;
-            const detail::BatchThreads threads(d.ctx.get(), d.decode_threads,
-                                               all_cores ? d.prompt_threads : d.decode_threads);
-            d.decode(chunk, true);
+        // A batch writes compute buffers sized for it that no decode after it needs, as a prompt's does.
+        const bool prompt = n > 1 && streaming_.on() && streaming_.memory() && !file_.rpc();
+        if (prompt) {
+            streaming_.make_room_for_prompt(n, 1, prompt_ubatch_);
+        }
+        try {
+            const BatchThreads threads = threads_for(static_cast<size_t>(n));
+            decode(chunk, [&](size_t done, int called) {
+                in_context.insert(in_context.end(), tokens.begin() + at + static_cast<long>(done),
+                                  tokens.begin() + at + static_cast<long>(done) + called);
+            });
+        } catch (...) {
+            clear();  // keys and values nobody can vouch for
+            in_context.clear();
+            throw;
         }
         if (prompt) {
-            d.give_prompt_memory_back();
+            streaming_.give_prompt_memory_back();
         }
         for (int32_t i = 0; i < n; ++i) {
-            const float * logits = llama_get_logits_ith(d.ctx.get(), i);
-            out.push_back(detail::position_logprobs(logits, d.vocab, tokens[static_cast<size_t>(at + i) + 1], n_top));
+            out.push_back(position_logprobs(logits(i), vocab, tokens[static_cast<size_t>(at + i) + 1], n_top));
         }
         at += n;
     }
     return out;
 }
 
-std::vector<float> Engine::score(const std::vector<int32_t> & tokens) {
-    std::vector<float> out;
-    for (const PositionLogprobs & p : score_positions(tokens, 0)) {
-        out.push_back(p.chosen.logprob);
+void check_tokens(const llama_vocab * vocab, const std::vector<int32_t> & tokens, const char * what) {
+    if (tokens.empty()) {
+        throw RequestError(std::string(what) + " is empty");
     }
-    return out;
+    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+    for (const int32_t t : tokens) {
+        if (t < 0 || t >= n_vocab) {
+            throw RequestError(std::string(what) + " has token id " + std::to_string(t) +
+                               ", outside the vocabulary (0 to " + std::to_string(n_vocab - 1) + ")");
+        }
+    }
 }
 
-int32_t Engine::vocab_size() const { return llama_vocab_n_tokens(live().vocab); }
+std::string token_piece(const llama_vocab * vocab, llama_token token) {
+    char buf[256];
+    const int32_t n = llama_token_to_piece(vocab, token, buf, sizeof(buf), 0, false);
+    return {buf, static_cast<size_t>(std::max(n, 0))};
+}
 
-}  // namespace bmoe
+}  // namespace bmoe::detail

@@ -1,5 +1,5 @@
 // The expert cache's sizing, pure functions of the model's shape and the settings (the engine's open applies
-// them: engine/open_streaming.cpp's size_cache; native/tests/test_cache_sizing.cpp pins them): what stays
+// them: engine/streaming.cpp's size_cache; native/tests/test_cache_sizing.cpp pins them): what stays
 // resident beyond the cache while a step runs, what vm.max_map_count lets the cache map, and whether its
 // pool takes huge pages. MemoryBudget (memory_budget.h) spends what is left.
 #pragma once

@@ -1,0 +1,162 @@
+#include "engine/context.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "bmoe/error.h"
+#include "draft/mtp_draft.h"
+#include "model/llama_runtime.h"
+
+namespace bmoe::detail {
+
+namespace {
+
+// A batch of `n` entries from `first`, freed with it.
+struct CallBatch {
+    llama_batch batch;
+    CallBatch(const BatchEntry * entries, int32_t n) : batch(llama_batch_init(n, 0, 1)) {
+        for (int32_t i = 0; i < n; ++i) {
+            batch.token[i] = entries[i].token;
+            batch.pos[i] = entries[i].pos;
+            batch.n_seq_id[i] = 1;
+            batch.seq_id[i][0] = entries[i].seq;
+            batch.logits[i] = entries[i].logits ? 1 : 0;
+        }
+        batch.n_tokens = n;
+    }
+    ~CallBatch() { llama_batch_free(batch); }
+    CallBatch(const CallBatch &) = delete;
+    CallBatch & operator=(const CallBatch &) = delete;
+};
+
+int online_cores() { return static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))); }
+
+}  // namespace
+
+// The target context; an MTP head's draft context is made with the same parameters (drafter.cpp).
+Context::Context(const StreamConfig & config, const ModelSource & file, const Model & model, Streaming & streaming,
+                 RunInfo & info)
+    : config_(config), file_(file), model_(model), streaming_(streaming), prompt_ubatch_(config.ubatch) {
+    const llama_context_params p = params();
+    info.threads = p.n_threads;
+    decode_threads_ = p.n_threads;
+    // 0 = auto while streaming: a long prompt's batch is compute-bound (each of its ubatches computes for
+    // seconds per layer while that layer's reads, started by its router, land in a fraction of it), so it
+    // computes on every core, as a resident run does; the lanes sleep in the kernel on their reads and
+    // need little CPU. With one core left to them, a 512-token prompt at the Pi 5 Gen 2 class took 1.94x
+    // the resident prefill, with 23 ms of its 27.8 s stalled on reads (bench-data/2026-12-02).
+    prompt_threads_ = config.threads == 0 && config.stream ? std::max(decode_threads_, online_cores()) : decode_threads_;
+    clear_llama_error();
+    ctx_.reset(llama_init_from_model(model.get(), p));
+    if (!ctx_) {
+        const std::string why = last_llama_error();
+        throw Error("llama.cpp could not create a context" + (why.empty() ? "" : " (" + why + ")"));
+    }
+}
+
+llama_context_params Context::params() const {
+    llama_context_params params = llama_context_default_params();
+    // --parallel: one KV stream per sequence (not unified), each the whole -c: a sequence's attention runs
+    // over its own cells, in the order it would alone, so a batched request's tokens are its own.
+    params.n_ctx = static_cast<uint32_t>(config_.ctx) * static_cast<uint32_t>(config_.parallel);
+    params.n_batch = static_cast<uint32_t>(config_.batch);
+    params.n_ubatch = static_cast<uint32_t>(config_.ubatch);
+    params.n_seq_max = static_cast<uint32_t>(config_.parallel);
+    params.kv_unified = false;
+    // 0 = auto: the rule, and why, beside the threads row (config.cpp).
+    const int threads = compute_threads(config_.threads, config_.stream, online_cores());
+    params.n_threads = threads;
+    params.n_threads_batch = threads;  // a long prompt takes every core only around its own batch (threads_for)
+    params.flash_attn_type = config_.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    params.no_perf = true;
+    // A recurrent state cannot be cut back to the accepted drafts; where llama.cpp can keep a snapshot
+    // per position (qwen35moe, lfm2moe, nemotron_h_moe, ...; it clamps to 0 elsewhere), one per draft.
+    // auto on such a trunk: only for an MTP head (drafter.cpp), the snapshots cost memory.
+    const bool speculating = config_.speculative == Speculative::Ngram || config_.speculative == Speculative::Mtp ||
+                             (config_.speculative == Speculative::Auto && config_.parallel == 1 &&
+                              MtpDraft::heads(model_.get()) > 0);
+    params.n_rs_seq = model_.recurrent() && speculating ? static_cast<uint32_t>(config_.draft_max) : 0;
+    if (Seam * seam = streaming_.seam()) {
+        params.cb_eval = &Seam::callback;
+        params.cb_eval_user_data = seam;
+    }
+    return params;
+}
+
+// A long prompt computes on every core; a decode's few tokens wait on their reads, and there a spinning compute
+// thread per core starves the lanes.
+BatchThreads Context::threads_for(size_t prompt_tokens) const {
+    const bool all_cores = prompt_tokens >= static_cast<size_t>(kPromptAllCoresTokens);
+    return BatchThreads(ctx_.get(), decode_threads_, all_cores ? prompt_threads_ : decode_threads_);
+}
+
+void Context::run_decode(int first_pos, int n, const std::function<int()> & run) {
+    RouteTrace * trace = streaming_.route_trace();
+    if (trace != nullptr) {
+        trace->begin_batch(first_pos, n);
+    }
+    Streamer * streamer = streaming_.overlap() ? streaming_.streamer() : nullptr;
+    if (streamer != nullptr) {
+        streamer->clear_failure();
+    }
+    int rc = 0;
+    {
+        const RpcWorkers::Watch deadline(file_.rpc());  // a worker that stops answering: one line
+        rc = run();
+    }
+    Seam * seam = streaming_.seam();
+    const std::string error = seam ? seam->take_error() : std::string();  // taken always: never stale
+    if (streamer != nullptr) {
+        streamer->drain();  // the last layer's reads; rethrows a failed read
+    }
+    if (!error.empty()) {
+        throw Error(error);
+    }
+    if (rc != 0) {
+        throw Error("llama_decode failed (" + std::to_string(rc) + ")");
+    }
+}
+
+void Context::decode(const std::vector<BatchEntry> & entries, const std::function<void(size_t, int)> & after_call) {
+    const int per_call = batch_per_call();
+    for (size_t done = 0; done < entries.size();) {
+        const auto n = static_cast<int32_t>(std::min<size_t>(entries.size() - done, static_cast<size_t>(per_call)));
+        CallBatch b(entries.data() + done, n);
+        // The route trace numbers a sequence's tokens by position, a batch of several sequences by row.
+        const bool one_sequence = std::all_of(entries.begin() + static_cast<long>(done),
+                                              entries.begin() + static_cast<long>(done) + n,
+                                              [&](const BatchEntry & e) { return e.seq == entries[done].seq; });
+        run_decode(one_sequence ? entries[done].pos : 0, n, [&] { return llama_decode(ctx_.get(), b.batch); });
+        after_call(done, n);
+        done += static_cast<size_t>(n);
+    }
+}
+
+void Context::clear() { llama_memory_clear(llama_get_memory(ctx_.get()), true); }
+
+bool Context::cut(llama_seq_id seq, llama_pos from) { return llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq, from, -1); }
+
+std::string Context::logits_bytes(int32_t row, const llama_vocab * vocab) const {
+    const float * l = logits(row);
+    return {reinterpret_cast<const char *>(l), static_cast<size_t>(llama_vocab_n_tokens(vocab)) * sizeof(float)};
+}
+
+void Context::save_state(const std::string & path, const std::vector<llama_token> & tokens) const {
+    if (!llama_state_save_file(ctx_.get(), path.c_str(), tokens.data(), tokens.size())) {
+        throw Error("could not write the session state to " + path);
+    }
+}
+
+std::vector<llama_token> Context::load_state(const std::string & path) {
+    std::vector<llama_token> tokens(static_cast<size_t>(config_.ctx));
+    size_t n = 0;
+    if (!llama_state_load_file(ctx_.get(), path.c_str(), tokens.data(), tokens.size(), &n)) {
+        clear();
+        throw Error(path + " is not a session state of this model and context size (or cannot be read)");
+    }
+    tokens.resize(n);
+    return tokens;
+}
+
+}  // namespace bmoe::detail
