@@ -36,7 +36,7 @@ public:
     llama_context_params params() const;
     // A prompt of at least this many tokens is compute-bound, and its reads hide behind its compute.
     static constexpr int kPromptAllCoresTokens = 64;
-    // Around a batch with `prompt_tokens` of prompts: every core for a long one (create_context says why).
+    // Around a batch with `prompt_tokens` of prompts: every core for a long one (the constructor says why).
     BatchThreads threads_for(size_t prompt_tokens) const;
     // The physical batch a prompt is decoded in (Streaming::size_cache): the ubatch, or what memory affords.
     void set_prompt_ubatch(int n) { prompt_ubatch_ = n; }

@@ -157,7 +157,7 @@ int Streaming::size_cache(const ModelSource & file, MtpDraft * mtp, RunInfo & in
             if (c.is_expert || !c.host) {  // a worker's weights are not this process's memory
                 continue;
             }
-            // An MTP head's (its layers follow the trunk's): they sleep with it (hold_drafter).
+            // An MTP head's (its layers follow the trunk's): they sleep with it (Drafter::hold).
             const bool head = mtp && !mtp->separate_model() && block_of(c.name) >= info.n_layer;
             (head ? footprint.drafter : footprint.to_touch).push_back({Seam::data(c), c.nbytes});
             const TensorLocation * loc = head ? file.gguf().find(c.name) : nullptr;
