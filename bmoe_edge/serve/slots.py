@@ -1,8 +1,9 @@
-"""serve --parallel N: the engine thread's scheduler. Requests run in job threads (rendering, stop strings, tool
-calls: what they do alone); each one's generation is a slot of the engine. The engine thread alone calls the
-engine: it begins the slots asked for (FIFO), steps every active slot in one batched decode, and hands each
-slot's token to its job. A job that ends (its answer complete, its client gone) releases its slot, which stops
-before the next step."""
+"""serve's engine thread and its one loop, for --parallel N slots (1 by default). Requests run in job threads
+(rendering, stop strings, tool calls: what they do alone); each one's generation is a slot of the engine. The
+engine thread alone calls the engine: it begins the slots asked for (FIFO; with one slot a longer prefix the
+prompt cache holds restored first), steps every active slot in one batched decode, and hands each slot's token
+to its job. A job that ends (its answer complete, its client gone) releases its slot, which stops before the
+next step."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bmoe_edge.engine import prompt_cache
 from bmoe_edge.engine.batching import StepInfo, step
 from bmoe_edge.engine.generation import Generation, PieceText, Sampling, Token
 from bmoe_edge.engine.session import Engine
@@ -92,15 +94,11 @@ class Scheduler:
                     result.stop_reason = event
                     return
                 token, end = event
-                if not result.metrics:
-                    result.ttft_ms = 1000 * (time.perf_counter() - started)
-                result.metrics.append(token.metrics)
-                if end:
-                    result.stop_reason = "end_of_generation"
+                going_on = result.add(token, end, started, max_tokens=max_tokens)
+                if not end:
+                    yield token
+                if not going_on:
                     return
-                result.tokens.append(token.id)
-                result.text += token.text
-                yield token
         finally:
             with self._cv:
                 stream.released = True
@@ -163,6 +161,10 @@ class Scheduler:
         for _, answer in exclusive:
             answer.put(error)
 
+    def _prompt_cache(self) -> Any:
+        """The engine's prompt cache, with one slot only: its state files hold one conversation."""
+        return self.engine.prompt_cache if self.n == 1 else None
+
     def _active(self) -> list[int]:
         return [i for i, s in enumerate(self._streams) if s is not None]
 
@@ -190,6 +192,10 @@ class Scheduler:
             slot = self._pick(stream)
             reuse = stream.reuse_kv and self._tenant[slot] == stream.tenant
             try:
+                cache = self._prompt_cache()
+                if cache is not None:   # a longer prefix it holds for this tenant is restored first
+                    held = prompt_cache.common_prefix(self.engine.slot_tokens(slot), stream.ids) if reuse else 0
+                    reuse = cache.restore(self.engine, stream.ids, stream.tenant, held) > 0 or reuse
                 reused = self.engine.slot_begin(slot, stream.ids, stream.sampling, reuse_kv=reuse)
             except BmoeError as exc:   # the request's own (a grammar, a bias): its 400
                 stream.events.put(exc)
@@ -241,6 +247,8 @@ class Scheduler:
                 continue
             if stream.produced:
                 gap = max(gap, now - stream.last_token)
+            elif info is not None and (cache := self._prompt_cache()) and info.n_tokens >= cache.min_tokens:
+                cache.store(self.engine, stream.ids, stream.tenant)   # a long prompt, once in: never raises
             stream.produced += 1
             stream.last_token = now
             stream.events.put((e.token, e.end_of_generation))

@@ -1,7 +1,7 @@
 """One engine: a bounded FIFO of jobs drained by the engine thread, each job's answer handed back to the event
-loop piece by piece; a cancelled job stops between two tokens. With --parallel 1 the engine thread answers one
-job at a time; with N > 1 at most N jobs run at once, each in its own thread and slot of the engine, their
-tokens decoded together (serve/slots.py)."""
+loop piece by piece; a cancelled job stops between two tokens. At most --parallel N jobs run at once (one with
+the default 1), each in its own thread and slot of the engine, their tokens decoded together by the engine
+thread's one loop (serve/slots.py)."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ class Worker:
         self.stats = Stats()
         self.batch = BatchStats()   # --parallel: slots, batches, union vs summed bytes, the worst gap
         self.parallel = engine.n_slots
-        self._scheduler = Scheduler(engine, self.batch) if self.parallel > 1 else None
+        self._scheduler = Scheduler(engine, self.batch)
         self._stats_lock = threading.Lock()   # job threads add their replies
         self._by_tenant: dict[int, Stats] = {}   # each API key's own requests (/metrics with several keys)
         self.failure: str | None = None   # why the engine thread ended, if it did
@@ -105,11 +105,9 @@ class Worker:
         self.last_engine_failure = ""
         self.closing = False
         self._running: set[Job] = set()
-        self._context_tenant = 0   # whose prompt the context holds
         self._warm = False   # the pool holds the pages the cache's budget allows (see _warm_a_little)
         self._trim = False   # an answer's freed heap is still to be given back (see _warm_a_little)
-        run = self._run if self._scheduler is None else self._run_batched
-        self._thread = threading.Thread(target=run, name="bmoe-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="bmoe-engine", daemon=True)
         self._thread.start()
 
     @property
@@ -152,8 +150,7 @@ class Worker:
             self.jobs.put_nowait(job)
         except queue.Full:
             raise QueueFull from None
-        if self._scheduler is not None:
-            self._scheduler.wake()
+        self._scheduler.wake()
 
     def fatal(self, line: str) -> None:
         """The engine's fatal error (bmoe::fatal_exit: a lost RPC worker, a decode past its deadline), heard
@@ -181,36 +178,6 @@ class Worker:
         for job in list(self._running):
             job.cancelled.set()
         self._fail_queued("shutting down")
-
-    def _run(self) -> None:
-        try:
-            while not self.closing:
-                try:
-                    job = self.jobs.get(timeout=0.1) if self._warm else self.jobs.get_nowait()
-                except queue.Empty:
-                    self._warm_a_little()
-                    continue
-                if job is None:
-                    break
-                if not self._runnable(job):
-                    continue
-                self.stats.busy = True
-                self._running.add(job)
-                try:
-                    if self.closing:
-                        job.cancelled.set()
-                    self._serve(job)
-                except Exception:  # delivering failed (the event loop is gone): the next job
-                    self.stats.failures += 1
-                finally:
-                    self.stats.busy = False
-                    self._running.discard(job)
-                    self._answered()
-        except BaseException as exc:
-            self.failure = f"the engine thread failed ({type(exc).__name__})"
-            raise
-        finally:
-            self._thread_ended()
 
     def _answered(self) -> None:
         """A job ran: once idle, the heap's freed memory goes back to the system first, then the pool warms up to
@@ -241,11 +208,10 @@ class Worker:
         self._fail_running_and_queued(reason)
         return reason
 
-    def _run_batched(self) -> None:
-        """--parallel N: admit queued jobs (FIFO) while fewer than N run, each in a thread of its own, and step
-        their slots together."""
+    def _run(self) -> None:
+        """The engine thread: admit queued jobs (FIFO) while fewer than --parallel run, each in a thread of its own,
+        and step their slots together; idle, warm the cache's memory."""
         scheduler = self._scheduler
-        assert scheduler is not None
         try:
             while not self.closing:
                 self._admit()
@@ -288,7 +254,6 @@ class Worker:
             threading.Thread(target=self._serve_in_slot, args=(job,), name="bmoe-job", daemon=True).start()
 
     def _serve_in_slot(self, job: Job) -> None:
-        assert self._scheduler is not None
         try:
             self._serve(job, SlotEngine(self.engine, self._scheduler, job.request.tenant, job.cancelled))
         except Exception:  # delivering failed (the event loop is gone)
@@ -318,18 +283,12 @@ class Worker:
                 with contextlib.suppress(Exception):
                     job.deliver(("error", (503, f"the server cannot answer: {reason}")))
 
-    def _serve(self, job: Job, engine: Any = None) -> None:
-        """One job. Whatever it raises becomes its own error and the next job runs: nothing a request does ends
-        the thread. Which error is whose is decided here alone (`_failure`). `engine`: a slot's (--parallel),
-        which reuses a context's prefix only for the tenant that left it."""
+    def _serve(self, job: Job, engine: SlotEngine) -> None:
+        """One job, in its slot. Whatever it raises becomes its own error and the next job runs: nothing a request
+        does ends the thread. Which error is whose is decided here alone (`_failure`). The slot reuses a
+        context's prefix only for the tenant that left it (the scheduler's)."""
         reply = chat.Reply()
-        if engine is None:
-            engine = self.engine
-            reuse = job.request.tenant == self._context_tenant
-            self._context_tenant = job.request.tenant
-            self.engine.prompt_scope = job.request.tenant  # the prompt cache restores only this tenant's prompts
-        else:
-            reuse = True
+        reuse = True
         self.progress.started()
         answered = False   # counted as bmoe_requests_total, for the server and for its tenant alike
         try:
