@@ -6,9 +6,12 @@ Timing is not checked (these are commands, not timed tests); the campaign lives 
 from __future__ import annotations
 
 import csv
+import getpass
 import json
 import os
+import platform
 import re
+import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -166,6 +169,35 @@ def test_bench_stream_writes_csvs_summary_and_plots(small_models: dict[str, Path
     [row] = [line for line in long_table.splitlines() if line.startswith("| long-prompt-96 |")]
     assert row.split("|")[-3].strip() != "-" and float(row.split("|")[-2]) > 0  # resident prefill s, TTFT x bound
     assert "Issue 4 overlap" not in summary or "io-only" in summary
+    _check_the_campaign_s_card(out, small_models["uniform"], set(cells.split(",")))
+
+
+def _check_the_campaign_s_card(out: Path, model: Path, labels: set[str]) -> None:
+    """`bench report`: the card of the campaign just run, nothing in it that identifies the machine or its user,
+    and two cards compared."""
+    result = run_cli("bench", "report", str(out))
+    assert result.returncode == 0, result.stderr
+    card = json.loads((out / "card.json").read_text())
+    text = (out / "card.md").read_text() + json.dumps(card)
+    assert result.stdout == (out / "card.md").read_text()
+    assert {c["label"] for c in card["cells"]} == labels
+    assert all(c["tok_s"] > 0 for c in card["cells"] if not c["label"].startswith("io-"))
+    assert card["model"]["architecture"] == "qwen3moe" and card["model"]["quant"] and card["model"]["experts"] > 0
+    assert card["machine"]["cores"] == os.cpu_count() and card["machine"]["kernel_page_kb"] > 0
+    assert card["storage"]["measured"], card["storage"]
+    run = json.loads((out / "run.json").read_text())
+    identifying = {socket.gethostname(), platform.node(), getpass.getuser(), str(out), str(model), model.name,
+                   str(Path.home()), run["machine"].get("device", "\0"), " ".join(run["argv"])}
+    found = [s for s in identifying if s and re.search(rf"(?<![\w.-]){re.escape(s)}(?![\w.-])", text)]
+    assert not found, found
+    assert not re.search(r"(^|[\s'\"(])/[\w.-]+/", text), "a path in the card"
+    both = run_cli("bench", "report", str(out), str(out / "card.json"))
+    assert both.returncode == 0, both.stderr
+    rows = [line for line in both.stdout.splitlines() if line.startswith("| x") or line.startswith("| aarch")]
+    assert len(rows) == 2 * len(labels), both.stdout
+    (out / "other.json").write_text('{"card": 99}')
+    assert_clean_error(run_cli("bench", "report", str(out / "other.json")), "not a bench report card")
+    assert_clean_error(run_cli("bench", "report", str(out / "missing")), "not a")
 
 
 @needs_native

@@ -194,7 +194,8 @@ def stream_campaign(c: Campaign) -> dict[str, Any]:
         "routed_bytes_per_token": layout.routed_bytes_per_token, "n_expert": layout.n_expert,
         "n_expert_used": layout.n_expert_used, "n_layer": len(layout.layers()),
         "slice_bytes": sorted({t.slice_bytes for t in layout.experts}),
-        "model_metadata": {k: v for k, v in layout.metadata.items() if k.startswith(("bmoe.", "general.name"))},
+        "model_metadata": {k: v for k, v in layout.metadata.items()
+                           if k.startswith(("bmoe.", "general.name", "general.architecture", "general.file_type"))},
         "cap_bytes": c.cap_bytes, "cap_request_method": c.cap_method, "repeats": c.repeats,
         "storage": asdict(c.storage) if c.storage else None,
         "read_limit": asdict(limit) if limit else None,

@@ -86,6 +86,7 @@ def machine_info(path: Path | None = None) -> dict[str, Any]:
     info: dict[str, Any] = {
         "hostname": platform.node(), "machine": platform.machine(), "kernel": platform.release(), "cpu": cpu,
         "cores": os.cpu_count(), "mem_total_mb": mem_info().get("MemTotal", 0) // MiB,
+        "page_size": os.sysconf("SC_PAGESIZE"),
         "swap_total_mb": mem_info().get("SwapTotal", 0) // MiB, "loadavg": os.getloadavg(),
         "python": platform.python_version(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

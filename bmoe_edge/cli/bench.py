@@ -211,6 +211,29 @@ def bench_summary_cmd(out: Annotated[Path, typer.Argument(help="A bench stream o
     typer.echo(results.write_summary(out).read_text(), nl=False)
 
 
+@bench_app.command("report")
+def bench_report_cmd(
+    paths: Annotated[list[Path], typer.Argument(help="A bench stream output directory (its card is written there), "
+                                                     "or several directories and card.json files to compare.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the card(s) as JSON.")] = False,
+) -> None:
+    """One shareable card of a campaign: machine, storage, model, and per cell tok/s, MB read per token, hit rate
+    and TTFT; nothing that identifies the machine or its user. Several make one comparison table."""
+    import json
+
+    from bmoe_edge.bench import report
+
+    cards = [report.load_card(p) for p in paths]
+    if len(paths) == 1 and paths[0].is_dir():
+        report.write_card(paths[0])
+    if as_json:
+        typer.echo(json.dumps(cards[0] if len(cards) == 1 else cards, indent=2))
+    elif len(cards) == 1:
+        typer.echo(report.card_markdown(cards[0]), nl=False)
+    else:
+        typer.echo(report.compare_markdown(cards), nl=False)
+
+
 @bench_app.command("routing")
 def bench_routing_cmd(
     model: Annotated[Path, typer.Option("-m", "--model")],
