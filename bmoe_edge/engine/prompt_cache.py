@@ -404,6 +404,18 @@ class PromptCache:
         self.restored_tokens = length
         return length
 
+    def restore_before(self, engine: StateEngine, prompt: list[int], scope: int, reuse_kv: bool) -> bool:
+        """Before a generation of `prompt` begins in the engine's one sequence: the best entry restored where it
+        holds more than the context may keep (with `reuse_kv`, their common prefix); whether the generation then
+        reuses the context."""
+        held = common_prefix(engine.context_tokens, prompt) if reuse_kv else 0
+        return self.restore(engine, prompt, scope, held) > 0 or reuse_kv
+
+    def store_after_prompt(self, engine: StateEngine, prompt: list[int], scope: int, decoded: int) -> bool:
+        """Once `prompt` is in (its first token out, `decoded` tokens in that step): kept when the step decoded at
+        least min_tokens (a prompt mostly reused or restored is held already). Never raises, as `store`."""
+        return decoded >= self.min_tokens and self.store(engine, prompt, scope)
+
     def store(self, engine: StateEngine, prompt: list[int], scope: int = 0) -> bool:
         """Keep the context's state after `prompt` was decoded, unless it is short, an entry holds it all, a
         state is still being written (one at a time: the memory it takes is bounded), or it is larger than the

@@ -249,8 +249,7 @@ class Engine:
         out.prompt_tokens = prompt_ids
         cache = self.prompt_cache
         if cache is not None:
-            held = prompt_cache.common_prefix(self.context_tokens, prompt_ids) if reuse_kv else 0
-            reuse_kv = cache.restore(self, prompt_ids, self.prompt_scope, held) > 0 or reuse_kv
+            reuse_kv = cache.restore_before(self, prompt_ids, self.prompt_scope, reuse_kv)
         with self._using() as engine, native.engine_errors():
             out.reused_tokens = engine.begin(prompt_ids, params, logits, reuse_kv)
         text = PieceText()
@@ -263,9 +262,9 @@ class Engine:
                 return
             token = token_of(step, text)
             going_on = out.add(token, step.end_of_generation, started, max_tokens=max_tokens, logits=logits)
-            if len(out.metrics) == 1 and cache is not None and token.metrics.n_tokens >= cache.min_tokens:
+            if len(out.metrics) == 1 and cache is not None:
                 with self._using():   # the state copied to memory; the writer thread puts it on disk
-                    cache.store(self, prompt_ids, self.prompt_scope)   # never raises: a warning at worst
+                    cache.store_after_prompt(self, prompt_ids, self.prompt_scope, token.metrics.n_tokens)
             if not step.end_of_generation:
                 yield token
             if not going_on:

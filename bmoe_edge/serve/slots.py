@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bmoe_edge.engine import prompt_cache
 from bmoe_edge.engine.batching import StepInfo, step
 from bmoe_edge.engine.generation import Generation, PieceText, Sampling, Token
 from bmoe_edge.engine.session import Engine
@@ -194,8 +193,7 @@ class Scheduler:
             try:
                 cache = self._prompt_cache()
                 if cache is not None:   # a longer prefix it holds for this tenant is restored first
-                    held = prompt_cache.common_prefix(self.engine.slot_tokens(slot), stream.ids) if reuse else 0
-                    reuse = cache.restore(self.engine, stream.ids, stream.tenant, held) > 0 or reuse
+                    reuse = cache.restore_before(self.engine, stream.ids, stream.tenant, reuse)
                 reused = self.engine.slot_begin(slot, stream.ids, stream.sampling, reuse_kv=reuse)
             except BmoeError as exc:   # the request's own (a grammar, a bias): its 400
                 stream.events.put(exc)
@@ -247,8 +245,8 @@ class Scheduler:
                 continue
             if stream.produced:
                 gap = max(gap, now - stream.last_token)
-            elif info is not None and (cache := self._prompt_cache()) and info.n_tokens >= cache.min_tokens:
-                cache.store(self.engine, stream.ids, stream.tenant)   # a long prompt, once in: never raises
+            elif info is not None and (cache := self._prompt_cache()) is not None:
+                cache.store_after_prompt(self.engine, stream.ids, stream.tenant, info.n_tokens)
             stream.produced += 1
             stream.last_token = now
             stream.events.put((e.token, e.end_of_generation))
