@@ -288,12 +288,11 @@ class Worker:
         does ends the thread. Which error is whose is decided here alone (`_failure`). The slot reuses a
         context's prefix only for the tenant that left it (the scheduler's)."""
         reply = chat.Reply()
-        reuse = True
         self.progress.started()
         answered = False   # counted as bmoe_requests_total, for the server and for its tenant alike
         try:
             prepared = job.prepared or self.prepare(job.request)
-            answer = self._answer(job.request, prepared, reply, reuse, engine, job.cancelled)
+            answer = self._answer(job.request, prepared, reply, engine, job.cancelled)
             started, first = time.perf_counter(), True
             for delta in answer:
                 self.progress.advanced()
@@ -391,15 +390,14 @@ class Worker:
         self._fits(len(ids), r.max_tokens)
         return Prepared(tuple(ids), chat.constrained(r.sampling, prompt), prompt)
 
-    def _answer(self, r: Request, p: Prepared, reply: chat.Reply, reuse_kv: bool, engine: Any,
-                cancelled: threading.Event):
-        """The job's answer from its prepared form; `reuse_kv`: the context was left by the same tenant, so its
-        prefix may be kept (another tenant's prompt decodes afresh: neither cached_tokens nor timing tells one
-        tenant what another asked)."""
+    def _answer(self, r: Request, p: Prepared, reply: chat.Reply, engine: SlotEngine, cancelled: threading.Event):
+        """The job's answer from its prepared form. It asks to reuse the context's prefix; the scheduler keeps one
+        only in a slot the same tenant left (another tenant's prompt decodes afresh: neither cached_tokens nor
+        timing tells one tenant what another asked)."""
         if p.chat_prompt is None:   # with the prepared sampling: a response_format's grammar is in it
-            return _complete(engine, p.ids, dataclasses.replace(r, sampling=p.sampling), reply, reuse_kv, cancelled)
+            return _complete(engine, p.ids, dataclasses.replace(r, sampling=p.sampling), reply, True, cancelled)
         return chat.reply(engine, (), r.max_tokens, p.sampling, stop=r.stop, result=reply, prompt=p.chat_prompt,
-                          prompt_ids=p.ids, reuse_kv=reuse_kv, parallel=r.parallel_tool_calls)
+                          prompt_ids=p.ids, reuse_kv=True, parallel=r.parallel_tool_calls)
 
     def _check_bias(self, sampling: Sampling) -> None:
         """logit_bias's token ids against this model's vocabulary: the request's 400 before anything runs."""
