@@ -1,6 +1,7 @@
 // What every part of a generation says about tokens: the checks of a caller's ids, a token's text and
-// log-probabilities, the reusable prefix of a context, a generation's sampler chain (sampling.cpp), and
-// llama.cpp's exceptions turned into ours. Internal: llama.cpp types are fine here.
+// log-probabilities (defined in scoring.cpp, beside the log-softmax scoring shares), the reusable prefix of a
+// context, a generation's sampler chain (sampling.cpp), and llama.cpp's exceptions turned into ours. Internal:
+// llama.cpp types are fine here.
 #pragma once
 
 #include <algorithm>
