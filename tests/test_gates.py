@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -77,6 +78,10 @@ def test_quick_gates_pass() -> None:
     assert {ln.split()[1] for ln in cells} == {s.arch for s in gates.QUICK_FIXTURES}
 
 
+# The layout ggml's repack picks for the experts on an AVX2 host (docs/streaming.md, "Repacked kernels").
+REPACKED_ON_AVX2 = {"Q4_0": "q4_0_8x8", "Q4_K_M": "q4_K_8x8", "MXFP4": "mxfp4_8x8"}
+
+
 @pytest.mark.parametrize("arch,quant", [("qwen3moe", "Q8_0"), ("gpt-oss", "Q4_0"), ("gemma4", "F16"),
                                         ("qwen2moe", "Q4_K_M"), ("deepseek4", "MXFP4")])
 def test_a_corrupted_read_fails_the_gate(arch: str, quant: str) -> None:
@@ -93,6 +98,8 @@ def test_a_corrupted_read_fails_the_gate(arch: str, quant: str) -> None:
     ]
     results = list(gates.run_gates(cells, gates.fixture_resolver(None), steps=12))
     assert results[0].passed, results[0]
+    if quant in REPACKED_ON_AVX2 and "avx2" in Path("/proc/cpuinfo").read_text().split():
+        assert REPACKED_ON_AVX2[quant] in results[0].repack_layouts, results[0]  # the corrupted slices: repacked
     for bad in results[1:]:
         assert not bad.passed and not bad.equal_logits, bad
         assert bad.first_difference is not None

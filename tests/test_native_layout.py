@@ -22,7 +22,7 @@ ALLOWED = {
     "read": {"core"},
     "model": {"core", "read"},
     "stream": {"core", "policy", "read"},
-    "seam": {"core", "model", "stream"},
+    "seam": {"core", "read", "model", "stream"},
     "rpc": {"core", "policy", "model"},
     "draft": {"core", "policy", "model"},
     "engine": {"core", "policy", "read", "model", "stream", "seam", "rpc", "draft"},

@@ -115,6 +115,14 @@ def memory_line(run: dict[str, object]) -> str:
     return line  # a clamped or useless budget is said in the run's warning
 
 
+def repack_line(run: dict[str, object]) -> str:
+    """llama.cpp's repacked kernels: the layout each streamed type computes in, and the dense weights repacked."""
+    dense = int(str(run.get("repacked_dense_tensors", 0)))
+    layouts = run.get("repack_layouts") or "-"
+    return (f"repack {run['repack']}: experts {layouts}; dense {dense} tensors, "
+            f"{int(str(run.get('repacked_dense_bytes', 0))) / 2**20:.1f} MiB repacked at load")
+
+
 def run_header(run: dict[str, object]) -> str:
     """The resolved configuration of a run: two lines, and a third with the memory the cache was sized from."""
     memory = memory_line(run)
@@ -127,6 +135,7 @@ def run_header(run: dict[str, object]) -> str:
         f" dense {run['dense']}; threads {run['threads']};"
         f" load {float(str(run['load_ms'])):.0f} ms, {int(str(run['load_bytes_read'])) / 2**20:.1f} MiB read",
         *([memory] if memory else []),
+        *([repack_line(run)] if run.get("streaming") and run.get("repack", "off") != "off" else []),
         *([f"layers: {run['placement']}"] if run.get("placement") else []),
         *([f"LOSSY: {run['lossy']} (the output is not the model's)"] if run.get("lossy") else []),
     ])

@@ -80,6 +80,9 @@ CASES: dict[str, StreamCase] = {c.name: c for c in (
     StreamCase("prefetch-overlap", overrides={"overlap": True, "prefetch": "predict"}),
     StreamCase("prefetch-serial-cache-small", cache=0.3, overrides={"prefetch": "predict"}),
     StreamCase("long-prompt", cache=0.3, generations=2, long_prompt=True, overrides={"overlap": True}),
+    # Every other case runs llama.cpp's repacked kernels where the pin has a layout (the default); its plain
+    # kernels, on the file's bytes in place, against a resident run with repack off too.
+    StreamCase("repack-off", cache=0.3, overrides={"overlap": True, "repack": "off"}),
 )}
 
 
@@ -123,6 +126,7 @@ class CellResult:
     read_path: str = ""
     drafted: int = 0   # speculative cells: draft tokens verified, and those the model agreed with
     accepted: int = 0
+    repack_layouts: str = ""  # the layout each streamed type computed in ("q4_K: q4_K_8x8, q6_K: file")
     error: str = ""
 
 
@@ -304,6 +308,7 @@ def check_cell(cell: GateCell, model: Path, resident: list[Generation], all_expe
         with Engine(model, speculating(stream_config(cell.case, all_expert_bytes), draft_model)) as engine:
             streamed = _generate(engine, cell.case.generations, steps, prompts)
             result.read_path = str(engine.run_info["read_path"])
+            result.repack_layouts = str(engine.run_info["repack_layouts"])
     except BmoeError as exc:
         result.error = str(exc)
         return result
@@ -342,27 +347,29 @@ def run_gates(cells: Iterable[GateCell], resolve: Callable[[FixtureSpec], Path],
         draft_model = draft_model_for(spec, model)
         all_expert_bytes = info.model_summary(model).expert_bytes
         most = max(c.case.generations for c in group)
-        resident: dict[tuple[int, bool, str, bool], list[Generation]] = {}
+        resident: dict[tuple[int, bool, str, bool, str], list[Generation]] = {}
 
-        def baseline(threads: int, echo: bool, speculative: str, long_prompt: bool = False, model: Path = model,
+        def baseline(threads: int, echo: bool, speculative: str, long_prompt: bool, repack: str, model: Path = model,
                      most: int = most, resident: dict = resident, draft_model: str = draft_model) -> list[Generation]:
-            """Resident runs by the knobs cases change: threads, echoed prompts, speculation, long prompts."""
-            key = (threads, echo, speculative, long_prompt)
+            """Resident runs by the knobs cases change: threads, echoed prompts, speculation, long prompts, the
+            kernels (repacked or plain: their float sums differ)."""
+            key = (threads, echo, speculative, long_prompt, repack)
             if key not in resident:
-                prompts = echo_prompts(baseline(threads, False, "off")) if echo else \
+                prompts = echo_prompts(baseline(threads, False, "off", False, repack)) if echo else \
                     LONG_PROMPTS if long_prompt else PROMPTS
-                config = speculating(replace(BASE, stream=False, threads=threads, speculative=speculative), draft_model)
+                config = speculating(replace(BASE, stream=False, threads=threads, speculative=speculative,
+                                             repack=repack), draft_model)
                 with Engine(model, config) as engine:
                     resident[key] = _generate(engine, most, steps, prompts)
             return resident[key]
 
         for cell in group:
             config = stream_config(cell.case, all_expert_bytes)
-            same = baseline(config.threads, cell.case.echo, config.speculative, cell.case.long_prompt)
+            same = baseline(config.threads, cell.case.echo, config.speculative, cell.case.long_prompt, config.repack)
             # Speculation verifies drafts in batched decodes, whose float rounding may differ from one
             # token at a time: its logits are compared with a resident run that speculates too, its
             # tokens also with plain decoding.
-            plain = baseline(config.threads, cell.case.echo, "off", cell.case.long_prompt)
+            plain = baseline(config.threads, cell.case.echo, "off", cell.case.long_prompt, config.repack)
             yield check_cell(cell, model, same, all_expert_bytes, steps, plain, draft_model)
 
 

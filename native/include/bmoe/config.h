@@ -55,12 +55,15 @@ struct Choices;
 #define BMOE_PREFETCH_MODES(X) X(Off, "off") X(Predict, "predict") X(Auto, "auto")
 // Speculative decoding: none, prompt-lookup drafts, the model's own MTP heads, or the best that applies.
 #define BMOE_SPECULATIVE_MODES(X) X(Off, "off") X(Ngram, "ngram") X(Mtp, "mtp") X(Auto, "auto")
+// llama.cpp's repacked CPU kernels: never, or wherever the pin has a layout for the weight's type and the CPU.
+#define BMOE_REPACK_MODES(X) X(Off, "off") X(Auto, "auto")
 // A switch the engine may decide itself: Auto is on where it can be (and shown as a bool or "auto").
 #define BMOE_TOGGLES(X) X(Off, "off") X(On, "on") X(Auto, "auto")
 BMOE_CHOICE(ReadPath, BMOE_READ_PATHS)
 BMOE_CHOICE(DenseMode, BMOE_DENSE_MODES)
 BMOE_CHOICE(Prefetch, BMOE_PREFETCH_MODES)
 BMOE_CHOICE(Speculative, BMOE_SPECULATIVE_MODES)
+BMOE_CHOICE(Repack, BMOE_REPACK_MODES)
 BMOE_CHOICE(Toggle, BMOE_TOGGLES)
 
 // The engine's settings.
@@ -81,6 +84,10 @@ BMOE_CHOICE(Toggle, BMOE_TOGGLES)
       "pread or odirect.")                                                                                             \
     X(DenseMode, dense, DenseMode::Mmap, 0, 0, Rule::Plain, Profile::Required, Output::Exact, kFlag,                   \
       "Dense weights: mmap or anon.")                                                                                  \
+    X(Repack, repack, Repack::Auto, 0, 0, Rule::Plain, Profile::Optional, Output::Exact, kFlag,                        \
+      "llama.cpp's repacked CPU kernels (weights interleaved for the CPU's dot products), as stock llama.cpp runs "    \
+      "them: auto = for every weight, dense or streamed, whose type has a layout in the pin for this CPU; off = the "  \
+      "plain kernels. A streamed run equals a resident run with the same setting, bit for bit.")                      \
     X(Toggle, overlap, Toggle::Auto, 0, 0, Rule::Plain, Profile::Required, Output::Exact, kFlag,                       \
       "I/O-compute overlap (default: on where the build has the hook and no other engine of this process uses "        \
       "it; the hook is process-wide).")                                                                                \

@@ -28,6 +28,7 @@ namespace bmoe {
     X(uint64_t, bytes_read, 0, "Bytes read from the file (O_DIRECT windows included).")                              \
     X(uint64_t, slice_bytes, 0, "Bytes of the expert slices made resident.")                                         \
     X(uint64_t, copy_bytes, 0, "Bytes that went through an intermediate buffer (0 = zero-copy).")                    \
+    X(double, convert_ms, 0, "--repack: read lanes converting slices to the kernels' layout, summed over lanes.")     \
     X(uint64_t, cache_lookups, 0, "Expert cache lookups.")                                                            \
     X(uint64_t, cache_hits, 0, "... of which the expert was resident.")                                               \
     X(uint64_t, evictions, 0, "Experts evicted from the cache.")                                                      \
@@ -83,6 +84,11 @@ namespace bmoe {
     X(double, memory_pending_mb, 0, "KV cache, compute buffers, dense weights not yet touched at open.")             \
     X(bool, cache_adaptive, false, "The budget follows memory pressure while running.")                               \
     X(std::string, dense, "", "Dense weights: mmap or anon.")                                                         \
+    X(std::string, repack, "off", "llama.cpp's repacked kernels: off, or auto.")                                      \
+    X(std::string, repack_layouts, "",                                                                                \
+      "The layout each streamed expert type got (\"q4_K: q4_K_8x8, q6_K: file\"; file = the plain kernels).")        \
+    X(int, repacked_dense_tensors, 0, "Dense weights llama.cpp repacked at load (anonymous memory).")                 \
+    X(uint64_t, repacked_dense_bytes, 0, "... and their bytes.")                                                      \
     X(bool, overlap, false, "I/O-compute overlap in force.")                                                          \
     X(std::string, prefetch, "off", "Read-ahead: off, predict or auto.")                                              \
     X(std::string, prefetch_note, "", "Why it is not what was asked, if it is not.")                                  \

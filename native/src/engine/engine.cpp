@@ -138,6 +138,7 @@ void Engine::Impl::record_settings(const std::string & path) {
     info.kernel_page_size = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     info.page_size = config.page_kb > 0 ? static_cast<uint64_t>(config.page_kb) * 1024 : info.kernel_page_size;
     info.dense = to_string(config.dense);
+    info.repack = to_string(config.repack);
     info.overlap = streaming->overlap();
     info.hook_compiled_in = build_info().expert_ready_hook;
     info.ctx = config.ctx;

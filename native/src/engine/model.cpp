@@ -2,9 +2,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "bmoe/error.h"
 #include "core/telemetry.h"
+#include "ggml-backend.h"
 #include "model/llama_runtime.h"
 
 namespace bmoe::detail {
@@ -15,11 +17,28 @@ int64_t meta_int(const llama_model * model, const std::string & key) {
     return llama_model_meta_val_str(model, key.c_str(), buf, sizeof(buf)) < 0 ? 0 : std::atoll(buf);
 }
 
-#ifdef BMOE_HAVE_LAZY_TENSOR_SUFFIXES
-// The names llama.cpp must map lazily so loading does not read the experts (patch 0002). A lazy
-// tensor always lands in this process's CPU buffer, whatever device its layer is on: with RPC
-// workers only the layers kept here (the first `local_layers`) are named, each in full.
-std::vector<std::string> lazy_suffixes(const Recipe & recipe, int local_layers) {
+// The expert tensors' names as anchored regexes (what llama.cpp's tensor_buft_overrides match), from the
+// names that end them (".ffn_up_exps.weight") or are them ("blk.3.ffn_up_exps.weight").
+std::vector<std::string> name_patterns(const std::vector<std::string> & names) {
+    std::vector<std::string> out;
+    for (const std::string & name : names) {
+        std::string p = name.rfind("blk.", 0) == 0 ? "^" : "";
+        for (const char ch : name) {
+            if (std::strchr(".^$|()[]{}*+?\\", ch) != nullptr) {
+                p += '\\';
+            }
+            p += ch;
+        }
+        out.push_back(p + "$");
+    }
+    return out;
+}
+
+// The expert tensors' names: all of them (suffixes), or with RPC workers only the layers kept here (the first
+// `local_layers`), each in full. llama.cpp maps them lazily (patch 0002), so loading does not read the experts,
+// and keeps them in its plain CPU buffer, so they stay the file's bytes until streaming converts them: a lazy
+// or overridden tensor lands in this process's CPU buffer, whatever device its layer is on.
+std::vector<std::string> expert_names(const Recipe & recipe, int local_layers) {
     std::vector<std::string> out;
     for (const auto & s : recipe.expert_suffixes) {
         if (local_layers < 0) {
@@ -31,7 +50,7 @@ std::vector<std::string> lazy_suffixes(const Recipe & recipe, int local_layers) 
     }
     return out;
 }
-#endif
+
 
 // The model's expert count from its tensor table: known before llama.cpp loads (and would assert
 // on an expert_used_count override above it).
@@ -107,7 +126,8 @@ Model::Model(const std::string & path, const StreamConfig & config, const ModelS
              RunInfo & info) {
     llama_model_params params = llama_model_default_params();
     params.load_mode = LLAMA_LOAD_MODE_MMAP;
-    params.use_extra_bufts = false;  // repacked experts would not be the file's bytes
+    // llama.cpp's repacked kernels where it would use them; the experts are kept out of them at load (below).
+    params.use_extra_bufts = config.repack != Repack::Off;
     params.n_gpu_layers = 0;
     // The model's MTP head, where speculation may use it (never on RPC workers, nor beside --parallel's
     // sequences: drafter.cpp).
@@ -123,21 +143,29 @@ Model::Model(const std::string & path, const StreamConfig & config, const ModelS
         params.split_mode = LLAMA_SPLIT_MODE_LAYER;
         params.n_gpu_layers = RpcWorkers::offloaded_layers(file.placement());
     }
-    std::vector<std::string> suffixes;
-    std::vector<const char *> suffix_ptrs;
-#ifdef BMOE_HAVE_LAZY_TENSOR_SUFFIXES
+    std::vector<std::string> names;
+    std::vector<const char *> name_ptrs;
+    std::vector<std::string> patterns;
+    std::vector<llama_model_tensor_buft_override> plain_buffers;
     if (recipe != nullptr) {
-        suffixes = lazy_suffixes(*recipe, file.rpc() ? file.placement().main_layers : -1);
-        for (const auto & s : suffixes) {
-            suffix_ptrs.push_back(s.c_str());
+        names = expert_names(*recipe, file.rpc() ? file.placement().main_layers : -1);
+#ifdef BMOE_HAVE_LAZY_TENSOR_SUFFIXES
+        for (const auto & s : names) {
+            name_ptrs.push_back(s.c_str());
         }
-        suffix_ptrs.push_back(nullptr);
-        params.lazy_tensor_suffixes = suffix_ptrs.data();
+        name_ptrs.push_back(nullptr);
+        params.lazy_tensor_suffixes = name_ptrs.data();
         info.lazy_load = true;
-    }
-#else
-    (void) recipe;
 #endif
+        if (params.use_extra_bufts) {  // the streamer repacks the experts as it reads them (seam/repacked.h)
+            patterns = name_patterns(names);
+            for (const auto & p : patterns) {
+                plain_buffers.push_back({p.c_str(), ggml_backend_cpu_buffer_type()});
+            }
+            plain_buffers.push_back({nullptr, nullptr});
+            params.tensor_buft_overrides = plain_buffers.data();
+        }
+    }
     std::vector<llama_model_kv_override> overrides;
     if (config.n_expert_used > 0) {  // lossy: fewer experts per token, through llama.cpp's own override
         llama_model_kv_override o{};

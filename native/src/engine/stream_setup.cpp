@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
@@ -12,6 +13,7 @@
 #include "bmoe/error.h"
 #include "model/expert_names.h"
 #include "core/telemetry.h"
+#include "read/slice_layout.h"
 
 namespace bmoe::detail {
 namespace {
@@ -34,6 +36,41 @@ void attach_sums(std::vector<StreamedTensor> & streamed, const std::vector<Slice
                             "): they were made for another model file; run bmoe-edge verify-model --rewrite");
             }
             t.sums[static_cast<size_t>(e)] = it->second->crc32c;
+        }
+    }
+}
+
+// Once one streamed tensor is repacked, every slice goes through a lane's buffer (read/slice_layout.h): a
+// tensor without a layout of its own is copied as the file has it. Returns the largest read a lane's buffer
+// must hold (0: every read lands in place, as without --repack).
+uint64_t read_through_lane_buffers(std::vector<StreamedTensor> & streamed) {
+    const bool any = std::any_of(streamed.begin(), streamed.end(), [](const StreamedTensor & t) { return t.layout; });
+    if (!any) {
+        return 0;
+    }
+    uint64_t widest = Streamer::kMergeBytes;  // a prompt's batch merges adjacent slices up to this
+    for (StreamedTensor & t : streamed) {
+        if (!t.layout) {
+            t.layout = std::make_shared<FileLayout>(t.expert_bytes);
+        }
+        widest = std::max(widest, t.expert_bytes);
+    }
+    return widest;
+}
+
+// The dense weights llama.cpp repacked at load live in its anonymous buffers; the file's pages it read them
+// through stay mapped unless dropped, and would count twice against a memory limit.
+void drop_repacked_sources(const GgufMap & gguf, const Seam & seam, const std::vector<uint8_t *> & mapping,
+                           RunInfo & info) {
+    for (const auto & c : seam.captured()) {
+        const TensorLocation * loc = c.repacked ? gguf.find(c.name) : nullptr;
+        if (loc == nullptr) {
+            continue;
+        }
+        ++info.repacked_dense_tensors;
+        info.repacked_dense_bytes += c.nbytes;
+        if (mapping[loc->file] != nullptr) {
+            drop_mapped_pages(mapping[loc->file] + loc->offset, loc->size);
         }
     }
 }
@@ -77,6 +114,9 @@ Seam::RoutedHint warm_up_reads(const GgufMap & gguf, const Recipe & recipe) {
 StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config,
                                 const FaultInjection & fault, RunInfo & info) {
     StreamingParts parts;
+    if (config.repack != Repack::Off) {
+        parts.repacked = std::make_unique<RepackedExperts>();
+    }
     uint64_t mirrored = 0;  // the pool never holds more than every mirror at once
     for (const uint64_t size : gguf.file_sizes()) {
         mirrored += (size + info.page_size - 1) / info.page_size * info.page_size;
@@ -111,6 +151,9 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
         t.n_expert = c.n_expert;
         t.key = c.tensor;
         t.name = c.name;
+        if (parts.repacked) {
+            t.layout = parts.repacked->attach(c);
+        }
         streamed.push_back(std::move(t));
         info.expert_bytes += c.nbytes;
         info.routed_bytes_per_token += c.expert_stride * static_cast<uint64_t>(info.n_expert_used);
@@ -135,6 +178,10 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
     if (config.verify_slices) {
         attach_sums(streamed, config.slice_sums);
     }
+    const uint64_t widest_read = read_through_lane_buffers(streamed);
+    if (parts.repacked) {
+        info.repack_layouts = parts.repacked->layouts();
+    }
 
     for (size_t i = 0; i < gguf.files().size(); ++i) {
         parts.mirrors.push_back(std::make_unique<Mirror>(gguf.file_sizes()[i], *parts.pool));
@@ -151,17 +198,19 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
     }
 
     // Repoint: from now on the expert matmuls read the mirror; llama.cpp's mapped copy goes.
+    std::vector<uint8_t *> mapping(gguf.files().size(), nullptr);  // where llama.cpp mapped each file
     for (const auto & c : seam.captured()) {
         const TensorLocation * loc = gguf.find(c.name);
         if (loc == nullptr) {
             continue;  // a graph weight that is not in the file (llama.cpp made it): leave it
         }
-        const bool move_dense = !c.is_expert && config.dense == DenseMode::Anon;
+        const bool move_dense = !c.is_expert && config.dense == DenseMode::Anon && !c.repacked;
         if (!c.host || (!c.is_expert && !move_dense)) {
             continue;
         }
         Mirror & mirror = *parts.mirrors[loc->file];
         void * old_data = Seam::data(c);
+        mapping[loc->file] = static_cast<uint8_t *>(old_data) - loc->offset;
         if (move_dense) {
             Seam::check_file_layout(c, gguf.file(loc->file).fd(), loc->offset);
             mirror.acquire(loc->offset, c.nbytes);  // permanently resident: a neighbour for eviction
@@ -170,8 +219,16 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
         Seam::repoint(c, mirror.base() + loc->offset);
         drop_mapped_pages(old_data, c.nbytes);  // llama.cpp's mapped copy, no longer read
     }
+    drop_repacked_sources(gguf, seam, mapping, info);
 
     parts.lanes = std::make_unique<ReadLanes>(config.io_threads, fault);
+    if (widest_read > 0) {
+        uint64_t buffer = 0;
+        for (const auto & f : parts.files) {
+            buffer = std::max(buffer, f->buffer_bytes(widest_read));
+        }
+        parts.lanes->reserve_buffers(buffer);
+    }
     std::vector<SliceFile *> files;
     std::vector<Mirror *> mirrors;
     for (size_t i = 0; i < parts.files.size(); ++i) {

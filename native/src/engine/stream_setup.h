@@ -12,6 +12,7 @@
 #include "read/mirror.h"
 #include "read/page_pool.h"
 #include "read/read_lanes.h"
+#include "seam/repacked.h"
 #include "seam/seam.h"
 #include "read/slice_file.h"
 #include "stream/streamer.h"
@@ -21,6 +22,7 @@ namespace bmoe::detail {
 // Member order is destruction order reversed: the streamer goes first, the mirrors and their page
 // pool last.
 struct StreamingParts {
+    std::unique_ptr<RepackedExperts> repacked;  // --repack: the buffer the repacked experts name (outlives the model)
     std::unique_ptr<PagePool> pool;
     std::vector<std::unique_ptr<Mirror>> mirrors;
     std::vector<std::unique_ptr<SliceFile>> files;

@@ -158,7 +158,8 @@ int Streaming::size_cache(const ModelSource & file, MtpDraft * mtp, RunInfo & in
                 continue;
             }
             // An MTP head's (its layers follow the trunk's): they sleep with it (Drafter::hold).
-            const bool head = mtp && !mtp->separate_model() && block_of(c.name) >= info.n_layer;
+            // A repacked one is not the file's bytes: it cannot sleep and be read back, it stays.
+            const bool head = mtp && !mtp->separate_model() && block_of(c.name) >= info.n_layer && !c.repacked;
             (head ? footprint.drafter : footprint.to_touch).push_back({Seam::data(c), c.nbytes});
             const TensorLocation * loc = head ? file.gguf().find(c.name) : nullptr;
             if (loc != nullptr) {
@@ -247,6 +248,7 @@ void Streaming::end_step(TokenMetrics & m, bool prompt, uint64_t faults0) {
     m.bytes_read = c.storage_bytes;
     m.slice_bytes = c.slice_bytes;
     m.copy_bytes = c.copy_bytes;
+    m.convert_ms = c.convert_ms;
     m.cache_lookups = c.lookups;
     m.cache_hits = c.hits;
     m.evictions = c.evictions;

@@ -36,7 +36,12 @@ std::string bounded(const char * text) {
            (line_end ? "\n" : "");
 }
 
+thread_local LogCapture * t_capture = nullptr;
+
 void log_sink(ggml_log_level level, const char * text, void *) {
+    if (t_capture != nullptr) {
+        t_capture->append(text);
+    }
     const std::string message = bounded(text);
     if (verbose()) {
         std::fputs(message.c_str(), stderr);
@@ -64,6 +69,15 @@ void log_sink(ggml_log_level level, const char * text, void *) {
 }
 
 }  // namespace
+
+void LogCapture::append(const char * text) {
+    if (text_.size() < (1U << 16)) {
+        text_ += text;
+    }
+}
+
+LogCapture::LogCapture() { t_capture = this; }
+LogCapture::~LogCapture() { t_capture = nullptr; }
 
 void ensure_llama_backend() {
     static std::once_flag once;

@@ -29,4 +29,19 @@ void ensure_llama_backend();
 std::string last_llama_error();
 void clear_llama_error();
 
+// Everything llama.cpp and ggml log on this thread while it lives, every level: what a call said it did
+// (the layout ggml's repack chose: seam/repacked.cpp). One at a time per thread.
+class LogCapture {
+public:
+    LogCapture();
+    ~LogCapture();
+    LogCapture(const LogCapture &) = delete;
+    LogCapture & operator=(const LogCapture &) = delete;
+    const std::string & text() const { return text_; }
+    void append(const char * text);  // the log sink's
+
+private:
+    std::string text_;
+};
+
 }  // namespace bmoe::detail

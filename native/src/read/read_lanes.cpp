@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include "bmoe/error.h"
 #include "core/crc32c.h"
 #include "read/slice_file.h"
+#include "read/slice_layout.h"
 
 namespace bmoe::detail {
 
@@ -121,7 +123,16 @@ double Batch::io_ms() const {
 
 ReadLanes::ReadLanes(int lanes, FaultInjection fault) : fault_(fault) {
     for (int i = 0; i < lanes; ++i) {
+        buffers_.push_back(std::make_unique<LaneBuffer>());
+    }
+    for (int i = 0; i < lanes; ++i) {
         threads_.emplace_back([this, i] { run(i); });
+    }
+}
+
+void ReadLanes::reserve_buffers(uint64_t bytes) {
+    for (auto & b : buffers_) {
+        std::memset(b->reserve(bytes), 0, b->capacity());  // touched: resident now, as it will be
     }
 }
 
@@ -193,26 +204,35 @@ void ReadLanes::execute(int lane, const Task & task) {
         if (injected && fault_.kind == FaultKind::Hang) {
             std::this_thread::sleep_for(std::chrono::duration<double>(fault_.hang_s));  // a device that stalls
         }
+        // A converted slice is read and checked in the lane's buffer; the mirror only ever gets its conversion.
+        LaneBuffer & buffer = *buffers_[static_cast<size_t>(lane)];
+        auto read = [&](uint64_t length, const uint8_t ** at) {
+            if (job.layout != nullptr) {
+                return job.file->read_into(lane, job.offset, length, buffer, at);
+            }
+            *at = job.file->mirror_base() + job.offset;
+            return job.file->read(lane, job.offset, length);
+        };
+        const uint8_t * bytes = nullptr;
         if (injected && fault_.kind == FaultKind::Short) {
-            job.file->read(lane, job.offset, job.length / 2);  // half of it lands, then the file "ends"
+            read(job.length / 2, &bytes);  // half of it lands, then the file "ends"
             throw Error(failed("short read (" + std::to_string(job.length / 2) + " bytes, injected fault read #" +
                                std::to_string(n) + ")"));
         }
-        ReadResult r = job.file->read(lane, job.offset, job.length);
-        uint8_t * bytes = job.file->mirror_base() + job.offset;
+        ReadResult r = read(job.length, &bytes);
         if (injected && fault_.kind == FaultKind::Corrupt) {
             // Invert 256 bytes in the middle of the slice, as a bad flash page would garble them.
             // (One flipped byte is not enough: activations are quantized for the dot products,
             // and a weight that meets a zero activation changes nothing.)
             const uint64_t span = std::min<uint64_t>(256, job.length);
-            uint8_t * mid = bytes + (job.length - span) / 2;
+            uint8_t * mid = const_cast<uint8_t *>(bytes) + (job.length - span) / 2;
             for (uint64_t i = 0; i < span; ++i) {
                 mid[i] ^= 0xFF;
             }
         }
         if (job.verify && crc32c(bytes, job.length) != job.crc32c) {
             task.batch->rereads_.fetch_add(1);
-            const ReadResult again = job.file->read(lane, job.offset, job.length);
+            const ReadResult again = read(job.length, &bytes);
             r.storage_bytes += again.storage_bytes;
             r.copy_bytes += again.copy_bytes;
             const uint32_t got = crc32c(bytes, job.length);
@@ -224,6 +244,12 @@ void ReadLanes::execute(int lane, const Task & task) {
                             job.file->path() + " read twice, " + sums +
                             ": the model file is damaged on the storage (bmoe-edge verify-model checks all of it)");
             }
+        }
+        if (job.layout != nullptr) {
+            const auto c0 = Batch::Clock::now();
+            job.layout->convert(bytes, job.file->mirror_base() + job.offset, job.length);
+            task.batch->convert_ns_ += static_cast<uint64_t>(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(Batch::Clock::now() - c0).count());
         }
         task.batch->finish(task.index, r.storage_bytes, r.copy_bytes, ms(), nullptr);
     } catch (const std::exception & e) {

@@ -24,7 +24,9 @@
 
 namespace bmoe::detail {
 
+class LaneBuffer;
 class SliceFile;
+class SliceLayout;
 
 struct ReadJob {
     const SliceFile * file = nullptr;
@@ -33,6 +35,9 @@ struct ReadJob {
     bool verify = false;  // check crc32c after the read (re-read once on a mismatch)
     uint32_t crc32c = 0;
     std::string what;     // for messages: which tensor and expert these bytes are
+    // Not null: the bytes are read into the lane's buffer, checked there and converted into the mirror
+    // (whole slices of this layout). Outlives the job.
+    const SliceLayout * layout = nullptr;
 };
 
 class Batch {
@@ -65,6 +70,8 @@ public:
     // How long each job's read took (ms), by job index, once the batch is done.
     const std::vector<float> & job_ms() const { return job_ms_; }
     uint64_t copy_bytes() const { return copy_bytes_.load(); }
+    // Lane time spent converting slices into the kernels' layout, summed over the lanes.
+    double convert_ms() const { return static_cast<double>(convert_ns_.load()) / 1e6; }
     // Wall time from the first read starting to the last one finishing.
     double io_ms() const;
 
@@ -80,6 +87,7 @@ private:
     std::atomic<uint64_t> storage_bytes_{0};
     std::atomic<uint64_t> copy_bytes_{0};
     std::atomic<uint64_t> rereads_{0};
+    std::atomic<uint64_t> convert_ns_{0};
     std::atomic<bool> timed_out_{false};
     std::vector<float> job_ms_;  // each slot written by the one lane that ran the job
     std::mutex mutex_;
@@ -103,6 +111,10 @@ public:
     ReadLanes(const ReadLanes &) = delete;
     ReadLanes & operator=(const ReadLanes &) = delete;
 
+    // Give every lane a buffer of `bytes` now (the largest converted read), so the memory it takes is in the
+    // process's footprint before the cache is sized, not found later.
+    void reserve_buffers(uint64_t bytes);
+
     // Queue every job of the batch (in order) and return at once. The batch must outlive its jobs.
     void submit(const std::shared_ptr<Batch> & batch, ReadPriority priority = ReadPriority::Urgent);
 
@@ -122,6 +134,7 @@ private:
     std::deque<Task> background_;
     bool stopping_ = false;
     std::vector<std::thread> threads_;
+    std::vector<std::unique_ptr<LaneBuffer>> buffers_;  // one a lane: only its own thread touches it
 };
 
 }  // namespace bmoe::detail

@@ -162,11 +162,32 @@ bool SliceFile::verify_direct(std::string & why) {
     return true;
 }
 
-ReadResult SliceFile::read(int lane, uint64_t offset, uint64_t length) const {
+void SliceFile::check_range(int lane, uint64_t offset, uint64_t length) const {
     if (lane < 0 || static_cast<size_t>(lane) >= buffered_fds_.size() || offset > size_ || length > size_ - offset) {
         read_error(path_, offset, length, "range past the end of the file");
     }
-    return used_ == ReadPath::ODirect ? read_direct(lane, offset, length) : read_buffered(lane, offset, length);
+}
+
+ReadResult SliceFile::read(int lane, uint64_t offset, uint64_t length) const {
+    check_range(lane, offset, length);
+    return used_ == ReadPath::ODirect ? read_direct(lane, offset, length, base_, 0)
+                                      : read_buffered(lane, offset, length, base_, 0);
+}
+
+uint64_t SliceFile::buffer_bytes(uint64_t length) const {
+    return used_ == ReadPath::ODirect ? length + 2 * dio_align_ : length;
+}
+
+ReadResult SliceFile::read_into(int lane, uint64_t offset, uint64_t length, LaneBuffer & buffer,
+                                const uint8_t ** bytes) const {
+    check_range(lane, offset, length);
+    const uint64_t origin = used_ == ReadPath::ODirect ? align_down(offset, dio_align_) : offset;
+    uint8_t * to = buffer.reserve(offset + length - origin + (used_ == ReadPath::ODirect ? dio_align_ : 0));
+    *bytes = to + (offset - origin);
+    ReadResult r = used_ == ReadPath::ODirect ? read_direct(lane, offset, length, to, origin)
+                                              : read_buffered(lane, offset, length, to, origin);
+    r.copy_bytes += length;  // through the buffer
+    return r;
 }
 
 void SliceFile::drop_unmapped_page_cache() const {
@@ -175,35 +196,54 @@ void SliceFile::drop_unmapped_page_cache() const {
     }
 }
 
-ReadResult SliceFile::read_buffered(int lane, uint64_t offset, uint64_t length) const {
-    const uint64_t n = pread_full(buffered_fds_[lane], base_ + offset, length, offset, path_);
+ReadResult SliceFile::read_buffered(int lane, uint64_t offset, uint64_t length, uint8_t * to, uint64_t origin) const {
+    const uint64_t n = pread_full(buffered_fds_[lane], to + (offset - origin), length, offset, path_);
     if (n != length) {
         read_error(path_, offset, length, "short read (" + std::to_string(n) + " bytes): the file changed or is truncated");
     }
     return {length, 0};
 }
 
-ReadResult SliceFile::read_direct(int lane, uint64_t offset, uint64_t length) const {
-    // The window's edge blocks belong to neighbouring slices; they hold the exact file bytes those
-    // slices hold, so writing them into the mirror is harmless (their pages are ours: the window
-    // never leaves the slice's first and last page because dio_align divides the page size).
+ReadResult SliceFile::read_direct(int lane, uint64_t offset, uint64_t length, uint8_t * to, uint64_t origin) const {
+    // The window's edge blocks belong to neighbouring slices. In the mirror they hold the exact file bytes
+    // those slices hold, so writing them there is harmless (their pages are ours: the window never leaves the
+    // slice's first and last page because dio_align divides the page size); where a neighbour may hold
+    // converted bytes, the read goes through a lane's buffer instead (read_into).
     const uint64_t start = align_down(offset, dio_align_);
     const uint64_t end = std::min(align_up(offset + length, dio_align_), align_down(size_, dio_align_));
     uint64_t got = 0;
     if (end > start) {
-        got = pread_full(direct_fds_[lane], base_ + start, end - start, start, path_);
+        got = pread_full(direct_fds_[lane], to + (start - origin), end - start, start, path_);
     }
     ReadResult result{got, 0};
     // The unaligned tail at the end of the file cannot be read with O_DIRECT: read it buffered.
     if (start + got < offset + length) {
         const uint64_t tail = start + got;
-        const uint64_t n = pread_full(buffered_fds_[lane], base_ + tail, offset + length - tail, tail, path_);
+        const uint64_t n = pread_full(buffered_fds_[lane], to + (tail - origin), offset + length - tail, tail, path_);
         if (tail + n != offset + length) {
             read_error(path_, offset, length, "short read: the file changed or is truncated");
         }
         result.storage_bytes += n;
     }
     return result;
+}
+
+LaneBuffer::~LaneBuffer() { std::free(data_); }
+
+uint8_t * LaneBuffer::reserve(uint64_t bytes) {
+    if (bytes > capacity_) {
+        std::free(data_);
+        data_ = nullptr;
+        capacity_ = 0;
+        const uint64_t rounded = align_up(bytes, 1ULL << 16);
+        void * p = nullptr;
+        if (posix_memalign(&p, static_cast<size_t>(sysconf(_SC_PAGESIZE)), rounded) != 0) {
+            throw Error("out of memory for a read lane's buffer (" + std::to_string(rounded) + " bytes)");
+        }
+        data_ = static_cast<uint8_t *>(p);
+        capacity_ = rounded;
+    }
+    return data_;
 }
 
 }  // namespace bmoe::detail

@@ -20,6 +20,23 @@ struct ReadResult {
 
 class ModelFile;
 
+// A lane's own buffer for reads converted before they land in the mirror (slice_layout.h): page aligned,
+// as O_DIRECT needs, grown to the largest read and kept.
+class LaneBuffer {
+public:
+    LaneBuffer() = default;
+    ~LaneBuffer();
+    LaneBuffer(const LaneBuffer &) = delete;
+    LaneBuffer & operator=(const LaneBuffer &) = delete;
+    // At least `bytes` (the contents are not kept when it grows). Throws bmoe::Error when out of memory.
+    uint8_t * reserve(uint64_t bytes);
+    uint64_t capacity() const { return capacity_; }
+
+private:
+    uint8_t * data_ = nullptr;
+    uint64_t capacity_ = 0;
+};
+
 class SliceFile {
 public:
     // `file` must outlive this object.
@@ -38,6 +55,11 @@ public:
     // Make [offset, offset+length) of the file appear at mirror_base + offset. Throws bmoe::Error
     // on any failure (EIO, a short read before EOF): the caller must not compute on the range.
     ReadResult read(int lane, uint64_t offset, uint64_t length) const;
+    // The same range into `buffer` instead (the aligned window around it with O_DIRECT); `*bytes` is where
+    // its first byte landed. Nothing of the mirror is written.
+    ReadResult read_into(int lane, uint64_t offset, uint64_t length, LaneBuffer & buffer, const uint8_t ** bytes) const;
+    // What read_into needs of a buffer for `length` bytes anywhere in the file.
+    uint64_t buffer_bytes(uint64_t length) const;
 
     // Ask the kernel to drop the file's cached pages nobody maps (what loading read and left
     // behind); mapped pages, the dense weights in use, stay.
@@ -46,8 +68,10 @@ public:
 private:
     void open_lanes(int lanes);
     bool verify_direct(std::string & why);
-    ReadResult read_buffered(int lane, uint64_t offset, uint64_t length) const;
-    ReadResult read_direct(int lane, uint64_t offset, uint64_t length) const;
+    void check_range(int lane, uint64_t offset, uint64_t length) const;
+    // Byte `o` of the file lands at `to + (o - origin)`.
+    ReadResult read_buffered(int lane, uint64_t offset, uint64_t length, uint8_t * to, uint64_t origin) const;
+    ReadResult read_direct(int lane, uint64_t offset, uint64_t length, uint8_t * to, uint64_t origin) const;
 
     const ModelFile & file_;
     std::string path_;

@@ -124,7 +124,9 @@ void Seam::capture_sources(ggml_tensor * node) {
         c.nbytes = ggml_nbytes(src);
         // An expert tensor is a per-layer weight the graph uses as src[0] of a MUL_MAT_ID, whatever its
         // name: a suffix the recipe does not list joins it, after the listed ones.
-        c.host = ggml_backend_buffer_is_host(src->buffer);
+        c.repacked = std::strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(src->buffer)),
+                                 kRepackedBufferType) == 0;
+        c.host = ggml_backend_buffer_is_host(src->buffer) || c.repacked;  // repacked: host memory, not "host" to ggml
         c.is_expert = node->op == GGML_OP_MUL_MAT_ID && node->src[0] == src && adopt_expert_name(c);
         if (c.is_expert) {
             c.expert_stride = src->nb[2];
@@ -216,7 +218,7 @@ void Seam::check_file_layout(const CapturedTensor & c, int fd, uint64_t file_off
     // "CPU_Mapped": llama.cpp's file mapping; "CPU": a plain host buffer holding the file's bytes.
     if (!ggml_backend_buffer_is_host(t->buffer) || (std::strcmp(buft, "CPU_Mapped") != 0 && std::strcmp(buft, "CPU") != 0)) {
         throw Error("tensor " + c.name + " lives in buffer type " + buft +
-                    ", not llama.cpp's mapped CPU buffer: refusing to stream (weight repacking must be off)");
+                    ", not llama.cpp's mapped CPU buffer: refusing to stream (llama.cpp repacked it at load: --repack off)");
     }
     unsigned char from_file[64];
     const size_t n = std::min<uint64_t>(sizeof(from_file), c.nbytes);

@@ -34,6 +34,7 @@ struct CapturedTensor {
     uint64_t expert_stride = 0;  // nb[2]
     int n_expert = 0;            // ne[2]
     bool host = true;            // in this process's memory; false: on an RPC worker (never streamed)
+    bool repacked = false;       // llama.cpp repacked it at load (CPU_REPACK): anonymous memory, not the file's bytes
 };
 
 // A host buffer the graph computes in besides the weights. `scratch`: one of the scheduler's compute
@@ -97,6 +98,8 @@ public:
     const std::vector<RuntimeBuffer> & last_scratch() const { return last_scratch_; }
     const Recipe & recipe() const { return recipe_; }
 
+    // The name of the CPU backend's buffer type for repacked weights (its kernels: seam/repacked.h).
+    static constexpr const char * kRepackedBufferType = "CPU_REPACK";
     // Throws bmoe::Error unless the tensor sits in llama.cpp's plain CPU buffer with exactly the
     // file's bytes at the start of its data (repacked or converted weights would not).
     static void check_file_layout(const CapturedTensor & t, int fd, uint64_t file_offset);

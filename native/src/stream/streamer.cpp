@@ -224,6 +224,7 @@ std::vector<ReadJob> Streamer::jobs_for(int layer, const std::vector<int> & miss
                 jobs.back().length += t.expert_bytes;
             } else {
                 jobs.push_back({files_[t.file], offset, t.expert_bytes});
+                jobs.back().layout = t.layout.get();
                 if (firsts != nullptr) {
                     firsts->push_back(n_targets);
                 }
@@ -258,6 +259,7 @@ void Streamer::add_batch_counters(const Batch & batch) {
     counters_.io_ms += batch.io_ms();
     counters_.storage_bytes += batch.storage_bytes();
     counters_.copy_bytes += batch.copy_bytes();
+    counters_.convert_ms += batch.convert_ms();
     counters_.rereads += batch.rereads();
 }
 

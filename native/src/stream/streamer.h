@@ -24,6 +24,7 @@ class Mirror;
 class PagePool;
 class ReadLanes;
 class SliceFile;
+class SliceLayout;
 struct ReadJob;
 
 // One projection (gate, up, down or fused gate_up) of one layer's experts.
@@ -37,6 +38,8 @@ struct StreamedTensor {
     const void * key = nullptr; // the tensor's identity as the expert-ready hook sees it
     std::string name;           // for messages
     std::vector<uint32_t> sums; // CRC-32C per expert when slices are verified; empty = not checked
+    // Not null: the slices are converted into this layout as they are read (--repack; read/slice_layout.h).
+    std::shared_ptr<const SliceLayout> layout;
 };
 
 struct StreamCounters {
@@ -48,6 +51,7 @@ struct StreamCounters {
     uint64_t evictions = 0;
     uint64_t rereads = 0;  // slices read twice because the first read failed its checksum
     double io_ms = 0;
+    double convert_ms = 0;  // lanes converting slices to the kernels' layout (--repack), summed
     double stall_ms = 0;  // serial: eval thread blocked; overlap: per compute thread, averaged
     double drain_ms = 0;  // overlap: waiting for the previous layer's reads before publishing
     // Read-ahead (prefetch): experts guessed for a layer before its router ran, how many of them
@@ -72,6 +76,9 @@ struct ReadAhead {
 
 class Streamer {
 public:
+    // A prompt's batch reads runs of adjacent slices as one job of up to this (jobs_for).
+    static constexpr uint64_t kMergeBytes = 4ULL << 20;
+
     // The cache starts with no budget: set_budget gives it one once memory has been measured.
     // io_timeout_s > 0: a batch making no progress that long fails the layer (Batch::wait).
     Streamer(std::vector<StreamedTensor> tensors, std::vector<SliceFile *> files, std::vector<Mirror *> mirrors,
@@ -153,7 +160,6 @@ private:
     // target (job j fills targets firsts[j] .. firsts[j + 1] - 1); without it one job per slice.
     std::vector<ReadJob> jobs_for(int layer, const std::vector<int> & missing,
                                   std::vector<std::pair<size_t, int>> * targets, std::vector<size_t> * firsts = nullptr);
-    static constexpr uint64_t kMergeBytes = 4ULL << 20;
     void forget(int layer, const std::vector<int> & missing);
     // After a failed wait: forget the layer's slices, or, when the batch was abandoned on its
     // deadline, quarantine them (see streamer.cpp).

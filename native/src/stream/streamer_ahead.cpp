@@ -139,6 +139,7 @@ void Streamer::settle_ahead() {
     }
     counters_.storage_bytes += batch->storage_bytes();
     counters_.copy_bytes += batch->copy_bytes();
+    counters_.convert_ms += batch->convert_ms();
     counters_.ahead_bytes += batch->storage_bytes();
     std::vector<int> failed;
     for (size_t j = 0; j < state->targets.size(); ++j) {
