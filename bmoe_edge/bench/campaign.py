@@ -48,6 +48,8 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
         BenchCell("resident", "resident", {**base, "stream": False}, capped=False, tokens=tokens, warmup=tokens,
              group="resident"),
         BenchCell("mmap", "mmap", {**base, "stream": False}, tokens=mmap_tokens, group="mmap"),
+        # Stock llama.cpp as its users run it (the pin's llama-bench: resident, repacked kernels): the anchor.
+        BenchCell("llama-bench", "llama-bench", {"threads": threads}, capped=False, tokens=tokens, group="resident"),
     ]
 
     def stream(label: str, **kw: Any) -> BenchCell:
@@ -62,12 +64,19 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
     if defaults is not None:
         # What `generate -m M -p P` does with no knobs: every setting from the machine's profile.
         cells.append(BenchCell("defaults", "stream", dict(defaults), tokens=tokens, group="stream"))
+        # The same without llama.cpp's repacked kernels: what `defaults` must never lose to (docs/streaming.md).
+        cells.append(BenchCell("defaults-repack-off", "stream", {**defaults, "repack": "off"}, tokens=tokens,
+                               group="stream"))
     for n, config in (long_prompts or {}).items():
         cells.append(BenchCell(f"long-prompt-{n}", "stream", dict(config), tokens=tokens, group="stream",
                                prompt_tokens=n, warm_pool=True))
+        cells.append(BenchCell(f"long-prompt-{n}-repack-off", "stream", {**config, "repack": "off"}, tokens=tokens,
+                               group="stream", prompt_tokens=n, warm_pool=True))
         # The same prompt resident (uncapped): the compute side of time to first token's bound.
         cells.append(BenchCell(f"long-prompt-{n}-resident", "resident", {**config, "stream": False}, capped=False,
                                tokens=2, warmup=1, group="resident", prompt_tokens=n))
+        cells.append(BenchCell(f"long-prompt-{n}-llama-bench", "llama-bench", {"threads": threads}, capped=False,
+                               tokens=0, group="resident", prompt_tokens=n))
     cells += [
         stream("off-serial-od4"),
         stream("off-overlap-od4", overlap=True),

@@ -36,7 +36,7 @@ PREFETCH_RIVALS = ("predict", "off")
 @dataclass
 class BenchCell:
     label: str
-    kind: str  # resident | mmap | stream | io | storage-check
+    kind: str  # resident | mmap | stream | io | storage-check | llama-bench
     config: dict[str, Any] = field(default_factory=dict)  # StreamConfig fields (engine cells)
     capped: bool = True
     tokens: int = 64
@@ -163,6 +163,19 @@ def _paired_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, A
     }, rows
 
 
+def _llama_bench_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The pin's own llama-bench with llama.cpp's defaults (resident, repacked kernels): decode of the cell's
+    tokens and, for a long-prompt cell, its prompt (bench/llama_bench.py)."""
+    from bmoe_edge.bench import llama_bench
+
+    got = llama_bench.run(Path(spec["model"]), threads=int(spec["config"].get("threads", 1)),
+                          decode_tokens=spec["tokens"], prompt_tokens=spec.get("prompt_tokens") or 0)
+    out: dict[str, Any] = {"decode_tokens": spec["tokens"], "tok_s": round(got.get("decode_tok_s", 0.0), 4)}
+    if "prompt_tok_s" in got:
+        out |= {"prompt_tokens": spec["prompt_tokens"], "prompt_tok_s": round(got["prompt_tok_s"], 3)}
+    return out, []
+
+
 def _io_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     io = spec["io"]
     rows = io_replay(Path(spec["model"]), tokens=spec["tokens"] + 1, lanes=int(io.get("lanes", 4)),
@@ -191,12 +204,14 @@ def measure_cell(spec: dict[str, Any]) -> dict[str, Any]:
         extra, rows = _io_cell(spec)
     elif spec["kind"] == "storage-check":
         extra, rows = _storage_check_cell(spec)
+    elif spec["kind"] == "llama-bench":
+        extra, rows = _llama_bench_cell(spec)
     elif spec.get("against"):
         extra, rows = _paired_cell(spec)
     else:
         extra, rows = _engine_cell(spec)
-    record.update(extra)
     record.update(summarise_tokens(rows))
+    record.update(extra)  # a cell without per-token rows (llama-bench) says its own decode figures
     record["peak_rss_bytes"] = max([r.get("rss_bytes", 0) for r in rows] +
                                    [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024])
     record["loadavg_after"] = loadavg()

@@ -247,6 +247,33 @@ def bench_routing_cmd(
     typer.echo(json.dumps({k: v for k, v in stats.items() if k != "mean_ranked_freq"}, indent=2))
 
 
+@bench_app.command("kernels")
+def bench_kernels_cmd(
+    model: Annotated[list[Path], typer.Option("-m", "--model", help="A gguf (repeat for several).")],
+    threads: Annotated[str, typer.Option("--threads", help="Thread counts (comma list).")] = "1,2",
+    repack: Annotated[str, typer.Option("--repack", help="The engine's --repack settings to measure.")] = "auto,off",
+    repeats: Annotated[int, typer.Option("--repeats", min=1)] = 3,
+    tokens: Annotated[int, typer.Option("--tokens", min=2, help="Decoded tokens per measurement.")] = 32,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=1, help="The cached prompt's length.")] = 512,
+    out: Annotated[Path, typer.Option("--out")] = Path("bench-out/kernels"),
+) -> None:
+    """The engine's kernels against stock llama.cpp's: streamed with the cache warm, uncapped, beside the pin's
+    llama-bench (its defaults: resident, repacked), decode and a cached prompt, paired per repeat."""
+    from bmoe_edge.bench import kernels
+    from bmoe_edge.boards import profiles
+    from bmoe_edge.engine import settings
+
+    base = settings.resolve(profiles.load_profile(profiles.machine_board()).engine, {})
+    try:
+        counts = [int(x) for x in threads.split(",") if x.strip()]
+    except ValueError:
+        fail(f"--threads {threads!r}: a comma list of thread counts")
+    rows = kernels.run(model, base, counts, [r.strip() for r in repack.split(",") if r.strip()],
+                       repeats=repeats, decode_tokens=tokens, prompt_tokens=prompt_tokens, say=typer.echo)
+    kernels.write(rows, out)
+    typer.echo(kernels.summary(rows), nl=False)
+
+
 @bench_app.command("quality")
 @setting_options([BY_NAME["cache_mb"]], "engine")  # --cache-mb, as `generate` takes it (default: the profile's)
 def bench_quality_cmd(

@@ -1,0 +1,80 @@
+"""The real anchor: stock llama.cpp's own `llama-bench`, built from the pin (no patches of ours), run with its
+defaults (the model resident, repacked kernels on). `bench stream`'s `llama-bench` cell and `bench kernels`
+compare the engine against it.
+
+The binary is built once per pin and set of switches under the cache (`$BMOE_EDGE_CACHE/llama-bench/`), with
+the engine's own build switches for this machine (no `-march=native`, ggml's default x86 ISA: what the
+engine's host build compiles), so the two run the same kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bmoe_edge import llama_source
+from bmoe_edge.errors import BmoeError
+
+# What the engine's top-level CMakeLists.txt fixes that changes the kernels or the binary's needs.
+SWITCHES = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_CPU_REPACK=ON", "-DGGML_OPENMP=OFF",
+            "-DGGML_BACKEND_DL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_OPENSSL=OFF", "-DGGML_RPC=OFF")
+
+
+def _tool(name: str) -> str:
+    """cmake and ninja: the venv's (the build's own dependencies), else the PATH's."""
+    here = Path(sys.executable).parent / name
+    found = str(here) if here.exists() else shutil.which(name)
+    if not found:
+        raise BmoeError(f"building llama-bench needs {name}: run scripts/setup.sh (it installs it in .venv)")
+    return found
+
+
+def build_dir() -> Path:
+    pin = llama_source.read_pin()
+    key = hashlib.sha256(" ".join((pin.sha256, *SWITCHES)).encode()).hexdigest()[:12]
+    return llama_source.cache_dir() / "llama-bench" / f"{pin.version}-{key}"
+
+
+def binary(say: Any = print) -> Path:
+    """The pin's llama-bench, built first if it is not there (a few minutes on two cores; ccache helps)."""
+    out = build_dir()
+    exe = out / "bin" / "llama-bench"
+    if exe.exists():
+        return exe
+    source, _ = llama_source.fetch(patched=False)
+    say(f"building the pin's llama-bench into {out} (once)")
+    env = {**os.environ, "CCACHE_BASEDIR": str(source.parent), "CCACHE_NOHASHDIR": "1"}
+    for cmd in ([_tool("cmake"), "-G", "Ninja", "-S", str(source), "-B", str(out), *SWITCHES,
+                 f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}"],
+                [_tool("ninja"), "-C", str(out), "llama-bench"]):
+        result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if result.returncode != 0:
+            tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
+            raise BmoeError(f"building llama-bench failed ({' '.join(cmd[:2])}):\n{tail}")
+    return exe
+
+
+def run(model: Path, *, threads: int, decode_tokens: int, prompt_tokens: int, repetitions: int = 1,
+        repack: bool = True, timeout: float = 3600) -> dict[str, float]:
+    """llama-bench's tg<decode_tokens> and pp<prompt_tokens> (0: skipped) on `model`: tok/s of each (mean over
+    its repetitions), with llama.cpp's defaults but the thread count and, for a comparison, `repack`."""
+    cmd = [str(binary()), "-m", str(model), "-t", str(threads), "-r", str(repetitions), "-o", "json",
+           "--repack", "1" if repack else "0", "-n", str(decode_tokens), "-p", str(prompt_tokens)]
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise BmoeError(f"llama-bench ran over {timeout:.0f} s on {model}") from exc
+    if result.returncode != 0:
+        raise BmoeError(f"llama-bench failed on {model}: {result.stderr.strip().splitlines()[-1:]}")
+    out: dict[str, float] = {}
+    for test in json.loads(result.stdout):
+        kind = "prompt_tok_s" if test["n_prompt"] > 0 and test["n_gen"] == 0 else "decode_tok_s"
+        out[kind] = float(test["avg_ts"])
+    return out
