@@ -1,9 +1,9 @@
-"""`bench kernels`: the compute side against the real anchor. With the experts in memory (uncapped, the cache
-warm), the engine's streamed decode and its prompt are set by llama.cpp's kernels, not by the drive; stock
-llama.cpp (the pin's own `llama-bench`, its defaults: resident, repacked kernels) is what a user compares us
-with. Per model and thread count, one engine per `--repack` setting is opened and warmed once, then each
-repeat measures it and llama-bench back to back (alternating which goes first): the ratio of the two is taken
-within a repeat, minutes apart at most, as the shared machine's speed drifts (docs/benchmarks.md).
+"""`bench kernels`: the compute side against the real anchor. With the experts in memory (uncapped, a fixed
+cache of every expert, warm), the engine's streamed decode and its prompt are set by llama.cpp's kernels, not
+by the drive; stock llama.cpp (the pin's own `llama-bench`, its defaults: resident, repacked kernels) is what
+a user compares us with. Per model and thread count, one engine per `--repack` setting is opened and warmed
+once, then each repeat measures it and llama-bench back to back (alternating which goes first): the ratio of
+the two is taken within a repeat, minutes apart at most, as the shared machine's speed drifts.
 
 What one measurement is: `decode_tokens` tokens decoded after a short prompt (decode tok/s, the prompt step
 left out), and a `prompt_tokens` prompt decoded with every routed expert cached (prompt tok/s: the prompt's
@@ -13,6 +13,7 @@ step), a prompt the engine has not seen (no prefix reuse) against llama-bench's 
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -35,8 +36,10 @@ class KernelRow:
     decode_tok_s: float
     prompt_tok_s: float
     prompt_reused: int
-    llama_bench_decode_tok_s: float
+    llama_bench_decode_tok_s: float  # llama.cpp's defaults: flash attention auto (on, on this CPU)
     llama_bench_prompt_tok_s: float
+    llama_bench_nofa_decode_tok_s: float  # the same without flash attention, as the engine runs
+    llama_bench_nofa_prompt_tok_s: float
     hit_pct: float
     repack_layouts: str
     first: str  # which ran first in this repeat: "engine" or "llama-bench"
@@ -48,6 +51,14 @@ class KernelRow:
     @property
     def prompt_ratio(self) -> float:
         return self.prompt_tok_s / self.llama_bench_prompt_tok_s if self.llama_bench_prompt_tok_s else 0.0
+
+    @property
+    def decode_ratio_nofa(self) -> float:
+        return self.decode_tok_s / self.llama_bench_nofa_decode_tok_s if self.llama_bench_nofa_decode_tok_s else 0.0
+
+    @property
+    def prompt_ratio_nofa(self) -> float:
+        return self.prompt_tok_s / self.llama_bench_nofa_prompt_tok_s if self.llama_bench_nofa_prompt_tok_s else 0.0
 
 
 def _prompt_ids(tokenize: Callable[[str], list[int]], n_tokens: int, variant: int) -> list[int]:
@@ -75,13 +86,17 @@ def _measure_engine(engine: Any, decode_tokens: int, prompt_tokens: int, variant
 def run(models: Sequence[Path], base: Any, threads: Sequence[int], repacks: Sequence[str], *, repeats: int,
         decode_tokens: int, prompt_tokens: int, say: Callable[[str], None] = print) -> list[KernelRow]:
     """`base`: the StreamConfig every engine starts from (the machine's defaults); threads and --repack vary."""
-    from bmoe_edge.engine import Engine
+    from bmoe_edge.engine import Engine, info
 
     rows: list[KernelRow] = []
     for model in models:
         for t in threads:
             for repack in repacks:
-                config = replace(base, threads=t, repack=repack, ctx=max(base.ctx, prompt_tokens + 256))
+                # A fixed cache of every expert: the kernels measured, not the adaptive budget's answer to
+                # llama-bench loading the same model beside it.
+                full_mb = math.ceil(info.model_summary(model).expert_bytes * 1.02 / 2**20 + 1)
+                config = replace(base, threads=t, repack=repack, ctx=max(base.ctx, prompt_tokens + 256),
+                                 cache_mb=float(full_mb))
                 with Engine(model, config) as engine:
                     engine.run(PROMPT, WARMUP_TOKENS)  # every expert cached, the pool's pages in place
                     engine.run(_prompt_ids(engine.tokenize, prompt_tokens, -1), 1)
@@ -92,27 +107,30 @@ def run(models: Sequence[Path], base: Any, threads: Sequence[int], repacks: Sequ
                             if which == "engine":
                                 got |= _measure_engine(engine, decode_tokens, prompt_tokens, r)
                             else:
-                                lb = llama_bench.run(model, threads=t, decode_tokens=decode_tokens,
-                                                     prompt_tokens=prompt_tokens)
-                                got |= {"llama_bench_decode_tok_s": lb["decode_tok_s"],
-                                        "llama_bench_prompt_tok_s": lb["prompt_tok_s"]}
+                                for fa, key in ((None, "llama_bench"), (False, "llama_bench_nofa")):
+                                    lb = llama_bench.run(model, threads=t, decode_tokens=decode_tokens,
+                                                         prompt_tokens=prompt_tokens, flash_attn=fa)
+                                    got |= {f"{key}_decode_tok_s": lb["decode_tok_s"],
+                                            f"{key}_prompt_tok_s": lb["prompt_tok_s"]}
                         row = KernelRow(model.name, t, repack, r, repack_layouts=str(engine.run_info["repack_layouts"]),
                                         first="engine" if engine_first else "llama-bench", **got)
                         rows.append(row)
                         say(f"{model.name} t={t} repack={repack} #{r}: decode {row.decode_tok_s:.2f} vs "
-                            f"{row.llama_bench_decode_tok_s:.2f} tok/s ({row.decode_ratio:.3f}x), prompt "
-                            f"{row.prompt_tok_s:.1f} vs {row.llama_bench_prompt_tok_s:.1f} ({row.prompt_ratio:.3f}x)")
+                            f"{row.llama_bench_decode_tok_s:.2f} tok/s ({row.decode_ratio:.3f}x; without flash "
+                            f"attention {row.decode_ratio_nofa:.3f}x), prompt {row.prompt_tok_s:.1f} vs "
+                            f"{row.llama_bench_prompt_tok_s:.1f} ({row.prompt_ratio:.3f}x; "
+                            f"{row.prompt_ratio_nofa:.3f}x)")
     return rows
 
 
 def write(rows: Sequence[KernelRow], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "kernels.csv", "w", newline="") as f:
-        fields = [*asdict(rows[0]).keys(), "decode_ratio", "prompt_ratio"]
-        w = csv.DictWriter(f, fieldnames=fields)
+        ratios = ("decode_ratio", "prompt_ratio", "decode_ratio_nofa", "prompt_ratio_nofa")
+        w = csv.DictWriter(f, fieldnames=[*asdict(rows[0]).keys(), *ratios])
         w.writeheader()
         for r in rows:
-            w.writerow(asdict(r) | {"decode_ratio": round(r.decode_ratio, 4), "prompt_ratio": round(r.prompt_ratio, 4)})
+            w.writerow(asdict(r) | {k: round(getattr(r, k), 4) for k in ratios})
     (out / "summary.md").write_text(summary(rows))
 
 
@@ -120,8 +138,9 @@ def summary(rows: Sequence[KernelRow]) -> str:
     """Medians per model, threads and --repack: the engine's tok/s, llama-bench's, and the paired ratios."""
     lines = [f"# bench kernels ({time.strftime('%Y-%m-%d')})", "",
              "Streamed with the cache warm (uncapped) against the pin's llama-bench (resident, its defaults: "
-             "repacked kernels). Ratios are medians of per-repeat ratios (engine / llama-bench, measured back to "
-             "back).", "",
+             "repacked kernels, flash attention auto), and against llama-bench without flash attention (the "
+             "engine's attention: `-fa 0`, the ratios in brackets). Ratios are medians of per-repeat ratios "
+             "(engine / llama-bench, measured back to back).", "",
              "| model | threads | --repack | layouts | decode tok/s | llama-bench tg | decode ratio | "
              "prompt tok/s | llama-bench pp | prompt ratio | repeats |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -134,7 +153,8 @@ def summary(rows: Sequence[KernelRow]) -> str:
         lines.append(
             f"| {model} | {t} | {repack} | {group[0].repack_layouts or '-'} | "
             f"{med([r.decode_tok_s for r in group]):.2f} | {med([r.llama_bench_decode_tok_s for r in group]):.2f} | "
-            f"{med([r.decode_ratio for r in group]):.3f} | {med([r.prompt_tok_s for r in group]):.1f} | "
-            f"{med([r.llama_bench_prompt_tok_s for r in group]):.1f} | {med([r.prompt_ratio for r in group]):.3f} | "
+            f"{med([r.decode_ratio for r in group]):.3f} ({med([r.decode_ratio_nofa for r in group]):.3f}) | "
+            f"{med([r.prompt_tok_s for r in group]):.1f} | {med([r.llama_bench_prompt_tok_s for r in group]):.1f} | "
+            f"{med([r.prompt_ratio for r in group]):.3f} ({med([r.prompt_ratio_nofa for r in group]):.3f}) | "
             f"{len(group)} |")
     return "\n".join(lines) + "\n"

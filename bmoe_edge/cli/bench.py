@@ -250,8 +250,9 @@ def bench_routing_cmd(
 @bench_app.command("kernels")
 def bench_kernels_cmd(
     model: Annotated[list[Path], typer.Option("-m", "--model", help="A gguf (repeat for several).")],
-    threads: Annotated[str, typer.Option("--threads", help="Thread counts (comma list).")] = "1,2",
-    repack: Annotated[str, typer.Option("--repack", help="The engine's --repack settings to measure.")] = "auto,off",
+    threads: Annotated[str, typer.Option("--thread-counts", help="Compute threads of each run (comma list).")] = "1,2",
+    repack: Annotated[str, typer.Option("--repack-settings", help="The engine's --repack values to measure (comma "
+                                        "list).")] = "auto,off",
     repeats: Annotated[int, typer.Option("--repeats", min=1)] = 3,
     tokens: Annotated[int, typer.Option("--tokens", min=2, help="Decoded tokens per measurement.")] = 32,
     prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=1, help="The cached prompt's length.")] = 512,
@@ -267,7 +268,7 @@ def bench_kernels_cmd(
     try:
         counts = [int(x) for x in threads.split(",") if x.strip()]
     except ValueError:
-        fail(f"--threads {threads!r}: a comma list of thread counts")
+        fail(f"--thread-counts {threads!r}: a comma list of thread counts")
     rows = kernels.run(model, base, counts, [r.strip() for r in repack.split(",") if r.strip()],
                        repeats=repeats, decode_tokens=tokens, prompt_tokens=prompt_tokens, say=typer.echo)
     kernels.write(rows, out)

@@ -43,6 +43,11 @@ BASE = StreamConfig(threads=1, ctx=256, batch=64, ubatch=64, flash_attn=False, o
                     cache_mb=0, page_kb=0, draft_max=DRAFT_MAX)
 
 
+# The settings a case may change that change which kernels compute, and so the floats: its resident run
+# uses the case's own.
+KERNEL_SETTINGS = ("threads", "repack")
+
+
 @dataclass(frozen=True)
 class StreamCase:
     """A named streaming configuration. Cache budgets are fractions of the model's expert bytes."""
@@ -347,29 +352,29 @@ def run_gates(cells: Iterable[GateCell], resolve: Callable[[FixtureSpec], Path],
         draft_model = draft_model_for(spec, model)
         all_expert_bytes = info.model_summary(model).expert_bytes
         most = max(c.case.generations for c in group)
-        resident: dict[tuple[int, bool, str, bool, str], list[Generation]] = {}
+        resident: dict[tuple[object, ...], list[Generation]] = {}
 
-        def baseline(threads: int, echo: bool, speculative: str, long_prompt: bool, repack: str, model: Path = model,
+        def baseline(config: StreamConfig, echo: bool, speculative: str, long_prompt: bool, model: Path = model,
                      most: int = most, resident: dict = resident, draft_model: str = draft_model) -> list[Generation]:
-            """Resident runs by the knobs cases change: threads, echoed prompts, speculation, long prompts, the
-            kernels (repacked or plain: their float sums differ)."""
-            key = (threads, echo, speculative, long_prompt, repack)
+            """Resident runs by the knobs cases change: echoed prompts, speculation, long prompts, and the
+            config's KERNEL_SETTINGS (threads; repacked or plain kernels: their floats differ)."""
+            kernels = {name: getattr(config, name) for name in KERNEL_SETTINGS}
+            key = (*kernels.values(), echo, speculative, long_prompt)
             if key not in resident:
-                prompts = echo_prompts(baseline(threads, False, "off", False, repack)) if echo else \
+                prompts = echo_prompts(baseline(config, False, "off", False)) if echo else \
                     LONG_PROMPTS if long_prompt else PROMPTS
-                config = speculating(replace(BASE, stream=False, threads=threads, speculative=speculative,
-                                             repack=repack), draft_model)
-                with Engine(model, config) as engine:
+                run = speculating(replace(BASE, stream=False, speculative=speculative, **kernels), draft_model)
+                with Engine(model, run) as engine:
                     resident[key] = _generate(engine, most, steps, prompts)
             return resident[key]
 
         for cell in group:
             config = stream_config(cell.case, all_expert_bytes)
-            same = baseline(config.threads, cell.case.echo, config.speculative, cell.case.long_prompt, config.repack)
+            same = baseline(config, cell.case.echo, config.speculative, cell.case.long_prompt)
             # Speculation verifies drafts in batched decodes, whose float rounding may differ from one
             # token at a time: its logits are compared with a resident run that speculates too, its
             # tokens also with plain decoding.
-            plain = baseline(config.threads, cell.case.echo, "off", cell.case.long_prompt, config.repack)
+            plain = baseline(config, cell.case.echo, "off", cell.case.long_prompt)
             yield check_cell(cell, model, same, all_expert_bytes, steps, plain, draft_model)
 
 
