@@ -19,7 +19,7 @@ from bmoe_edge.errors import BmoeError
 
 from conftest import REPO, assert_clean_error, run_cli
 
-SHIPPED = {"rpi5", "rpi4", "orangepi5", "rock5b", "jetson-orin-nano", "host", "qemu-arm64"}
+SHIPPED = {"rpi5", "rpi4", "orangepi5", "rock5b", "jetson-orin-nano", "host", "qemu-arm64", "qemu-arm64-i8mm"}
 
 # A complete, valid board with no `extends`: each error test breaks one line of it.
 GOOD = """\

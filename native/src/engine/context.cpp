@@ -53,6 +53,29 @@ Context::Context(const StreamConfig & config, const ModelSource & file, const Mo
         const std::string why = last_llama_error();
         throw Error("llama.cpp could not create a context" + (why.empty() ? "" : " (" + why + ")"));
     }
+    attach_pools();
+}
+
+// Compute threads that live as long as the context, as llama.cpp's own tools attach them. Without a pool, ggml
+// creates and joins its threads for every graph it computes, and the seam splits each decode into a graph per
+// layer (its router's top-k computed alone): 2 threads on the 3 GB preset decoded at 0.78x llama-bench's tok/s
+// (bench-data/2026-12-05/repack). While streaming, the workers wait for work asleep rather than spinning
+// (poll 0): between a layer's graphs its reads are landing, and a spinning thread per core starves the lanes.
+void Context::attach_pools() {
+    auto pool = [&](int threads) {
+        ggml_threadpool_params tpp = ggml_threadpool_params_default(threads);
+        if (config_.stream) {
+            tpp.poll = 0;
+        }
+        Pool made(ggml_threadpool_new(&tpp));
+        if (!made) {
+            throw Error("could not start " + std::to_string(threads) + " compute threads");
+        }
+        return made;
+    };
+    decode_pool_ = pool(decode_threads_);
+    prompt_pool_ = pool(prompt_threads_);
+    llama_attach_threadpool(ctx_.get(), decode_pool_.get(), prompt_pool_.get());
 }
 
 llama_context_params Context::params() const {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "bmoe/engine.h"
 #include "engine/model.h"
 #include "engine/streaming.h"
+#include "ggml-cpu.h"
 #include "llama-cpp.h"
 #include "model/llama_runtime.h"
 
@@ -68,10 +70,18 @@ public:
     int32_t score_batch() const;
 
 private:
+    struct FreePool {
+        void operator()(ggml_threadpool * pool) const { ggml_threadpool_free(pool); }
+    };
+    using Pool = std::unique_ptr<ggml_threadpool, FreePool>;
+    void attach_pools();
+
     const StreamConfig & config_;
     const ModelSource & file_;
     const Model & model_;
     Streaming & streaming_;
+    Pool decode_pool_;  // before ctx_: the context computes on them until it is freed
+    Pool prompt_pool_;
     llama_context_ptr ctx_;
     int decode_threads_ = 1;
     int prompt_threads_ = 1;
