@@ -43,7 +43,7 @@ def test_a_parameter_added_to_the_table_is_fuzzed_with_no_change_to_the_fuzzer(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The request space is the server's own parameter table (serve/params.py): a row added there is drawn in range,
     at its edges and past them, without a line of the fuzzer changed."""
-    new = params.Param("brand_new_knob", params.Integer(0, 7), chat="supported", completions="supported",
+    new = params.Param("brand_new_knob", params.Integer(0, 7), **dict.fromkeys(params.ROUTES, "supported"),
                        openai=False)
     monkeypatch.setattr(params, "PARAMETERS", (*params.PARAMETERS, new))
     values = [b["brand_new_knob"] for b in _bodies(3000, seed=3) if "brand_new_knob" in b]

@@ -9,6 +9,7 @@ Responses API take the same hostile conversations and tools, written in their ow
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from collections.abc import Callable
@@ -286,8 +287,9 @@ def value(p: params.Param, rng: random.Random, valid: bool) -> Any:
         raise KeyError(f"no fuzz generator for the kind {type(p.kind).__name__} (parameter {p.name!r}): add one "
                        "to proof/request_space.GENERATORS") from None
     if valid and p.honoured:   # a refused parameter: the values it still takes
-        return rng.choice(p.honoured)
-    return generate(p.kind, rng, valid)
+        return copy.deepcopy(rng.choice(p.honoured))
+    # a copy: the generators draw from shared constants ({}, [], ...), which a later mutation changes in place
+    return copy.deepcopy(generate(p.kind, rng, valid))
 
 
 def with_parameters(route: params.Route, body: dict[str, Any], rng: random.Random) -> tuple[dict[str, Any], str]:
