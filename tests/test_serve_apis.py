@@ -112,6 +112,36 @@ def test_a_responses_answer_whole_and_streamed(server: Server) -> None:
                                          "response.output_item.done"}
 
 
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Qwen3.5's template: with reasoning on, its prompt opens the reasoning, so all the fixture writes is."""
+    s = _start(tmp_path_factory.mktemp("thinker"), "Qwen3.5-4B.jinja")
+    yield s
+    stop(s)
+
+
+def test_reasoning_comes_back_as_thinking_and_reasoning_whole_and_streamed(thinker: Server) -> None:
+    kw = {"model": thinker.model_id, "max_tokens": 8, "messages": [{"role": "user", "content": ASK}],
+          "extra_body": GREEDY}
+    on = claude(thinker).messages.create(thinking={"type": "enabled", "budget_tokens": 1024}, **kw)
+    [block] = on.content
+    assert block.type == "thinking" and block.thinking and on.usage.output_tokens == 8
+    with claude(thinker).messages.stream(thinking={"type": "enabled", "budget_tokens": 1024}, **kw) as stream:
+        deltas = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        final = stream.get_final_message()
+    assert set(deltas) == {"thinking_delta"} and [b.model_dump() for b in final.content] == [block.model_dump()]
+    off = claude(thinker).messages.create(thinking={"type": "disabled"}, **kw)
+    assert [b.type for b in off.content] == ["text"]
+    # the Responses API: the template's default (on), a reasoning item, whole and streamed
+    rkw = {"model": thinker.model_id, "input": ASK, "max_output_tokens": 8, "temperature": 0}
+    whole = gpt(thinker).responses.create(**rkw)
+    [item] = whole.output
+    assert item.type == "reasoning" and item.content[0].text == block.thinking
+    events = list(gpt(thinker).responses.create(stream=True, **rkw))
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == item.content[0].text
+    assert [i.type for i in events[-1].response.output] == ["reasoning"]
+
+
 # ---------------------------------------------------------------------------------------------------
 # count_tokens, previous_response_id
 

@@ -285,9 +285,10 @@ def call_item(call_id: str, name: str, arguments: str, status: str = "completed"
 
 
 def output(reply: chat.Reply, found: Sequence[PositionLogprobs] | None) -> list[dict[str, Any]]:
-    """The whole answer's output items: its reasoning, its text (when it has some, or nothing else), its calls."""
+    """The whole answer's output items, as the stream adds them up: its reasoning, its text (when it has some, or
+    there is nothing else), its calls."""
     items = [reasoning_item(reply.reasoning)] if reply.reasoning else []
-    if reply.content or not reply.tool_calls:
+    if reply.content or not (items or reply.tool_calls):
         items.append(message_item(reply.content, found))
     return items + [call_item(c.id, c.name, c.arguments) for c in reply.tool_calls]
 
