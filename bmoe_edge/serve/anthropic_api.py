@@ -172,7 +172,7 @@ def to_chat(body: Mapping[str, Any], route: params.Route) -> dict[str, Any]:
 
 def parse(body: Any, model_id: str, route: params.Route = "messages") -> Request:
     """A Messages (or count_tokens) request, checked and translated: the worker's Request."""
-    openai_api.checked(body, route)
+    openai_api.checked(body, route, model_id)
     return openai_api.parse_translated(to_chat(body, route), model_id, NAMES)
 
 

@@ -159,10 +159,12 @@ def _bounded(body: Mapping[str, Any], route: params.Route, key: str, default: An
     return _number(body, key, default, kind.lo if least is None else least, kind.hi)
 
 
-def checked(body: Any, route: params.Route) -> Mapping[str, Any]:
-    """The checks every route makes first: a JSON object, its API's required parameters there, none refused."""
+def checked(body: Any, route: params.Route, model_id: str) -> Mapping[str, Any]:
+    """The checks every route makes first: a JSON object, for the served model, its API's required parameters
+    there, none refused."""
     if not isinstance(body, Mapping):
         raise ApiError(400, "the request body must be a JSON object")
+    check_model(body, model_id)
     for name in params.required(route):
         if body.get(name) is None:
             raise ApiError(400, f"'{name}' is required", param=name)
@@ -171,8 +173,7 @@ def checked(body: Any, route: params.Route) -> Mapping[str, Any]:
 
 
 def _common(body: Any, model_id: str, route: params.Route = "chat") -> dict[str, Any]:
-    checked(body, route)
-    check_model(body, model_id)
+    checked(body, route, model_id)
     echo = route == "completions" and _bool(body, "echo")
     least = 0 if echo else 1   # echo with max_tokens 0 scores the prompt alone (as evaluation tools ask)
     max_tokens = _bounded(body, route, "max_completion_tokens", None) if route == "chat" else None

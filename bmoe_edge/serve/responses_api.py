@@ -203,7 +203,7 @@ def parse(body: Any, model_id: str, stored: Callable[[str], Conversation | None]
           ) -> tuple[Request, Conversation]:
     """A Responses request, checked and translated: the worker's Request and the conversation it continues.
     `stored`: the conversation a previous_response_id names (this API key's), None when there is none."""
-    openai_api.checked(body, "responses")
+    openai_api.checked(body, "responses", model_id)
     history: Conversation = []
     previous = body.get("previous_response_id")
     if previous is not None:
