@@ -62,6 +62,29 @@ def test_every_kind_of_value_in_the_table_has_a_generator() -> None:
         request_space.value(params.Param("x", object(), chat="supported"), rng, True)   # type: ignore[arg-type]
 
 
+def test_streams_and_errors_are_checked_in_their_apis_shapes() -> None:
+    """The campaign's own checks: a stream ends as its API ends one, an event's name is its data's type, an error is
+    the route's API's object."""
+    sse = {"content-type": "text/event-stream"}
+
+    def stream(*events: tuple[str | None, str]) -> bytes:
+        return "".join((f"event: {name}\n" if name else "") + f"data: {data}\n\n" for name, data in events).encode()
+
+    assert http_fuzz._good_success(sse, stream((None, "{}"), (None, "[DONE]"))) == ""
+    assert http_fuzz._good_success(sse, stream(("message_start", '{"type": "message_start"}'),
+                                               ("message_stop", '{"type": "message_stop"}'))) == ""
+    assert http_fuzz._good_success(sse, stream(("response.created", '{"type": "response.created"}'),
+                                               ("response.incomplete", '{"type": "response.incomplete"}'))) == ""
+    assert "ends without" in http_fuzz._good_success(sse, stream(("message_start", '{"type": "message_start"}')))
+    assert "not of that type" in http_fuzz._good_success(sse, stream(("message_stop", '{"type": "ping"}')))
+    anthropic_error = b'{"type": "error", "error": {"type": "invalid_request_error", "message": "x"}}'
+    openai_error = b'{"error": {"message": "x", "type": "invalid_request_error", "param": null, "code": null}}'
+    assert http_fuzz._is_error_object(anthropic_error, "/v1/messages/count_tokens")
+    assert not http_fuzz._is_error_object(openai_error, "/v1/messages?x=1")
+    assert http_fuzz._is_error_object(openai_error, "/v1/responses")
+    assert not http_fuzz._is_error_object(anthropic_error, "/v1/chat/completions")
+
+
 def test_a_sample_of_the_campaign_finds_nothing(tmp_path: Path) -> None:
     model = tinymoe.fixture("qwen3moe", "Q8_0")
     vitals = http_fuzz.Vitals()

@@ -73,6 +73,12 @@ GREEDY = {"temperature": 0}
 # A plain answer, whole and streamed
 
 
+def test_both_clients_list_the_model(server: Server) -> None:
+    [listed] = list(claude(server).models.list())
+    assert listed.id == listed.display_name == server.model_id and listed.type == "model"
+    assert [m.id for m in gpt(server).models.list()] == [server.model_id]
+
+
 def test_a_messages_answer_whole_and_streamed(server: Server) -> None:
     kw = {"model": server.model_id, "max_tokens": 12, "system": SYSTEM, "messages": [{"role": "user", "content": ASK}],
           "thinking": {"type": "disabled"}, "extra_body": GREEDY}

@@ -399,5 +399,9 @@ def text_chunk(rid: str, model_id: str, text: str, finish_reason: str | None = N
 
 
 def models(model_id: str, created: int) -> dict[str, Any]:
-    model = {"id": model_id, "object": "model", "created": created, "owned_by": "bmoe-edge"}
-    return {"object": "list", "data": [model]}
+    """The one model, in OpenAI's list and, in the same body, Anthropic's (`type`, `display_name`, `created_at`,
+    the page's `has_more` and ids): GET /v1/models is both APIs' route."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
+    model = {"id": model_id, "object": "model", "created": created, "owned_by": "bmoe-edge", "type": "model",
+             "display_name": model_id, "created_at": stamp}
+    return {"object": "list", "data": [model], "has_more": False, "first_id": model_id, "last_id": model_id}
