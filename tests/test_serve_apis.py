@@ -225,29 +225,44 @@ def test_greedy_answers_equal_chat_completions_token_for_token(server: Server) -
 
     # Anthropic's: the prompt's tokens are the ones chat rendered (all but its last read from the context the chat
     # request left: a prefix is reused only as far as the token ids agree), the answer its text and token count.
-    messages = claude(server).messages.create(
-        model=server.model_id, system=SYSTEM, tools=ANTHROPIC_TOOLS, max_tokens=10, extra_body=GREEDY,
-        messages=[{"role": "user", "content": ASK},
-                  {"role": "assistant", "content": [{"type": "tool_use", "id": call["id"], "name": "get_weather",
-                                                     "input": {"station": 7, "celsius": True}}]},
-                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"],
-                                                "content": RESULT}]}])
+    anthropic_kw = {"model": server.model_id, "system": SYSTEM, "tools": ANTHROPIC_TOOLS, "max_tokens": 10,
+                    "extra_body": GREEDY,
+                    "messages": [{"role": "user", "content": ASK},
+                                 {"role": "assistant", "content": [{"type": "tool_use", "id": call["id"],
+                                                                    "name": "get_weather",
+                                                                    "input": {"station": 7, "celsius": True}}]},
+                                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"],
+                                                               "content": RESULT}]}]}
+    messages = claude(server).messages.create(**anthropic_kw)
     assert messages.usage.cache_read_input_tokens == used.prompt_tokens - 1 and messages.usage.input_tokens == 1
     assert messages.content[0].text == answer and messages.usage.output_tokens == used.completion_tokens
 
     # The Responses API's: the same, and each token with its logprob and the most likely ones there.
-    responses = gpt(server).responses.create(
-        model=server.model_id, instructions=SYSTEM, tools=RESPONSES_TOOLS, max_output_tokens=10, temperature=0,
-        top_logprobs=2, include=["message.output_text.logprobs"], store=False,
-        input=[{"role": "user", "content": ASK},
-               {"type": "function_call", "call_id": call["id"], "name": "get_weather",
-                "arguments": call["function"]["arguments"]},
-               {"type": "function_call_output", "call_id": call["id"], "output": RESULT}])
+    responses_kw = {"model": server.model_id, "instructions": SYSTEM, "tools": RESPONSES_TOOLS,
+                    "max_output_tokens": 10, "temperature": 0, "top_logprobs": 2,
+                    "include": ["message.output_text.logprobs"], "store": False,
+                    "input": [{"role": "user", "content": ASK},
+                              {"type": "function_call", "call_id": call["id"], "name": "get_weather",
+                               "arguments": call["function"]["arguments"]},
+                              {"type": "function_call_output", "call_id": call["id"], "output": RESULT}]}
+    responses = gpt(server).responses.create(**responses_kw)
     assert responses.usage.input_tokens == used.prompt_tokens
     assert responses.usage.input_tokens_details.cached_tokens == used.prompt_tokens - 1
     assert responses.output_text == answer and responses.usage.output_tokens == used.completion_tokens
     [text] = [c for item in responses.output if item.type == "message" for c in item.content]
     assert _tokens(text.logprobs) == tokens
+
+    # Streamed, the three cut the answer into the same pieces (a token's text each, as the engine read them), and
+    # the streamed logprobs are the same tokens again.
+    chat_pieces = [c.choices[0].delta.content for c in gpt(server).chat.completions.create(
+        model=server.model_id, messages=chat_messages, tools=[WEATHER, CLOCK], max_tokens=10, temperature=0,
+        stream=True) if c.choices and c.choices[0].delta.content]
+    with claude(server).messages.stream(**anthropic_kw) as stream:
+        anthropic_pieces = [e.delta.text for e in stream if e.type == "content_block_delta"]
+    events = list(gpt(server).responses.create(stream=True, **responses_kw))
+    responses_pieces = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert anthropic_pieces == responses_pieces == chat_pieces and "".join(chat_pieces) == answer
+    assert _tokens(e for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs) == tokens
 
 
 # ---------------------------------------------------------------------------------------------------
