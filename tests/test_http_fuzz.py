@@ -43,7 +43,7 @@ def test_a_parameter_added_to_the_table_is_fuzzed_with_no_change_to_the_fuzzer(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The request space is the server's own parameter table (serve/params.py): a row added there is drawn in range,
     at its edges and past them, without a line of the fuzzer changed."""
-    new = params.Param("brand_new_knob", params.Integer(0, 7), chat="supported", completions="supported",
+    new = params.Param("brand_new_knob", params.Integer(0, 7), **dict.fromkeys(params.ROUTES, "supported"),
                        openai=False)
     monkeypatch.setattr(params, "PARAMETERS", (*params.PARAMETERS, new))
     values = [b["brand_new_knob"] for b in _bodies(3000, seed=3) if "brand_new_knob" in b]
@@ -60,6 +60,29 @@ def test_every_kind_of_value_in_the_table_has_a_generator() -> None:
             json.dumps(request_space.value(p, rng, valid))   # drawn, and JSON
     with pytest.raises(KeyError, match="no fuzz generator"):
         request_space.value(params.Param("x", object(), chat="supported"), rng, True)   # type: ignore[arg-type]
+
+
+def test_streams_and_errors_are_checked_in_their_apis_shapes() -> None:
+    """The campaign's own checks: a stream ends as its API ends one, an event's name is its data's type, an error is
+    the route's API's object."""
+    sse = {"content-type": "text/event-stream"}
+
+    def stream(*events: tuple[str | None, str]) -> bytes:
+        return "".join((f"event: {name}\n" if name else "") + f"data: {data}\n\n" for name, data in events).encode()
+
+    assert http_fuzz._good_success(sse, stream((None, "{}"), (None, "[DONE]"))) == ""
+    assert http_fuzz._good_success(sse, stream(("message_start", '{"type": "message_start"}'),
+                                               ("message_stop", '{"type": "message_stop"}'))) == ""
+    assert http_fuzz._good_success(sse, stream(("response.created", '{"type": "response.created"}'),
+                                               ("response.incomplete", '{"type": "response.incomplete"}'))) == ""
+    assert "ends without" in http_fuzz._good_success(sse, stream(("message_start", '{"type": "message_start"}')))
+    assert "not of that type" in http_fuzz._good_success(sse, stream(("message_stop", '{"type": "ping"}')))
+    anthropic_error = b'{"type": "error", "error": {"type": "invalid_request_error", "message": "x"}}'
+    openai_error = b'{"error": {"message": "x", "type": "invalid_request_error", "param": null, "code": null}}'
+    assert http_fuzz._is_error_object(anthropic_error, "/v1/messages/count_tokens")
+    assert not http_fuzz._is_error_object(openai_error, "/v1/messages?x=1")
+    assert http_fuzz._is_error_object(openai_error, "/v1/responses")
+    assert not http_fuzz._is_error_object(anthropic_error, "/v1/chat/completions")
 
 
 def test_a_sample_of_the_campaign_finds_nothing(tmp_path: Path) -> None:

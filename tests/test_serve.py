@@ -326,6 +326,13 @@ def test_the_server_stops_cleanly_on_sigterm(model: Path) -> None:
     ("/v1/completions", '{"prompt":"\\ud800","max_tokens":4}', "lone surrogate"),
     ("/v1/chat/completions", '{"messages":[{"role":"user","content":"hi \\udfff"}]}', "lone surrogate"),
     ("/v1/completions", '{"prompt":"hi","stop":["\\ud800"]}', "lone surrogate"),
+    # found by the HTTP fuzz campaign (bench-data/2026-12-05/http-fuzz-apis): escaped in a tool call's JSON arguments,
+    # it reached the template decoded, and its UnicodeEncodeError was a 500
+    ("/v1/chat/completions", json.dumps({"messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "f", "arguments": '{"q": "\\ud800"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "4 C"}]}), "lone surrogate"),
     ("/v1/completions", '{"prompt":"hi","x":' + "[" * 5000 + "]" * 5000 + "}", "nests deeper"),
     ("/v1/completions", '{"prompt":"hi","x":' + "[" * 100 + "]" * 100 + "}", "nests deeper"),
     ("/v1/completions", b'{"prompt":"\xff\xfe"}', "not valid JSON"),

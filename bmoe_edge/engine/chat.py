@@ -126,6 +126,7 @@ class Reply:
     content: str = ""
     reasoning: str = ""
     finish_reason: str = ""  # "stop", "length" or "tool_calls" (OpenAI's words)
+    stop_sequence: str = ""  # the request's stop string that ended it, if one did
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reused_tokens: int = 0  # prompt tokens whose keys and values the context already held
@@ -320,6 +321,7 @@ class StopStrings:
         self.state = [0] * len(self.stops)
         self.held = ""
         self.stopped = False
+        self.matched = ""   # the stop string that ended the text (Anthropic's answer names it)
 
     def feed(self, text: str) -> str:
         if not self.stops:
@@ -338,7 +340,8 @@ class StopStrings:
                 if stop[k] == c:
                     k += 1
                 if k == len(stop):
-                    ended = max(ended, k)
+                    if k > ended:
+                        ended, self.matched = k, stop
                     k = fail[k - 1]
                 self.state[i] = k
             if ended:
@@ -437,6 +440,7 @@ def reply(engine: ChatEngine, messages: Sequence[Message | Mapping[str, Any]], m
             yield last
     ended = stops.stopped or reader.done or gen.stop_reason == "end_of_generation"
     out.finish_reason = "stop" if ended else "length"
+    out.stop_sequence = stops.matched if stops.matched in stop else ""
     # a call cut by max_tokens (its arguments not whole JSON) is not a call to make: "length"
     if out.tool_calls and (ended or all(_whole_json(c.arguments) for c in out.tool_calls)):
         out.finish_reason = "tool_calls"

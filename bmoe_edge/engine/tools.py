@@ -68,7 +68,12 @@ def _call_for_template(call: Any) -> dict[str, Any]:
     args = fn.get("arguments", "{}")
     if isinstance(args, str):
         try:
-            json.loads(args or "{}")
+            # the decoded text too must be Unicode: JSON's "\ud800" escape decodes to a lone surrogate, which
+            # common (and every encoder after it) cannot take
+            json.dumps(json.loads(args or "{}"), ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:   # (a ValueError too: first)
+            raise BmoeError(f"the arguments of the tool call {fn['name']!r} decode to text that is not valid "
+                            "Unicode (a lone surrogate escape such as \\ud800)") from None
         except (ValueError, RecursionError):
             raise BmoeError(f"the arguments of the tool call {fn['name']!r} are not JSON") from None
     else:

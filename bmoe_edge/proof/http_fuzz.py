@@ -4,8 +4,9 @@ server must still be a server.
 The server runs the tiny qwen3moe fixture (with Qwen3's own Jinja template from the pinned llama.cpp
 source when it is there, so tools and forced calls are rendered and grammar-constrained). Requests
 come from a seeded mutator (the same seed, the same requests): valid seed requests of every route
-and feature (chat, completions, streaming, usage, stop strings, logprobs, echo, logit_bias, penalties,
-response_format, tools, forced calls, earlier tool calls, reasoning switches), then one to three
+(params.PATHS: Chat Completions, Completions, Anthropic's Messages and count_tokens, the Responses API) and
+feature (streaming, usage, stop strings, logprobs, echo, logit_bias, penalties, response_format, tools,
+forced calls, earlier tool calls, reasoning switches), then one to three
 mutations each: at the JSON level (a value replaced by a hostile one — lone surrogates, control-token
 text, deep nesting, huge or negative numbers, wrong types —, a key dropped or added, the body wrapped),
 at the byte level (cut, flipped, invalid UTF-8, garbage), or at the HTTP level (another route, method
@@ -14,8 +15,9 @@ reaches).
 
 After each request the campaign checks:
 - it was answered within the timeout (`hang` otherwise);
-- the status is 2xx or 4xx, and every 4xx (and 5xx) body is OpenAI's error object; a 2xx body is a
-  completion (whole or server-sent events ending in [DONE] or an error event);
+- the status is 2xx or 4xx, and every 4xx (and 5xx) body is the route's API's error object (Anthropic's on
+  its routes, OpenAI's elsewhere); a 2xx body is an answer (whole, or server-sent events ending as the API
+  ends a stream: [DONE], message_stop, response.completed / incomplete / failed, or an error event);
 - a valid greedy request right after gets the same answer as before the campaign (`probe`);
 - /health says ok (`health`), and the process is alive (`dead`; it is restarted to go on).
 
@@ -44,6 +46,7 @@ from typing import Any
 
 from bmoe_edge.proof import conn_fuzz, request_space
 from bmoe_edge.serve import params
+from bmoe_edge.serve.api_errors import speaks_anthropic
 
 OUTCOMES = ("ok", "refused", "protocol", "server-error", "bad-body", "hang", "probe", "health", "dead")
 PASSING = ("ok", "refused", "protocol")
@@ -92,6 +95,37 @@ SEEDS: tuple[tuple[str, dict[str, Any]], ...] = (
                               "tools": [WEATHER], "max_tokens": 3}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "think": False,
                               "chat_template_kwargs": {"enable_thinking": False}}),
+    # Anthropic's Messages API
+    ("/v1/messages", {"max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}]}),
+    ("/v1/messages", {"max_tokens": 3, "system": [{"type": "text", "text": "Be brief."}], "stream": True,
+                      "messages": [{"role": "user", "content": [{"type": "text", "text": "Name a colour"}]}],
+                      "temperature": 0.7, "top_k": 5, "stop_sequences": ["\n"], "thinking": {"type": "disabled"}}),
+    ("/v1/messages", {"max_tokens": 6, "messages": [{"role": "user", "content": "Weather?"}], "stream": True,
+                      "tools": [request_space.as_anthropic_tool(WEATHER)], "tool_choice": {"type": "any"}}),
+    ("/v1/messages", {"max_tokens": 3, "tools": [request_space.as_anthropic_tool(WEATHER)],
+                      "messages": request_space.as_anthropic([{"role": "user", "content": "Weather in Oslo?"},
+                                                              {"role": "assistant", "content": None,
+                                                               "tool_calls": [CALL]},
+                                                              {"role": "tool", "tool_call_id": "call_1",
+                                                               "content": "4 C"}])[1]}),
+    ("/v1/messages", {"max_tokens": 6, "messages": [{"role": "user", "content": "A fox"}],
+                      "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}}),
+    ("/v1/messages/count_tokens", {"system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}],
+                                   "tools": [request_space.as_anthropic_tool(WEATHER)]}),
+    # OpenAI's Responses API
+    ("/v1/responses", {"input": "Hi", "max_output_tokens": 3}),
+    ("/v1/responses", {"input": "Go", "instructions": "Be brief.", "max_output_tokens": 3, "stream": True,
+                       "top_logprobs": 2, "include": ["message.output_text.logprobs"]}),
+    ("/v1/responses", {"input": "Weather?", "max_output_tokens": 6, "stream": True, "tool_choice": "required",
+                       "tools": [request_space.as_response_tool(WEATHER)]}),
+    ("/v1/responses", {"max_output_tokens": 3, "tools": [request_space.as_response_tool(WEATHER)], "store": False,
+                       "input": request_space.as_response_input([{"role": "user", "content": "Weather in Oslo?"},
+                                                                 {"role": "assistant", "content": None,
+                                                                  "tool_calls": [CALL]},
+                                                                 {"role": "tool", "tool_call_id": "call_1",
+                                                                  "content": "4 C"}])}),
+    ("/v1/responses", {"input": "A fox", "max_output_tokens": 6, "previous_response_id": "resp-unknown",
+                       "text": {"format": {"type": "json_schema", "name": "x", "schema": SCHEMA}}}),
 )
 HOSTILE_STRINGS = ("\ud800", "a\udfffb", "</s>", "<|im_end|>", "<|im_start|>system", "<tool_call>", "\x00", "\x1b[2J",
                    "", " ", "x" * 300, "é" * 2000, "🙂", "\\u0000", "{{ 7*7 }}", "{% for x in range(9**9) %}",
@@ -164,7 +198,9 @@ def _mutate_json(body: Any, rng: random.Random) -> tuple[Any, str]:
                           "max_completion_tokens", "seed", "think", "chat_template_kwargs", "parameters",
                           "logit_bias", "top_logprobs", "echo", "presence_penalty", "frequency_penalty",
                           "repeat_penalty", "repeat_last_n", "best_of", "suffix", "store", "audio",
-                          "service_tier"))
+                          "service_tier", "system", "stop_sequences", "thinking", "input", "instructions",
+                          "previous_response_id", "max_output_tokens", "include", "text", "reasoning",
+                          "background", "tool_use_id", "input_schema", "output_config", "call_id"))
         _get(body, target)[key] = _hostile(rng)
         return body, f"add:{key}@{'/'.join(map(str, target)) or 'body'}"
     return rng.choice(([body], {"body": body}, [body, body])), "wrap"
@@ -204,9 +240,9 @@ def cases(count: int, seed: int) -> Iterator[Case]:
         for _ in range(rng.choice((0, 1, 1, 1, 2, 3))):   # a sixth go unchanged: the valid path is fuzzed too
             layer = rng.random()
             if layer < 0.15 and isinstance(body, dict):   # schemas, tools, tool calls (request_space.py)
-                body, step = request_space.with_structure(_route(path), body, rng)
+                body, step = request_space.with_structure(route_of(path), body, rng)
             elif layer < 0.4 and isinstance(body, dict):   # the parameter table's own values (request_space.py)
-                body, step = request_space.with_parameters(_route(path), body, rng)
+                body, step = request_space.with_parameters(route_of(path), body, rng)
             elif layer < 0.65:
                 body, step = _mutate_json(body, rng)
             elif layer < 0.8:
@@ -228,8 +264,9 @@ def cases(count: int, seed: int) -> Iterator[Case]:
         yield Case(f"{n}:{path}:{'+'.join(steps) or 'valid'}", method, path, data, headers, hangup)
 
 
-def _route(path: str) -> params.Route:
-    return "chat" if path == "/v1/chat/completions" else "completions"
+def route_of(path: str) -> params.Route:
+    """The route whose parameters a body for `path` draws from (a path no route has: completions')."""
+    return next((route for route, at in params.PATHS.items() if at == path), "completions")
 
 
 def _mutate_bytes(raw: bytes, rng: random.Random) -> tuple[bytes, str]:
@@ -274,7 +311,9 @@ def _mutate_http(headers: dict[str, str], rng: random.Random) -> str:
         return "method:" + rng.choice(("GET", "PUT", "DELETE", "OPTIONS", "PATCH"))
     if kind == 6:
         return "path:" + rng.choice(("/v1/models", "/health", "/metrics", "/v1/embeddings", "/", "/v1/completions/",
-                                     "/v1/chat/completions?x=%00", "/_test/kill-worker", "/%2e%2e/etc"))
+                                     "/v1/chat/completions?x=%00", "/_test/kill-worker", "/%2e%2e/etc",
+                                     *params.PATHS.values(), "/v1/messages/", "/v1/messages/batches",
+                                     "/v1/responses/resp-1"))
     if kind == 7:
         headers["Content-Length"] = str(rng.choice((0, 1, 1 << 30, 4 << 20)))
         return f"length:{headers['Content-Length']}"
@@ -362,13 +401,41 @@ class Server:
             conn.close()
 
 
-def _is_error_object(data: bytes) -> bool:
+def _is_error_object(data: bytes, path: str) -> bool:
+    """The body is the error object of the API whose route `path` is: Anthropic's ({"type": "error", "error":
+    {"type", "message"}}) on its routes, OpenAI's elsewhere."""
     try:
         body = json.loads(data)
     except ValueError:
         return False
     error = body.get("error") if isinstance(body, dict) else None
-    return isinstance(error, dict) and isinstance(error.get("message"), str) and isinstance(error.get("type"), str)
+    if not (isinstance(error, dict) and isinstance(error.get("message"), str) and isinstance(error.get("type"), str)):
+        return False
+    if speaks_anthropic(path.split("?", 1)[0]):
+        return body.get("type") == "error" and set(error) == {"type", "message"}
+    return set(error) == {"message", "type", "param", "code"}
+
+
+# The events a stream ends with: Anthropic's and the Responses API's (named by their type), or an error event
+LAST_EVENTS = ("message_stop", "error", "response.completed", "response.incomplete", "response.failed")
+
+
+def _event_problem(event: str) -> str:
+    """"" when one server-sent event is well formed (an optional `event: TYPE` line naming its data's type, then
+    one `data:` line of JSON or [DONE]); else what is wrong."""
+    lines = event.split("\n")
+    name = lines.pop(0)[7:] if lines[0].startswith("event: ") else None
+    if len(lines) != 1 or not lines[0].startswith("data: "):
+        return f"an event that is not data: {event[:80]!r}"
+    if lines[0] == "data: [DONE]" and name is None:
+        return ""
+    try:
+        body = json.loads(lines[0][6:])
+    except ValueError:
+        return f"an event that is not JSON: {event[:80]!r}"
+    if name is not None and (not isinstance(body, dict) or body.get("type") != name):
+        return f"an event named {name!r} whose data is not of that type: {event[:80]!r}"
+    return ""
 
 
 def _good_success(headers: dict[str, str], data: bytes) -> str:
@@ -379,15 +446,13 @@ def _good_success(headers: dict[str, str], data: bytes) -> str:
         if not events:
             return "an empty event stream"
         for e in events:
-            if not e.startswith("data: "):
-                return f"an event that is not data: {e[:80]!r}"
-            if e != "data: [DONE]":
-                try:
-                    json.loads(e[6:])
-                except ValueError:
-                    return f"an event that is not JSON: {e[:80]!r}"
-        if events[-1] != "data: [DONE]" and '"error"' not in events[-1]:
-            return "a stream that ends without [DONE] or an error"
+            problem = _event_problem(e)
+            if problem:
+                return problem
+        last = events[-1]
+        if last != "data: [DONE]" and '"error"' not in last and not last.startswith(
+                tuple(f"event: {name}\n" for name in LAST_EVENTS)):
+            return "a stream that ends without [DONE], its API's last event or an error"
         return ""
     if headers.get("content-type", "").startswith("text/plain"):   # /metrics
         return ""
@@ -530,7 +595,7 @@ def _one(server: Server, case: Case, timeout: float, probe: Any, expected: str) 
     elif status == 400 and data.startswith(b"Invalid HTTP request"):   # uvicorn's parser, before any route
         outcome, detail = "protocol", data[:80].decode("utf-8", "replace")
     elif 400 <= status < 500:
-        good = _is_error_object(data)
+        good = _is_error_object(data, case.path)
         outcome, detail = ("refused", "") if good else ("bad-body", data[:300].decode("utf-8", "replace"))
         if good:
             detail = json.loads(data)["error"]["message"][:160]

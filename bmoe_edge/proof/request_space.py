@@ -3,10 +3,13 @@ every parameter of a route, values drawn by the kind of value it takes — in ra
 the wrong type — so a parameter added to the table is fuzzed the day it lands, with no change here. What is
 written here is one generator per *kind* (a new kind without one fails `value`, and the suite with it), and
 the hostile shapes a kind invites: JSON schemas deep, wide and with huge repetitions, tools and tool-call
-arguments carrying escaped control tokens, logit_bias maps, stop strings."""
+arguments carrying escaped control tokens, logit_bias maps, stop strings. Anthropic's Messages and OpenAI's
+Responses API take the same hostile conversations and tools, written in their own shapes (`as_anthropic`,
+`as_response_input`, ...)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from collections.abc import Callable
@@ -76,6 +79,108 @@ def messages(rng: random.Random) -> list[dict[str, Any]]:
     if rng.random() < 0.2:
         out.insert(0, {"role": "system", "content": rng.choice(("Be brief.", *HOSTILE_TEXT))})
     return out
+
+
+# The same conversations and tools in Anthropic's and the Responses API's shapes
+def as_anthropic_tool(t: dict[str, Any]) -> dict[str, Any]:
+    fn = t["function"]
+    return {"name": fn["name"], "description": fn["description"], "input_schema": fn["parameters"]}
+
+
+def as_response_tool(t: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", **t["function"]}
+
+
+def _arguments_object(arguments: str) -> Any:
+    """A tool call's JSON arguments as tool_use's input (Anthropic sends an object: text that is not JSON goes as
+    a string value, so what it carries still reaches the server)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {"raw": arguments}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def as_anthropic(conversation: list[dict[str, Any]]) -> tuple[Any, list[dict[str, Any]]]:
+    """A chat conversation (`messages`) as Anthropic's system prompt and turns."""
+    system, turns = None, []
+    for m in conversation:
+        if m["role"] == "system":
+            system = m["content"]
+        elif m["role"] == "tool":
+            turns.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": m["tool_call_id"],
+                                                       "content": m["content"]}]})
+        elif m.get("tool_calls"):
+            turns.append({"role": "assistant", "content": [
+                {"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
+                 "input": _arguments_object(c["function"]["arguments"])} for c in m["tool_calls"]]})
+        else:
+            turns.append({"role": m["role"], "content": m["content"]})
+    return system, turns
+
+
+def as_response_input(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A chat conversation as the Responses API's input items."""
+    items: list[dict[str, Any]] = []
+    for m in conversation:
+        if m["role"] == "tool":
+            items.append({"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]})
+        elif m.get("tool_calls"):
+            items += [{"type": "function_call", "call_id": c["id"], "name": c["function"]["name"],
+                       "arguments": c["function"]["arguments"]} for c in m["tool_calls"]]
+        else:
+            items.append({"role": m["role"], "content": m["content"]})
+    return items
+
+
+def _anthropic_messages(rng: random.Random, valid: bool) -> Any:
+    if valid:
+        return as_anthropic(messages(rng))[1]
+    return rng.choice(([], "Hi", [{"role": "system", "content": "x"}], [{"role": "user", "content": [
+        {"type": "image", "source": {}}]}], [{"role": "user", "content": [{"type": "tool_use", "id": "x"}]}],
+        [{"role": "assistant", "content": [{"type": "tool_use", "id": "c", "name": "f", "input": {}}]}], [1]))
+
+
+def _response_input(rng: random.Random, valid: bool) -> Any:
+    if valid:
+        return rng.choice((rng.choice(("Hi", *HOSTILE_TEXT)) or "x", as_response_input(messages(rng))))
+    return rng.choice(([], 5, [{"type": "input_image", "image_url": "x"}], [{"type": "item_reference", "id": "x"}],
+                       [{"type": "function_call", "name": "f"}], [{"role": "tool", "content": "x"}]))
+
+
+def _anthropic_tools(rng: random.Random, valid: bool) -> Any:
+    if valid:
+        return [as_anthropic_tool(tool(rng)) for _ in range(rng.randint(1, 3))]
+    return rng.choice(([{"type": "web_search_20250305", "name": "web_search"}], [{"name": "f"}], {"x": 1},
+                       [as_anthropic_tool(tool(rng))] * (limits.MAX_TOOLS + 1)))
+
+
+def _response_tools(rng: random.Random, valid: bool) -> Any:
+    if valid:
+        return [as_response_tool(tool(rng)) for _ in range(rng.randint(1, 3))]
+    return rng.choice(([{"type": "web_search"}], [{"type": "file_search"}], [{"type": "function"}], "x",
+                       [as_response_tool(tool(rng))] * (limits.MAX_TOOLS + 1)))
+
+
+def _anthropic_tool_choice(rng: random.Random, valid: bool) -> Any:
+    if valid:
+        choice = rng.choice(({"type": "auto"}, {"type": "any"}, {"type": "none"},
+                             {"type": "tool", "name": "get_weather"}))
+        return choice | ({"disable_parallel_tool_use": rng.choice((True, False))} if rng.random() < 0.3 else {})
+    return rng.choice(("auto", {"type": "required"}, {"type": "tool"}, {"type": "tool", "name": "nope"},
+                       {"type": "any", "disable_parallel_tool_use": "yes"}))
+
+
+def _response_tool_choice(rng: random.Random, valid: bool) -> Any:
+    if valid:
+        return rng.choice(("auto", "none", "required", {"type": "function", "name": "get_weather"}))
+    return rng.choice(("any", {"type": "web_search_preview"}, {"type": "function"}, {"type": "allowed_tools"}))
+
+
+def _schema_format(rng: random.Random, valid: bool) -> Any:
+    """output_config and text: a JSON schema the answer follows, in each API's shape."""
+    return {"type": "json_schema", "name": "x", "schema": schema(rng)} if valid else rng.choice(
+        ({"type": "json_schema"}, {"type": "xml"}, "json", {"type": "json_schema", "schema": []}))
 
 
 def _number(kind: params.Number | params.Integer, rng: random.Random, valid: bool) -> Any:
@@ -151,6 +256,26 @@ GENERATORS: dict[type, Callable[[Any, random.Random, bool], Any]] = {
     else rng.choice(({"include_usage": "yes"}, [], "x")),
     params.TemplateKwargs: lambda k, rng, ok: {"enable_thinking": rng.choice((True, False))} if ok
     else rng.choice(({"enable_thinking": "no"}, {"reasoning_effort": "max"}, 7)),
+    params.AnthropicMessages: lambda k, rng, ok: _anthropic_messages(rng, ok),
+    params.System: lambda k, rng, ok: rng.choice((rng.choice(HOSTILE_TEXT), [{"type": "text", "text": "Be brief."}]))
+    if ok else rng.choice((5, [{"type": "image"}], [{"type": "text", "text": 1}])),
+    params.AnthropicTools: lambda k, rng, ok: _anthropic_tools(rng, ok),
+    params.AnthropicToolChoice: lambda k, rng, ok: _anthropic_tool_choice(rng, ok),
+    params.Thinking: lambda k, rng, ok: rng.choice(({"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"},
+                                                    {"type": "adaptive"})) if ok
+    else rng.choice(({"type": "on"}, "enabled", {"budget_tokens": 5})),
+    params.OutputConfig: lambda k, rng, ok: {"format": _schema_format(rng, ok)} if ok or rng.random() < 0.7
+    else rng.choice(("x", [])),
+    params.ResponseInput: lambda k, rng, ok: _response_input(rng, ok),
+    params.ResponseTools: lambda k, rng, ok: _response_tools(rng, ok),
+    params.ResponseToolChoice: lambda k, rng, ok: _response_tool_choice(rng, ok),
+    params.TextConfig: lambda k, rng, ok: {"format": _schema_format(rng, ok) if rng.random() < 0.7 else
+                                           rng.choice(({"type": "text"}, {"type": "json_object"}))} if ok
+    else rng.choice(({"format": "json"}, {"verbosity": "low"}, [])),
+    params.Reasoning: lambda k, rng, ok: {"effort": rng.choice(params.EFFORTS)} if ok
+    else rng.choice(({"effort": "max"}, "high", [])),
+    params.Include: lambda k, rng, ok: rng.sample(k.values, rng.randint(0, len(k.values))) if ok
+    else rng.choice((["file_search_call.results"], "x", [1])),
 }
 
 
@@ -162,8 +287,9 @@ def value(p: params.Param, rng: random.Random, valid: bool) -> Any:
         raise KeyError(f"no fuzz generator for the kind {type(p.kind).__name__} (parameter {p.name!r}): add one "
                        "to proof/request_space.GENERATORS") from None
     if valid and p.honoured:   # a refused parameter: the values it still takes
-        return rng.choice(p.honoured)
-    return generate(p.kind, rng, valid)
+        return copy.deepcopy(rng.choice(p.honoured))
+    # a copy: the generators draw from shared constants ({}, [], ...), which a later mutation changes in place
+    return copy.deepcopy(generate(p.kind, rng, valid))
 
 
 def with_parameters(route: params.Route, body: dict[str, Any], rng: random.Random) -> tuple[dict[str, Any], str]:
@@ -183,7 +309,10 @@ def with_parameters(route: params.Route, body: dict[str, Any], rng: random.Rando
 def with_structure(route: params.Route, body: dict[str, Any], rng: random.Random) -> tuple[dict[str, Any], str]:
     """`body` with what reaches common's converter and the template: a generated schema as its response_format,
     generated tools with a forced call, or a conversation with an earlier tool call (escaped control tokens in
-    its arguments) — each otherwise valid, so the request gets past the checks in front of them."""
+    its arguments) — each otherwise valid, so the request gets past the checks in front of them; in the shape of
+    the route's API."""
+    if route in ("messages", "count_tokens", "responses"):
+        return _with_structure_of(route, body, rng)
     pick = rng.randrange(3) if route == "chat" else 0
     if pick == 0:
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema(rng)}}
@@ -195,4 +324,31 @@ def with_structure(route: params.Route, body: dict[str, Any], rng: random.Random
         return body, "structure:tools"
     body["messages"] = messages(rng)
     body["tools"] = [tool(rng)]
+    return body, "structure:tool-call"
+
+
+def _with_structure_of(route: params.Route, body: dict[str, Any], rng: random.Random) -> tuple[dict[str, Any], str]:
+    """with_structure for Anthropic's Messages (and count_tokens) and the Responses API."""
+    anthropic = route != "responses"
+    pick = rng.randrange(3)
+    if pick == 0:
+        fmt = {"type": "json_schema", "name": "x", "schema": schema(rng)}
+        if anthropic:
+            body["output_config"] = {"format": fmt}
+        else:
+            body["text"] = {"format": fmt}
+        return body, "structure:schema"
+    made = [tool(rng) for _ in range(rng.randint(1, 2))]
+    if pick == 1:
+        body["tools"] = [as_anthropic_tool(t) if anthropic else as_response_tool(t) for t in made]
+        body["tool_choice"] = rng.choice(({"type": "any"}, {"type": "auto"}) if anthropic else ("required", "auto"))
+        return body, "structure:tools"
+    conversation = messages(rng)
+    if anthropic:
+        body["system"], body["messages"] = as_anthropic(conversation)
+        body["tools"] = [as_anthropic_tool(made[0])]
+        body = {k: v for k, v in body.items() if v is not None}
+    else:
+        body["input"] = as_response_input(conversation)
+        body["tools"] = [as_response_tool(made[0])]
     return body, "structure:tool-call"

@@ -1,6 +1,8 @@
 """The HTTP face: Starlette routes over one `Worker`. Requests queue in the worker's bounded FIFO (full:
 429 with Retry-After); a client that goes away cancels its generation; with an API key every route
-but /health needs `Authorization: Bearer KEY`."""
+but /health needs `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`). Four APIs share the one
+pipeline: OpenAI's Chat Completions and Completions, Anthropic's Messages and OpenAI's Responses (the last two
+translated into a chat request: anthropic_api.py, responses_api.py), each written back in its own shape."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
@@ -25,20 +28,49 @@ from starlette.routing import Route
 from bmoe_edge.engine import chat, native
 from bmoe_edge.engine.generation import PositionLogprobs
 from bmoe_edge.errors import RequestError
-from bmoe_edge.serve import limits, metrics, openai_api
+from bmoe_edge.serve import anthropic_api, limits, metrics, openai_api, params, responses_api
+from bmoe_edge.serve.api_errors import ApiError
 from bmoe_edge.serve.gate import Gate
-from bmoe_edge.serve.openai_api import ApiError
 from bmoe_edge.serve.worker import Job, Prepared, QueueFull, Request, Unavailable, Worker, loop_delivery, request_id
 
 TEST_HOOKS = "BMOE_EDGE_SERVE_TEST_HOOKS"   # "1" in a test build (build_info().test_faults): the /_test/ routes
 RETRY_AFTER_S = 2
+DONE = "data: [DONE]\n\n"   # the end of a Chat Completions or Completions stream
 PREPARE_THREADS = 2   # requests rendered, converted and tokenized at once, off the event loop
 PREPARING_MAX = 4 * PREPARE_THREADS   # ... and waiting for a thread: past it, a 429 (as a full queue)
 
 
-def _error(exc: ApiError) -> JSONResponse:
+def _error(exc: ApiError, path: str) -> JSONResponse:
+    """The error in the shape of the API whose route `path` is (api_errors.py)."""
     headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 429 else None
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    return JSONResponse(exc.body_for(path), status_code=exc.status, headers=headers)
+
+
+Body = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Frames:
+    """How one API writes an answer as server-sent events: the events before the first piece, those of each piece,
+    those of the whole answer, and those of a failure mid-answer (each a JSON body, possibly none)."""
+
+    head: list[Body]
+    chunk: Callable[[chat.Delta], list[Body]]
+    last: Callable[[chat.Reply], list[Body]]
+    failed: Callable[[int, str], list[Body]]
+    named: bool = False   # each event named by its body's type ("event: TYPE"): Anthropic's and the Responses API's
+    done: str = ""        # what ends a complete stream: Chat Completions' "data: [DONE]"
+
+    @classmethod
+    def of(cls, stream: anthropic_api.MessageStream | responses_api.ResponseStream) -> Frames:
+        return cls(stream.head(), stream.chunk, stream.last, stream.failed, named=True)
+
+    def event(self, body: Body) -> str:
+        return (f"event: {body['type']}\n" if self.named else "") + f"data: {json.dumps(body)}\n\n"
+
+
+def _openai_failure(status: int, message: str) -> list[Body]:
+    return [ApiError(status, message, type="server_error").body()]
 
 
 async def _body(request: HttpRequest, timeout_s: float = limits.BODY_TIMEOUT_S) -> Any:
@@ -144,17 +176,22 @@ class Server:
         self.rejected = 0
         self.preparer = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="bmoe-prepare")
         self.preparing = 0   # requests handed to the preparer, not yet back
+        self.stored = responses_api.ResponseStore(max(1, len(self.api_keys)))   # previous_response_id's
 
     def tenant(self, request: HttpRequest) -> int | None:
         """Which key the request carries (its index: the tenant), 0 when the server has none; None when
-        it carries no valid key. Every key is compared, in constant time."""
+        it carries no valid key. The key is `Authorization: Bearer KEY` or Anthropic's `x-api-key: KEY`; every
+        key is compared with each, in constant time."""
         if not self.api_keys:
             return 0
-        given = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
+        offered = [request.headers.get("authorization", "")]
+        if "x-api-key" in request.headers:
+            offered.append(f"Bearer {request.headers['x-api-key']}")
         found = None
-        for i, key in enumerate(self.api_keys):
-            if hmac.compare_digest(given, key) and found is None:
-                found = i
+        for given in offered:
+            for i, key in enumerate(self.api_keys):
+                if hmac.compare_digest(given.encode("utf-8", "surrogateescape"), key) and found is None:
+                    found = i
         return found
 
     def _authorized(self, request: HttpRequest) -> bool:
@@ -165,11 +202,11 @@ class Server:
         return ApiError(429, "the server is busy: its queue is full, retry later", type="rate_limit_error",
                         code="queue_full")
 
-    async def _prepare(self, req: Request) -> Prepared:
+    async def _prepare(self, req: Request, queued: bool = True) -> Prepared:
         """The request made ready for the engine (its template, grammar and tokens) on a preparer thread, off
         the event loop and never on the engine thread, within PREPARE_DEADLINE_S; a full queue is refused
-        before any of it runs."""
-        if not self.worker.has_room() or self.preparing >= PREPARING_MAX:
+        before any of it runs (unless the request is not to be `queued`: count_tokens)."""
+        if (queued and not self.worker.has_room()) or self.preparing >= PREPARING_MAX:
             raise self._busy()
         self.preparing += 1
         try:
@@ -229,31 +266,34 @@ class Server:
                 return value, found
             found.extend(openai_api.positions(value))
 
-    async def _stream(self, job: Job, events: asyncio.Queue, pending: tuple[str, Any], head: list[dict[str, Any]],
-                      chunk: Callable[[chat.Delta], dict[str, Any] | None],
-                      last: Callable[[chat.Reply], list[dict[str, Any]]]) -> AsyncIterator[str]:
+    async def _stream(self, job: Job, events: asyncio.Queue, pending: tuple[str, Any],
+                      frames: Frames) -> AsyncIterator[str]:
         """Server-sent events from the first event on (already taken, so a bad request was a 4xx)."""
         try:
-            for body in head:
-                yield f"data: {json.dumps(body)}\n\n"
+            for body in frames.head:
+                yield frames.event(body)
             kind, value = pending
             while True:
                 if kind == "delta":
-                    body = chunk(value)
-                    if body is not None:
-                        yield f"data: {json.dumps(body)}\n\n"
+                    for body in frames.chunk(value):
+                        yield frames.event(body)
                 elif kind == "done":
-                    for body in last(value):
-                        yield f"data: {json.dumps(body)}\n\n"
-                    yield "data: [DONE]\n\n"
+                    for body in frames.last(value):
+                        yield frames.event(body)
+                    if frames.done:
+                        yield frames.done
                     return
                 else:
-                    status, message = value
-                    yield f"data: {json.dumps(ApiError(status, message, type='server_error').body())}\n\n"
+                    for body in frames.failed(*value):
+                        yield frames.event(body)
                     return
                 kind, value = await events.get()
         finally:
             job.cancelled.set()  # a no-op when done; stops the engine when the client went away
+
+    async def _streamed(self, request: HttpRequest, job: Job, events: asyncio.Queue, frames: Frames) -> Response:
+        pending = await self._next_event(request, job, events)
+        return _JobStream(job, self._stream(job, events, pending, frames))
 
     async def chat_completions(self, request: HttpRequest) -> Response:
         body = await _body(request, self.body_timeout_s)
@@ -270,14 +310,14 @@ class Server:
 
             held: list[PositionLogprobs] = []   # logprobs of text still held back: they go with the next chunk
 
-            def chunk(d: chat.Delta) -> dict[str, Any] | None:
+            def chunk(d: chat.Delta) -> list[Body]:
                 fields = openai_api.delta_fields(d)
                 held.extend(openai_api.positions(d))
                 if not fields:
-                    return None
+                    return []
                 out = openai_api.chat_chunk(rid, self.model_id, fields, logprobs=held[:] if wanted else None)
                 held.clear()
-                return out
+                return [out]
 
             def last(reply: chat.Reply) -> list[dict[str, Any]]:
                 out = [openai_api.chat_chunk(rid, self.model_id, {}, reply.finish_reason, held[:] if held else None)]
@@ -286,9 +326,9 @@ class Server:
                                | {"choices": [], "usage": openai_api.usage(reply)})
                 return out
 
-            pending = await self._next_event(request, job, events)
             head = [openai_api.chat_chunk(rid, self.model_id, {"role": "assistant", "content": ""})]
-            return _JobStream(job, self._stream(job, events, pending, head, chunk, last))
+            return await self._streamed(request, job, events, Frames(head, chunk, last, _openai_failure,
+                                                                     done=DONE))
 
     async def completions(self, request: HttpRequest) -> Response:
         body = await _body(request, self.body_timeout_s)
@@ -311,15 +351,65 @@ class Server:
                 held.clear()
                 return out
 
-            def chunk(d: chat.Delta) -> dict[str, Any] | None:
+            def chunk(d: chat.Delta) -> list[Body]:
                 held.extend(openai_api.positions(d))
-                return openai_api.text_chunk(rid, self.model_id, d.content, None, logprobs()) if d.content else None
+                return [openai_api.text_chunk(rid, self.model_id, d.content, None, logprobs())] if d.content else []
 
             def last(reply: chat.Reply) -> list[dict[str, Any]]:
                 return [openai_api.text_chunk(rid, self.model_id, "", reply.finish_reason, logprobs())]
 
-            pending = await self._next_event(request, job, events)
-            return _JobStream(job, self._stream(job, events, pending, [], chunk, last))
+            return await self._streamed(request, job, events, Frames([], chunk, last, _openai_failure, done=DONE))
+
+    async def messages(self, request: HttpRequest) -> Response:
+        """Anthropic's Messages API, on the same pipeline (anthropic_api.py)."""
+        body = await _body(request, self.body_timeout_s)
+        req = anthropic_api.parse(body, self.model_id)
+        stream = bool(body.get("stream"))
+        del body
+        job, events = await self._job(req, request)
+        with _cancelled_unless_answered(job):
+            rid = request_id("msg")
+            if not stream:
+                reply, _ = await self._result(request, job, events)
+                return JSONResponse(anthropic_api.message(rid, self.model_id, reply))
+            assert job.prepared is not None
+            frames = Frames.of(anthropic_api.MessageStream(rid, self.model_id, len(job.prepared.ids)))
+            return await self._streamed(request, job, events, frames)
+
+    async def count_tokens(self, request: HttpRequest) -> Response:
+        """The prompt a Messages request would decode, prepared as for an answer (the same template and tokens)
+        and counted; nothing is queued."""
+        body = await _body(request, self.body_timeout_s)
+        req = anthropic_api.parse(body, self.model_id, "count_tokens")
+        del body
+        req = dataclasses.replace(req, tenant=self.tenant(request) or 0)
+        prepared = await self._prepare(req, queued=False)
+        return JSONResponse({"input_tokens": len(prepared.ids)})
+
+    async def responses(self, request: HttpRequest) -> Response:
+        """OpenAI's Responses API, on the same pipeline (responses_api.py); a stored response's conversation is
+        continued only by the API key that made it."""
+        tenant = self.tenant(request) or 0
+        body = await _body(request, self.body_timeout_s)
+        req, conversation = responses_api.parse(body, self.model_id, lambda rid: self.stored.get(tenant, rid))
+        stream, store, echoed = bool(body.get("stream")), body.get("store", True), responses_api.echo(body)
+        del body
+        job, events = await self._job(req, request)
+        with _cancelled_unless_answered(job):
+            rid = request_id("resp")
+            wanted = req.sampling.logprobs >= 0
+
+            def keep(reply: chat.Reply) -> None:
+                if store:
+                    self.stored.put(tenant, rid, [*conversation, responses_api.answer_turn(reply)])
+
+            if not stream:
+                reply, found = await self._result(request, job, events)
+                keep(reply)
+                output = responses_api.output(reply, found if wanted else None)
+                return JSONResponse(responses_api.response(rid, self.model_id, echoed, output, reply))
+            frames = Frames.of(responses_api.ResponseStream(rid, self.model_id, echoed, wanted, keep))
+            return await self._streamed(request, job, events, frames)
 
     async def models(self, request: HttpRequest) -> Response:
         return JSONResponse(openai_api.models(self.model_id, self.created))
@@ -356,25 +446,27 @@ def create_app(worker: Worker, model_id: str, api_keys: Sequence[str] = (), *, b
 
     def guarded(handler: Callable, public: bool = False) -> Callable:
         async def endpoint(request: HttpRequest) -> Response:
+            path = request.url.path
             if not public and not server._authorized(request):
-                return _error(ApiError(401, "a valid API key is needed: 'Authorization: Bearer KEY'",
-                                       type="authentication_error", code="invalid_api_key"))
+                return _error(ApiError(401, "a valid API key is needed: 'Authorization: Bearer KEY' or 'x-api-key: "
+                                       "KEY'", type="authentication_error", code="invalid_api_key"), path)
             try:
                 return await handler(request)
             except ApiError as exc:
-                return _error(exc)
-            except Exception as exc:  # a fault of ours: still OpenAI's error object
+                return _error(exc, path)
+            except Exception as exc:  # a fault of ours: still the API's error object
                 return _error(ApiError(500, f"the server failed on this request ({type(exc).__name__})",
-                                       type="server_error"))
+                                       type="server_error"), path)
         return endpoint
 
     routes = [
         Route("/health", guarded(server.health, public=True), methods=["GET"]),
         Route("/metrics", guarded(server.metrics), methods=["GET"]),
         Route("/v1/models", guarded(server.models), methods=["GET"]),
-        Route("/v1/chat/completions", guarded(server.chat_completions), methods=["POST"]),
-        Route("/v1/completions", guarded(server.completions), methods=["POST"]),
     ]
+    handlers = {"chat": server.chat_completions, "completions": server.completions, "messages": server.messages,
+                "count_tokens": server.count_tokens, "responses": server.responses}
+    routes += [Route(params.PATHS[route], guarded(handlers[route]), methods=["POST"]) for route in params.ROUTES]
     if os.environ.get(TEST_HOOKS) == "1" and native.load().build_info().test_faults:
         routes.append(Route("/_test/kill-worker", guarded(server.kill_worker), methods=["POST"]))
     async def http_error(request: HttpRequest, exc: Exception) -> Response:
@@ -383,7 +475,7 @@ def create_app(worker: Worker, model_id: str, api_keys: Sequence[str] = (), *, b
         messages = {404: f"there is no route {request.url.path[:200]!r} (see /v1/models)",
                     405: f"{request.method[:20]} is not a method of {request.url.path[:200]!r}"}
         message = messages.get(exc.status_code, str(exc.detail))
-        response = _error(ApiError(exc.status_code, message))
+        response = _error(ApiError(exc.status_code, message), request.url.path)
         response.headers.update(exc.headers or {})
         return response
 

@@ -33,8 +33,8 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
 from bmoe_edge.errors import BmoeError
+from bmoe_edge.serve.api_errors import ApiError
 from bmoe_edge.serve.app import RETRY_AFTER_S
-from bmoe_edge.serve.openai_api import ApiError
 
 HEAD_TIMEOUT_S = 10.0   # a request line and its headers arrive within this, or the connection is closed (408)
 HEAD_TIMEOUT_ENV = "BMOE_EDGE_SERVE_HEAD_TIMEOUT"   # seconds; read once per server start (the tests use 1)
@@ -208,7 +208,7 @@ def protocol_for(limits: Limits) -> type[BoundedH11Protocol]:
 
 class RequestSlots:
     """ASGI wrapper: at most `limit` requests in flight (GET /health is never counted nor refused); more are
-    answered 503 with OpenAI's error object at once. One event loop: a plain counter."""
+    answered 503 with the route's API's error object at once. One event loop: a plain counter."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], limit: int) -> None:
         self.app = app
@@ -221,8 +221,8 @@ class RequestSlots:
             await self.app(scope, receive, send)
             return
         if self.in_flight >= self.limit:
-            await _refuse(send, ApiError(503, f"the server has {self.limit} requests in flight: retry later",
-                                         type="server_error", code="too_many_requests"))
+            await _refuse(send, scope["path"], ApiError(503, f"the server has {self.limit} requests in flight: "
+                                                        "retry later", type="server_error", code="too_many_requests"))
             return
         self.in_flight += 1
         try:
@@ -231,8 +231,8 @@ class RequestSlots:
             self.in_flight -= 1
 
 
-async def _refuse(send: Callable[[Any], Awaitable[None]], error: ApiError) -> None:
-    body = json.dumps(error.body()).encode()
+async def _refuse(send: Callable[[Any], Awaitable[None]], path: str, error: ApiError) -> None:
+    body = json.dumps(error.body_for(path)).encode()
     await send({"type": "http.response.start", "status": error.status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"retry-after", str(RETRY_AFTER_S).encode())]})

@@ -17,9 +17,11 @@ import json
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from bmoe_edge.serve.api_errors import ApiError
+
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 CORS_METHODS = "GET, POST, OPTIONS"
-CORS_HEADERS = ("authorization", "content-type")
+CORS_HEADERS = ("authorization", "content-type", "x-api-key", "anthropic-version")
 CORS_MAX_AGE_S = 600
 
 Scope = dict[str, Any]
@@ -77,16 +79,16 @@ class Gate:
         headers: dict[str, str] = {}
         for k, v in scope.get("headers", []):
             headers.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
-        method = scope.get("method", "GET")
+        method, path = scope.get("method", "GET"), scope.get("path", "")
         if not self.host_allowed(headers.get("host")):
-            await _refuse(send, 403, f"the Host {headers['host'][:100]!r} is not a name this server answers to "
+            await _refuse(send, path, 403, f"the Host {headers['host'][:100]!r} is not a name this server answers to "
                           "(loopback, its address, or --allowed-host NAME)", "host_not_allowed")
             return
         origin = headers.get("origin")
         cors: list[tuple[bytes, bytes]] = []
         if origin is not None:
             if not self.origin_allowed(origin):
-                await _refuse(send, 403, f"requests from the web origin {origin[:100]!r} are refused "
+                await _refuse(send, path, 403, f"requests from the web origin {origin[:100]!r} are refused "
                               "(--cors-origin ORIGIN lets one in)", "origin_not_allowed")
                 return
             cors = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
@@ -95,7 +97,7 @@ class Gate:
                 await _preflight(send, cors, headers)
                 return
         if method == "POST" and _media_type(headers.get("content-type", "")) != "application/json":
-            await _refuse(send, 415, "a request body must be JSON, sent with 'Content-Type: application/json'",
+            await _refuse(send, path, 415, "a request body must be JSON, sent with 'Content-Type: application/json'",
                           "unsupported_media_type", cors)
             return
         if not cors:
@@ -124,10 +126,9 @@ async def _preflight(send: Send, cors: list[tuple[bytes, bytes]], headers: dict[
     await send({"type": "http.response.body", "body": b""})
 
 
-async def _refuse(send: Send, status: int, message: str, code: str,
+async def _refuse(send: Send, path: str, status: int, message: str, code: str,
                   extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                 "code": code}}).encode()
+    body = json.dumps(ApiError(status, message, code=code).body_for(path)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(extra or [])]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -22,6 +22,11 @@ MAX_BIASES = 1024         # logit_bias entries
 MAX_TOP_LOGPROBS = 20     # as OpenAI's chat (its completions stop at 5)
 MAX_TOOLS = 64
 
+# The Responses API's previous_response_id: the conversations kept in memory for the server's life, each API key
+# an equal share of these (its own oldest go first), never another key's
+MAX_STORED_RESPONSES = 256
+MAX_STORED_RESPONSE_BYTES = 32 << 20
+
 # A JSON schema (response_format, each tool's parameters): its converted grammar stays small and quick
 MAX_SCHEMA_BYTES = 64 << 10
 MAX_SCHEMA_PROPERTIES = 128    # in one object: the converter's cost grows as the cube of its optional ones

@@ -11,24 +11,13 @@ from bmoe_edge.engine import chat, settings, tools
 from bmoe_edge.engine.generation import Logprob, PositionLogprobs
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.serve import limits, params, schemas
+from bmoe_edge.serve.api_errors import ApiError
 from bmoe_edge.serve.worker import Request
 
 DEFAULT_MAX_TOKENS = 512
 # Refused parameters (params.py's rows), each with the values it still takes (what the server does anyway:
 # store nothing, one tier, text only, one choice): any other value (null aside) is a 400 that names it.
 REFUSED: dict[str, dict[str, tuple[Any, ...]]] = {route: params.refused(route) for route in params.ROUTES}
-
-
-class ApiError(Exception):
-    """A request the server answers with OpenAI's error object and this HTTP status."""
-
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 def _number(body: Mapping[str, Any], key: str, default: float | None, lo: float, hi: float) -> float | None:
@@ -110,7 +99,8 @@ def check_model(body: Mapping[str, Any], model_id: str) -> None:
                        param="model", code="model_not_found")
 
 
-def _refuse_unsupported(body: Mapping[str, Any], route: str) -> None:
+def refuse_unsupported(body: Mapping[str, Any], route: params.Route) -> None:
+    """A refused parameter (params.py's rows of `route`) set to a value the server would not honour: a 400 naming it."""
     for name, honoured in REFUSED[route].items():
         value = body.get(name)
         if value is None or any(value == h and type(value) is type(h) for h in honoured):
@@ -169,11 +159,21 @@ def _bounded(body: Mapping[str, Any], route: params.Route, key: str, default: An
     return _number(body, key, default, kind.lo if least is None else least, kind.hi)
 
 
-def _common(body: Any, model_id: str, route: params.Route = "chat") -> dict[str, Any]:
+def checked(body: Any, route: params.Route, model_id: str) -> Mapping[str, Any]:
+    """The checks every route makes first: a JSON object, for the served model, its API's required parameters
+    there, none refused."""
     if not isinstance(body, Mapping):
         raise ApiError(400, "the request body must be a JSON object")
     check_model(body, model_id)
-    _refuse_unsupported(body, route)
+    for name in params.required(route):
+        if body.get(name) is None:
+            raise ApiError(400, f"'{name}' is required", param=name)
+    refuse_unsupported(body, route)
+    return body
+
+
+def _common(body: Any, model_id: str, route: params.Route = "chat") -> dict[str, Any]:
+    checked(body, route, model_id)
     echo = route == "completions" and _bool(body, "echo")
     least = 0 if echo else 1   # echo with max_tokens 0 scores the prompt alone (as evaluation tools ask)
     max_tokens = _bounded(body, route, "max_completion_tokens", None) if route == "chat" else None
@@ -261,6 +261,19 @@ def parse_chat(body: Any, model_id: str) -> Request:
     return Request(messages=plain, think=_think(body), tools=tuple(given), tool_choice=choice,
                    template_messages=rendered, reasoning_effort=_effort(body), continue_final=continue_final,
                    parallel_tool_calls=parallel, **common)
+
+
+def parse_translated(chat_body: dict[str, Any], model_id: str, names: Mapping[str, str]) -> Request:
+    """Another API's request (Anthropic's Messages, OpenAI's Responses), translated into a Chat Completions body,
+    parsed as one: the same checks, bounds and limits, the same Request. An error names the other API's parameter
+    (`names`: chat's name -> the request's)."""
+    try:
+        return parse_chat({k: v for k, v in chat_body.items() if v is not None}, model_id)
+    except ApiError as exc:
+        if exc.param in names:
+            exc.message = exc.message.replace(f"'{exc.param}'", f"'{names[exc.param]}'")
+            exc.param = names[exc.param]
+        raise
 
 
 def parse_completion(body: Any, model_id: str) -> Request:
@@ -386,5 +399,9 @@ def text_chunk(rid: str, model_id: str, text: str, finish_reason: str | None = N
 
 
 def models(model_id: str, created: int) -> dict[str, Any]:
-    model = {"id": model_id, "object": "model", "created": created, "owned_by": "bmoe-edge"}
-    return {"object": "list", "data": [model]}
+    """The one model, in OpenAI's list and, in the same body, Anthropic's (`type`, `display_name`, `created_at`,
+    the page's `has_more` and ids): GET /v1/models is both APIs' route."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
+    model = {"id": model_id, "object": "model", "created": created, "owned_by": "bmoe-edge", "type": "model",
+             "display_name": model_id, "created_at": stamp}
+    return {"object": "list", "data": [model], "has_more": False, "first_id": model_id, "last_id": model_id}
