@@ -1,8 +1,8 @@
 """llama.cpp's repacked kernels while streaming (docs/streaming.md, "Repacked kernels"): the experts take the
 layout ggml picks for their type on this CPU, their slices are converted as the lanes read them (checked
 first), the dense weights repacked at load leave no file pages behind, and streamed equals resident with the
-same kernels. The gates hold the oracle across the matrix (every case but `repack-off` runs repacked); this
-file holds what they do not show."""
+same kernels; `auto` repacks the experts only where the cache holds them all. The gates hold the oracle across
+the matrix (their cases run `repack all` but for the repack-* ones); this file holds what they do not show."""
 
 from __future__ import annotations
 
@@ -47,9 +47,9 @@ def _same(a: Generation, b: Generation) -> bool:
 
 @needs_avx2
 def test_the_experts_compute_in_the_repacked_layout_and_equal_the_resident_run(q4k: Path) -> None:
-    streamed, run = _run(q4k, overlap=True)
+    streamed, run = _run(q4k, overlap=True)  # BASE: repack all
     resident, _ = _run(q4k, stream=False)
-    assert run["repack"] == "auto"
+    assert run["repack"] == "all"
     # Q4_K_M: the Q4_K tensors repacked, its Q6_K ones (no AVX2 layout) computed by the plain kernels.
     assert run["repack_layouts"] == "q4_K: q4_K_8x8, q6_K: file"
     assert int(run["repacked_dense_tensors"]) > 0 and int(run["repacked_dense_bytes"]) > 0
@@ -69,6 +69,22 @@ def test_repack_off_reads_in_place_with_the_plain_kernels(q4k: Path) -> None:
     assert run["repack"] == "off" and run["repack_layouts"] == "" and run["repacked_dense_tensors"] == 0
     assert _same(streamed, resident)
     assert sum(m.copy_bytes for m in streamed.metrics) == 0  # zero-copy, as before repacking existed
+
+
+@needs_avx2
+def test_auto_repacks_the_experts_only_where_the_cache_holds_them_all(q4k: Path) -> None:
+    """A slice read and used once costs more to convert than its kernel saves: auto keeps the experts on the
+    plain kernels, in place, unless the cache holds every one of them; the dense weights are repacked either way.
+    Each resolution equals the resident run with the same kernels."""
+    small, run = _run(q4k, repack="auto")  # BASE: no cache
+    assert run["repack"] == "dense" and run["repack_layouts"] == "" and int(run["repacked_dense_tensors"]) > 0
+    assert sum(m.copy_bytes for m in small.metrics) == 0
+    assert _same(small, _run(q4k, stream=False, repack="dense")[0])
+    everything = 2 * q4k.stat().st_size / 2**20
+    full, run = _run(q4k, repack="auto", cache_mb=everything)
+    assert run["repack"] == "all" and run["repack_layouts"] == "q4_K: q4_K_8x8, q6_K: file"
+    assert _same(full, _run(q4k, stream=False, repack="auto")[0])  # resident auto: all, llama.cpp's own choice
+    assert not _same(small, full)  # the two kernels' floats differ: each was compared with its own
 
 
 def test_a_model_without_a_layout_keeps_zero_copy_reads() -> None:
@@ -99,10 +115,11 @@ def test_verify_slices_checks_the_file_bytes_before_the_conversion(q4k: Path, tm
 def test_repack_is_a_flag_and_in_the_run_header(q4k: Path) -> None:
     off = run_cli("generate", "-m", str(q4k), "-p", PROMPT, "-n", "2", "--repack", "off")
     assert off.returncode == 0, off.stderr
-    assert "repack auto" not in off.stdout + off.stderr
+    assert "repack " not in off.stdout + off.stderr
     auto = run_cli("generate", "-m", str(q4k), "-p", PROMPT, "-n", "2")
     assert auto.returncode == 0, auto.stderr
     if _avx2():
-        assert "repack auto: experts q4_K: q4_K_8x8, q6_K: file; dense" in auto.stdout + auto.stderr
+        # no knobs on this machine: the cache holds the whole model, so auto repacks the experts too
+        assert "repack all: experts q4_K: q4_K_8x8, q6_K: file; dense" in auto.stdout + auto.stderr
     bad = run_cli("generate", "-m", str(q4k), "-p", PROMPT, "-n", "2", "--repack", "sideways")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr

@@ -118,7 +118,7 @@ def memory_line(run: dict[str, object]) -> str:
 def repack_line(run: dict[str, object]) -> str:
     """llama.cpp's repacked kernels: the layout each streamed type computes in, and the dense weights repacked."""
     dense = int(str(run.get("repacked_dense_tensors", 0)))
-    layouts = run.get("repack_layouts") or "-"
+    layouts = run.get("repack_layouts") or "on the plain kernels, read in place (the cache cannot hold them all)"
     return (f"repack {run['repack']}: experts {layouts}; dense {dense} tensors, "
             f"{int(str(run.get('repacked_dense_bytes', 0))) / 2**20:.1f} MiB repacked at load")
 

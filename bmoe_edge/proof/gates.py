@@ -38,9 +38,10 @@ QUICK_STEPS = 12
 DRAFT_MAX = 6
 
 # Pinned on both sides of every comparison: thread count, batch sizes, flash attention, context.
-# Everything a case does not set is pinned too: serial, no read-ahead, no cache, the kernel's page unit.
-BASE = StreamConfig(threads=1, ctx=256, batch=64, ubatch=64, flash_attn=False, overlap=False, prefetch="off",
-                    cache_mb=0, page_kb=0, draft_max=DRAFT_MAX)
+# Everything a case does not set is pinned too: serial, no read-ahead, no cache, the kernel's page unit, every
+# expert on the repacked kernels where the pin has a layout (repack all: each slice converted as it is read).
+BASE = StreamConfig(threads=1, ctx=256, batch=64, ubatch=64, flash_attn=False, repack="all", overlap=False,
+                    prefetch="off", cache_mb=0, page_kb=0, draft_max=DRAFT_MAX)
 
 
 # The settings a case may change that change which kernels compute, and so the floats: its resident run
@@ -58,6 +59,8 @@ class StreamCase:
     generations: int = 1  # >1: several generations in one engine, the cache kept between them
     echo: bool = False  # the prompts repeat the model's own continuation (speculative drafts get accepted)
     long_prompt: bool = False  # LONG_PROMPTS instead of PROMPTS
+    # `repack: auto`: the kernels it must resolve to here ("all" or "dense"), and the resident run's.
+    repack_resolves_to: str = ""
 
 
 CASES: dict[str, StreamCase] = {c.name: c for c in (
@@ -85,9 +88,13 @@ CASES: dict[str, StreamCase] = {c.name: c for c in (
     StreamCase("prefetch-overlap", overrides={"overlap": True, "prefetch": "predict"}),
     StreamCase("prefetch-serial-cache-small", cache=0.3, overrides={"prefetch": "predict"}),
     StreamCase("long-prompt", cache=0.3, generations=2, long_prompt=True, overrides={"overlap": True}),
-    # Every other case runs llama.cpp's repacked kernels where the pin has a layout (the default); its plain
-    # kernels, on the file's bytes in place, against a resident run with repack off too.
+    # Every other case runs llama.cpp's repacked kernels where the pin has a layout, the experts' slices
+    # converted as they are read (repack all). Here: its plain kernels on the file's bytes in place; the dense
+    # weights alone repacked; and auto, which repacks the experts only where the cache holds them all.
     StreamCase("repack-off", cache=0.3, overrides={"overlap": True, "repack": "off"}),
+    StreamCase("repack-dense", cache=0.3, overrides={"overlap": True, "repack": "dense"}),
+    StreamCase("repack-auto-cache-small", cache=0.3, overrides={"repack": "auto"}, repack_resolves_to="dense"),
+    StreamCase("repack-auto-cache-large", cache=2.0, overrides={"repack": "auto"}, repack_resolves_to="all"),
 )}
 
 
@@ -314,6 +321,7 @@ def check_cell(cell: GateCell, model: Path, resident: list[Generation], all_expe
             streamed = _generate(engine, cell.case.generations, steps, prompts)
             result.read_path = str(engine.run_info["read_path"])
             result.repack_layouts = str(engine.run_info["repack_layouts"])
+            resolved = str(engine.run_info["repack"])
     except BmoeError as exc:
         result.error = str(exc)
         return result
@@ -333,9 +341,12 @@ def check_cell(cell: GateCell, model: Path, resident: list[Generation], all_expe
     # the same as the resident run's.
     same_drafts = [(m.drafted, m.accepted, m.probed) for g in resident[: len(streamed)] for m in g.metrics] == \
         [(m.drafted, m.accepted, m.probed) for m in metrics]
-    result.passed = eq_tokens and eq_logits and same_drafts and result.bytes_read > 0
+    as_declared = not cell.case.repack_resolves_to or resolved == cell.case.repack_resolves_to
+    result.passed = eq_tokens and eq_logits and same_drafts and result.bytes_read > 0 and as_declared
     if result.bytes_read == 0:
         result.error = "streamed run read nothing: the seam did not engage"
+    elif not as_declared:
+        result.error = f"repack auto resolved to {resolved}, not {cell.case.repack_resolves_to}"
     elif not same_drafts:
         result.error = "the drafts differ from the resident run's"
     return result
@@ -354,14 +365,17 @@ def run_gates(cells: Iterable[GateCell], resolve: Callable[[FixtureSpec], Path],
         most = max(c.case.generations for c in group)
         resident: dict[tuple[object, ...], list[Generation]] = {}
 
-        def baseline(config: StreamConfig, echo: bool, speculative: str, long_prompt: bool, model: Path = model,
+        def baseline(config: StreamConfig, echo: bool, speculative: str, long_prompt: bool, resolves_to: str = "",
+                     model: Path = model,
                      most: int = most, resident: dict = resident, draft_model: str = draft_model) -> list[Generation]:
             """Resident runs by the knobs cases change: echoed prompts, speculation, long prompts, and the
             config's KERNEL_SETTINGS (threads; repacked or plain kernels: their floats differ)."""
             kernels = {name: getattr(config, name) for name in KERNEL_SETTINGS}
+            if kernels["repack"] == "auto":
+                kernels["repack"] = resolves_to
             key = (*kernels.values(), echo, speculative, long_prompt)
             if key not in resident:
-                prompts = echo_prompts(baseline(config, False, "off", False)) if echo else \
+                prompts = echo_prompts(baseline(config, False, "off", False, resolves_to)) if echo else \
                     LONG_PROMPTS if long_prompt else PROMPTS
                 run = speculating(replace(BASE, stream=False, speculative=speculative, **kernels), draft_model)
                 with Engine(model, run) as engine:
@@ -370,11 +384,12 @@ def run_gates(cells: Iterable[GateCell], resolve: Callable[[FixtureSpec], Path],
 
         for cell in group:
             config = stream_config(cell.case, all_expert_bytes)
-            same = baseline(config, cell.case.echo, config.speculative, cell.case.long_prompt)
+            same = baseline(config, cell.case.echo, config.speculative, cell.case.long_prompt,
+                            cell.case.repack_resolves_to)
             # Speculation verifies drafts in batched decodes, whose float rounding may differ from one
             # token at a time: its logits are compared with a resident run that speculates too, its
             # tokens also with plain decoding.
-            plain = baseline(config, cell.case.echo, "off", cell.case.long_prompt)
+            plain = baseline(config, cell.case.echo, "off", cell.case.long_prompt, cell.case.repack_resolves_to)
             yield check_cell(cell, model, same, all_expert_bytes, steps, plain, draft_model)
 
 

@@ -55,8 +55,9 @@ struct Choices;
 #define BMOE_PREFETCH_MODES(X) X(Off, "off") X(Predict, "predict") X(Auto, "auto")
 // Speculative decoding: none, prompt-lookup drafts, the model's own MTP heads, or the best that applies.
 #define BMOE_SPECULATIVE_MODES(X) X(Off, "off") X(Ngram, "ngram") X(Mtp, "mtp") X(Auto, "auto")
-// llama.cpp's repacked CPU kernels: never, or wherever the pin has a layout for the weight's type and the CPU.
-#define BMOE_REPACK_MODES(X) X(Off, "off") X(Auto, "auto")
+// llama.cpp's repacked CPU kernels: never; for the dense weights alone; for the streamed experts too (each slice
+// converted as it is read); or the experts too only where the cache holds every one of them.
+#define BMOE_REPACK_MODES(X) X(Off, "off") X(Dense, "dense") X(All, "all") X(Auto, "auto")
 // A switch the engine may decide itself: Auto is on where it can be (and shown as a bool or "auto").
 #define BMOE_TOGGLES(X) X(Off, "off") X(On, "on") X(Auto, "auto")
 BMOE_CHOICE(ReadPath, BMOE_READ_PATHS)
@@ -85,9 +86,11 @@ BMOE_CHOICE(Toggle, BMOE_TOGGLES)
     X(DenseMode, dense, DenseMode::Mmap, 0, 0, Rule::Plain, Profile::Required, Output::Exact, kFlag,                   \
       "Dense weights: mmap or anon.")                                                                                  \
     X(Repack, repack, Repack::Auto, 0, 0, Rule::Plain, Profile::Optional, Output::Exact, kFlag,                        \
-      "llama.cpp's repacked CPU kernels (weights interleaved for the CPU's dot products), as stock llama.cpp runs "    \
-      "them: auto = for every weight, dense or streamed, whose type has a layout in the pin for this CPU; off = the "  \
-      "plain kernels. A streamed run equals a resident run with the same setting, bit for bit.")                      \
+      "llama.cpp's repacked CPU kernels (weights interleaved for the CPU's dot products) where the pin has a layout "  \
+      "for the type and this CPU: dense = the dense weights (repacked once, at load); all = the streamed experts "     \
+      "too (each slice converted as it is read); auto = all where the cache holds every expert, else dense (a slice "  \
+      "read and used once costs more to convert than its kernel gives back); off = the plain kernels. A streamed "    \
+      "run equals a resident run with the same kernels, bit for bit.")                                                \
     X(Toggle, overlap, Toggle::Auto, 0, 0, Rule::Plain, Profile::Required, Output::Exact, kFlag,                       \
       "I/O-compute overlap (default: on where the build has the hook and no other engine of this process uses "        \
       "it; the hook is process-wide).")                                                                                \

@@ -84,7 +84,7 @@ namespace bmoe {
     X(double, memory_pending_mb, 0, "KV cache, compute buffers, dense weights not yet touched at open.")             \
     X(bool, cache_adaptive, false, "The budget follows memory pressure while running.")                               \
     X(std::string, dense, "", "Dense weights: mmap or anon.")                                                         \
-    X(std::string, repack, "off", "llama.cpp's repacked kernels: off, or auto.")                                      \
+    X(std::string, repack, "off", "llama.cpp's repacked kernels in force: off, dense or all (auto resolved).")       \
     X(std::string, repack_layouts, "",                                                                                \
       "The layout each streamed expert type got (\"q4_K: q4_K_8x8, q6_K: file\"; file = the plain kernels).")        \
     X(int, repacked_dense_tensors, 0, "Dense weights llama.cpp repacked at load (anonymous memory).")                 \

@@ -123,6 +123,7 @@ void Engine::Impl::stream(const Recipe & recipe) {
     streaming->attach(*file, info);
     streaming->stream_only_local_layers(*file, info);
     context->set_prompt_ubatch(streaming->size_cache(*file, drafter->mtp(), info));
+    streaming->choose_expert_kernels(info);
     streaming->route_to_streamer(context->get(), drafter->mtp());
     streaming->set_up_read_ahead(info);
     streaming->start();
@@ -138,7 +139,8 @@ void Engine::Impl::record_settings(const std::string & path) {
     info.kernel_page_size = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     info.page_size = config.page_kb > 0 ? static_cast<uint64_t>(config.page_kb) * 1024 : info.kernel_page_size;
     info.dense = to_string(config.dense);
-    info.repack = to_string(config.repack);
+    // Resident, auto is all (llama.cpp's own choice); streaming resolves it once the cache is sized.
+    info.repack = to_string(config.repack == Repack::Auto && !config.stream ? Repack::All : config.repack);
     info.overlap = streaming->overlap();
     info.hook_compiled_in = build_info().expert_ready_hook;
     info.ctx = config.ctx;

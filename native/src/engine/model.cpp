@@ -2,11 +2,9 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include "bmoe/error.h"
 #include "core/telemetry.h"
-#include "ggml-backend.h"
 #include "model/llama_runtime.h"
 
 namespace bmoe::detail {
@@ -17,27 +15,12 @@ int64_t meta_int(const llama_model * model, const std::string & key) {
     return llama_model_meta_val_str(model, key.c_str(), buf, sizeof(buf)) < 0 ? 0 : std::atoll(buf);
 }
 
-// The expert tensors' names as anchored regexes (what llama.cpp's tensor_buft_overrides match), from the
-// names that end them (".ffn_up_exps.weight") or are them ("blk.3.ffn_up_exps.weight").
-std::vector<std::string> name_patterns(const std::vector<std::string> & names) {
-    std::vector<std::string> out;
-    for (const std::string & name : names) {
-        std::string p = name.rfind("blk.", 0) == 0 ? "^" : "";
-        for (const char ch : name) {
-            if (std::strchr(".^$|()[]{}*+?\\", ch) != nullptr) {
-                p += '\\';
-            }
-            p += ch;
-        }
-        out.push_back(p + "$");
-    }
-    return out;
-}
-
 // The expert tensors' names: all of them (suffixes), or with RPC workers only the layers kept here (the first
 // `local_layers`), each in full. llama.cpp maps them lazily (patch 0002), so loading does not read the experts,
-// and keeps them in its plain CPU buffer, so they stay the file's bytes until streaming converts them: a lazy
-// or overridden tensor lands in this process's CPU buffer, whatever device its layer is on.
+// and a lazy tensor lands in this process's plain CPU buffer, whatever device its layer is on and whatever
+// repacked buffer type would have been chosen: the experts stay the file's bytes until streaming converts them.
+// (llama.cpp's tensor_buft_overrides cannot do it: an override to the CPU buffer type picks its repacked
+// buffer type again.)
 std::vector<std::string> expert_names(const Recipe & recipe, int local_layers) {
     std::vector<std::string> out;
     for (const auto & s : recipe.expert_suffixes) {
@@ -126,7 +109,8 @@ Model::Model(const std::string & path, const StreamConfig & config, const ModelS
              RunInfo & info) {
     llama_model_params params = llama_model_default_params();
     params.load_mode = LLAMA_LOAD_MODE_MMAP;
-    // llama.cpp's repacked kernels where it would use them; the experts are kept out of them at load (below).
+    // llama.cpp's repacked kernels where it would use them; streamed experts, and every expert with
+    // --repack dense, are kept out of them at load (lazy, below): the streamer repacks them, or nobody does.
     params.use_extra_bufts = config.repack != Repack::Off;
     params.n_gpu_layers = 0;
     // The model's MTP head, where speculation may use it (never on RPC workers, nor beside --parallel's
@@ -145,27 +129,23 @@ Model::Model(const std::string & path, const StreamConfig & config, const ModelS
     }
     std::vector<std::string> names;
     std::vector<const char *> name_ptrs;
-    std::vector<std::string> patterns;
-    std::vector<llama_model_tensor_buft_override> plain_buffers;
-    if (recipe != nullptr) {
-        names = expert_names(*recipe, file.rpc() ? file.placement().main_layers : -1);
 #ifdef BMOE_HAVE_LAZY_TENSOR_SUFFIXES
+    // Streamed, or resident with --repack dense: the experts mapped lazily, in the plain CPU buffer.
+    if (recipe != nullptr || (params.use_extra_bufts && config.repack == Repack::Dense)) {
+        names = expert_names(recipe != nullptr ? *recipe : recipe_for(info.architecture),
+                             file.rpc() ? file.placement().main_layers : -1);
         for (const auto & s : names) {
             name_ptrs.push_back(s.c_str());
         }
         name_ptrs.push_back(nullptr);
         params.lazy_tensor_suffixes = name_ptrs.data();
         info.lazy_load = true;
-#endif
-        if (params.use_extra_bufts) {  // the streamer repacks the experts as it reads them (seam/repacked.h)
-            patterns = name_patterns(names);
-            for (const auto & p : patterns) {
-                plain_buffers.push_back({p.c_str(), ggml_backend_cpu_buffer_type()});
-            }
-            plain_buffers.push_back({nullptr, nullptr});
-            params.tensor_buft_overrides = plain_buffers.data();
-        }
     }
+#else
+    if (params.use_extra_bufts && config.repack == Repack::Dense && recipe == nullptr) {
+        throw Error("--repack dense needs patch 0002 (lazy expert tensors), and this build is against stock llama.cpp");
+    }
+#endif
     std::vector<llama_model_kv_override> overrides;
     if (config.n_expert_used > 0) {  // lossy: fewer experts per token, through llama.cpp's own override
         llama_model_kv_override o{};

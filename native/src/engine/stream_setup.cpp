@@ -40,24 +40,6 @@ void attach_sums(std::vector<StreamedTensor> & streamed, const std::vector<Slice
     }
 }
 
-// Once one streamed tensor is repacked, every slice goes through a lane's buffer (read/slice_layout.h): a
-// tensor without a layout of its own is copied as the file has it. Returns the largest read a lane's buffer
-// must hold (0: every read lands in place, as without --repack).
-uint64_t read_through_lane_buffers(std::vector<StreamedTensor> & streamed) {
-    const bool any = std::any_of(streamed.begin(), streamed.end(), [](const StreamedTensor & t) { return t.layout; });
-    if (!any) {
-        return 0;
-    }
-    uint64_t widest = Streamer::kMergeBytes;  // a prompt's batch merges adjacent slices up to this
-    for (StreamedTensor & t : streamed) {
-        if (!t.layout) {
-            t.layout = std::make_shared<FileLayout>(t.expert_bytes);
-        }
-        widest = std::max(widest, t.expert_bytes);
-    }
-    return widest;
-}
-
 // The dense weights llama.cpp repacked at load live in its anonymous buffers; the file's pages it read them
 // through stay mapped unless dropped, and would count twice against a memory limit.
 void drop_repacked_sources(const GgufMap & gguf, const Seam & seam, const std::vector<uint8_t *> & mapping,
@@ -114,7 +96,7 @@ Seam::RoutedHint warm_up_reads(const GgufMap & gguf, const Recipe & recipe) {
 StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config,
                                 const FaultInjection & fault, RunInfo & info) {
     StreamingParts parts;
-    if (config.repack != Repack::Off) {
+    if (config.repack == Repack::All || config.repack == Repack::Auto) {
         parts.repacked = std::make_unique<RepackedExperts>();
     }
     uint64_t mirrored = 0;  // the pool never holds more than every mirror at once
@@ -151,10 +133,8 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
         t.n_expert = c.n_expert;
         t.key = c.tensor;
         t.name = c.name;
-        if (parts.repacked) {
-            t.layout = parts.repacked->attach(c);
-        }
         streamed.push_back(std::move(t));
+        parts.streamed.push_back(&c);
         info.expert_bytes += c.nbytes;
         info.routed_bytes_per_token += c.expert_stride * static_cast<uint64_t>(info.n_expert_used);
     }
@@ -177,10 +157,6 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
     info.streamed_tensors = static_cast<int>(streamed.size());
     if (config.verify_slices) {
         attach_sums(streamed, config.slice_sums);
-    }
-    const uint64_t widest_read = read_through_lane_buffers(streamed);
-    if (parts.repacked) {
-        info.repack_layouts = parts.repacked->layouts();
     }
 
     for (size_t i = 0; i < gguf.files().size(); ++i) {
@@ -222,13 +198,6 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
     drop_repacked_sources(gguf, seam, mapping, info);
 
     parts.lanes = std::make_unique<ReadLanes>(config.io_threads, fault);
-    if (widest_read > 0) {
-        uint64_t buffer = 0;
-        for (const auto & f : parts.files) {
-            buffer = std::max(buffer, f->buffer_bytes(widest_read));
-        }
-        parts.lanes->reserve_buffers(buffer);
-    }
     std::vector<SliceFile *> files;
     std::vector<Mirror *> mirrors;
     for (size_t i = 0; i < parts.files.size(); ++i) {
@@ -239,6 +208,34 @@ StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const S
                                                 *parts.pool, *parts.lanes, info.threads,
                                                 static_cast<double>(config.io_timeout));
     return parts;
+}
+
+void repack_experts(StreamingParts & parts, RunInfo & info) {
+    // Once one streamed tensor is repacked, every slice goes through a lane's buffer (read/slice_layout.h): a
+    // tensor without a layout of its own is copied as the file has it.
+    std::vector<std::shared_ptr<const SliceLayout>> layouts;
+    bool any = false;
+    uint64_t widest = Streamer::kMergeBytes;  // a prompt's batch merges adjacent slices up to this
+    for (const CapturedTensor * c : parts.streamed) {
+        layouts.push_back(parts.repacked->attach(*c));
+        any = any || layouts.back();
+        widest = std::max(widest, c->expert_stride);
+    }
+    info.repack_layouts = parts.repacked->layouts();
+    if (!any) {
+        return;  // no layout for these types here: every read lands in place, as without --repack
+    }
+    for (size_t i = 0; i < layouts.size(); ++i) {
+        if (!layouts[i]) {
+            layouts[i] = std::make_shared<FileLayout>(parts.streamed[i]->expert_stride);
+        }
+    }
+    parts.streamer->set_layouts(std::move(layouts));
+    uint64_t buffer = 0;
+    for (const auto & f : parts.files) {
+        buffer = std::max(buffer, f->buffer_bytes(widest));
+    }
+    parts.lanes->reserve_buffers(buffer);
 }
 
 }  // namespace bmoe::detail

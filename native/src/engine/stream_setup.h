@@ -22,12 +22,13 @@ namespace bmoe::detail {
 // Member order is destruction order reversed: the streamer goes first, the mirrors and their page
 // pool last.
 struct StreamingParts {
-    std::unique_ptr<RepackedExperts> repacked;  // --repack: the buffer the repacked experts name (outlives the model)
+    std::unique_ptr<RepackedExperts> repacked;  // --repack all|auto: what repacked experts name (outlives the model)
     std::unique_ptr<PagePool> pool;
     std::vector<std::unique_ptr<Mirror>> mirrors;
     std::vector<std::unique_ptr<SliceFile>> files;
     std::unique_ptr<ReadLanes> lanes;
     std::unique_ptr<Streamer> streamer;
+    std::vector<const CapturedTensor *> streamed;  // the seam's capture of each of the streamer's tensors, in order
 };
 
 // The warm-up decode's hint (Seam::set_warm_up_hint): ask the kernel for each routed expert slice in
@@ -38,5 +39,9 @@ Seam::RoutedHint warm_up_reads(const GgufMap & gguf, const Recipe & recipe);
 // The streamer starts with the cache off; the engine gives it a budget once memory is measured.
 StreamingParts attach_streaming(const GgufMap & gguf, const Seam & seam, const StreamConfig & config,
                                 const FaultInjection & fault, RunInfo & info);
+
+// Hand the streamed experts to llama.cpp's repacked kernels (parts.repacked, seam/repacked.h): their slices are
+// converted as they are read from now on. Before the first streamed decode (nothing is in the mirror yet).
+void repack_experts(StreamingParts & parts, RunInfo & info);
 
 }  // namespace bmoe::detail

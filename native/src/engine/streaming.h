@@ -37,6 +37,9 @@ public:
     void stream_only_local_layers(const ModelSource & file, const RunInfo & info);
     // Returns the ubatch a prompt is decoded in (less than asked where the memory limit cannot hold more).
     int size_cache(const ModelSource & file, MtpDraft * mtp, RunInfo & info);
+    // --repack all, or auto where the budget just sized holds every expert: the streamed experts compute on
+    // llama.cpp's repacked kernels (each slice converted as it is read); else the dense weights alone do.
+    void choose_expert_kernels(RunInfo & info);
     void route_to_streamer(llama_context * ctx, MtpDraft * mtp);
     void set_up_read_ahead(RunInfo & info);
     void start();  // the seam streams from now on

@@ -200,6 +200,20 @@ std::vector<int> Streamer::admit(int layer, const std::vector<int> & routed, std
     return missing;
 }
 
+void Streamer::set_layouts(std::vector<std::shared_ptr<const SliceLayout>> layouts) {
+    bool cached = false;
+    for (int l = 0; l < n_layers(); ++l) {
+        cached = cached || !cached_experts(l).empty();
+    }
+    if (layouts.size() != tensors_.size() || cached || in_flight_ || ahead_batch_) {
+        throw Error("layouts for " + std::to_string(layouts.size()) + " of " + std::to_string(tensors_.size()) +
+                    " streamed tensors, or with slices resident or in flight");
+    }
+    for (size_t i = 0; i < layouts.size(); ++i) {
+        tensors_[i].layout = std::move(layouts[i]);
+    }
+}
+
 std::vector<ReadJob> Streamer::jobs_for(int layer, const std::vector<int> & missing,
                                         std::vector<std::pair<size_t, int>> * targets, std::vector<size_t> * firsts) {
     // Projection-major, experts ascending: the order the expert matmuls consume them. A prompt's batch misses

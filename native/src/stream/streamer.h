@@ -107,6 +107,10 @@ public:
     // Before a decode: a failure of the last one (it ended the generation) must not abort this one.
     void clear_failure();
 
+    // Each tensor's layout (in the constructor's order): its slices are converted as they are read from now on.
+    // Only before the first read (nothing resident).
+    void set_layouts(std::vector<std::shared_ptr<const SliceLayout>> layouts);
+
     // A new cache budget; a smaller one evicts at once and returns the freed pages to the kernel.
     // Only between decodes (no batch in flight).
     void set_budget(uint64_t bytes);
