@@ -144,11 +144,9 @@ def test_bench_stream_writes_csvs_summary_and_plots(small_models: dict[str, Path
         assert col in rows[0]
     by = {r["label"]: r for r in rows}
     assert float(by["off-serial-od4"]["bytes_read_per_token"]) > 0
-    # Q4_0 on an AVX2 host: slices go through the lanes' buffers into the repacked layout (--repack auto); with
-    # no layout for the CPU they land in place, zero-copy.
-    repacked = "avx2" in Path("/proc/cpuinfo").read_text().split()
-    copied = float(by["off-serial-od4"]["copy_bytes_per_token"])
-    assert copied > 0 if repacked else copied == 0
+    # Cache off: --repack auto keeps the experts on the plain kernels (a slice read and used once costs more to
+    # convert than its kernel saves), and the slices land in place, zero-copy.
+    assert float(by["off-serial-od4"]["copy_bytes_per_token"]) == 0
     assert float(by["fullcache-serial"]["cache_hit_pct"]) == 100.0
     # A long-prompt cell: its prompt of 96 tokens, what it read against the distinct experts it routed
     long = by["long-prompt-96"]

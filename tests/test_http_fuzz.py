@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bmoe_edge.proof import http_fuzz, request_space
+from bmoe_edge.proof import http_checks, http_fuzz, request_space
 from bmoe_edge.serve import params
 from bmoe_edge.synthetic import tinymoe
 
@@ -70,19 +70,19 @@ def test_streams_and_errors_are_checked_in_their_apis_shapes() -> None:
     def stream(*events: tuple[str | None, str]) -> bytes:
         return "".join((f"event: {name}\n" if name else "") + f"data: {data}\n\n" for name, data in events).encode()
 
-    assert http_fuzz._good_success(sse, stream((None, "{}"), (None, "[DONE]"))) == ""
-    assert http_fuzz._good_success(sse, stream(("message_start", '{"type": "message_start"}'),
+    assert http_checks.good_success(sse, stream((None, "{}"), (None, "[DONE]"))) == ""
+    assert http_checks.good_success(sse, stream(("message_start", '{"type": "message_start"}'),
                                                ("message_stop", '{"type": "message_stop"}'))) == ""
-    assert http_fuzz._good_success(sse, stream(("response.created", '{"type": "response.created"}'),
+    assert http_checks.good_success(sse, stream(("response.created", '{"type": "response.created"}'),
                                                ("response.incomplete", '{"type": "response.incomplete"}'))) == ""
-    assert "ends without" in http_fuzz._good_success(sse, stream(("message_start", '{"type": "message_start"}')))
-    assert "not of that type" in http_fuzz._good_success(sse, stream(("message_stop", '{"type": "ping"}')))
+    assert "ends without" in http_checks.good_success(sse, stream(("message_start", '{"type": "message_start"}')))
+    assert "not of that type" in http_checks.good_success(sse, stream(("message_stop", '{"type": "ping"}')))
     anthropic_error = b'{"type": "error", "error": {"type": "invalid_request_error", "message": "x"}}'
     openai_error = b'{"error": {"message": "x", "type": "invalid_request_error", "param": null, "code": null}}'
-    assert http_fuzz._is_error_object(anthropic_error, "/v1/messages/count_tokens")
-    assert not http_fuzz._is_error_object(openai_error, "/v1/messages?x=1")
-    assert http_fuzz._is_error_object(openai_error, "/v1/responses")
-    assert not http_fuzz._is_error_object(anthropic_error, "/v1/chat/completions")
+    assert http_checks.is_error_object(anthropic_error, "/v1/messages/count_tokens")
+    assert not http_checks.is_error_object(openai_error, "/v1/messages?x=1")
+    assert http_checks.is_error_object(openai_error, "/v1/responses")
+    assert not http_checks.is_error_object(anthropic_error, "/v1/chat/completions")
 
 
 def test_a_sample_of_the_campaign_finds_nothing(tmp_path: Path) -> None:

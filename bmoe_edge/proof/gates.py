@@ -258,9 +258,12 @@ RPC_SPLIT = "1,1,1"  # this process, then each worker: a third of the layers eac
 def rpc_matrix(endpoints: str) -> list[GateCell]:
     """The quick fixtures with the first layers streamed here and the rest resident on RPC workers
     (`endpoints`, started by the caller: `bmoe-edge gates --rpc` starts two on loopback). Read-ahead
-    is on: a guess stops at the last layer kept here (the next one's router is on a worker)."""
+    is on: a guess stops at the last layer kept here (the next one's router is on a worker). The workers'
+    rpc-server computes on llama.cpp's plain kernels (its buffers are the RPC backend's, never repacked), so the
+    comparison is with the plain kernels on both sides (repack off)."""
     case = StreamCase(f"rpc-{len(endpoints.split(','))}-workers", cache=0.3,
-                      overrides={"rpc": endpoints, "rpc_split": RPC_SPLIT, "overlap": True, "prefetch": "predict"})
+                      overrides={"rpc": endpoints, "rpc_split": RPC_SPLIT, "overlap": True, "prefetch": "predict",
+                                 "repack": "off"})
     return [GateCell(spec, case) for spec in QUICK_FIXTURES]
 
 

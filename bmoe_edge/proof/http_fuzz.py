@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from bmoe_edge.proof import conn_fuzz, request_space
+from bmoe_edge.proof.http_checks import good_success, is_error_object
 from bmoe_edge.serve import params
-from bmoe_edge.serve.api_errors import speaks_anthropic
 
 OUTCOMES = ("ok", "refused", "protocol", "server-error", "bad-body", "hang", "probe", "health", "dead")
 PASSING = ("ok", "refused", "protocol")
@@ -401,68 +401,6 @@ class Server:
             conn.close()
 
 
-def _is_error_object(data: bytes, path: str) -> bool:
-    """The body is the error object of the API whose route `path` is: Anthropic's ({"type": "error", "error":
-    {"type", "message"}}) on its routes, OpenAI's elsewhere."""
-    try:
-        body = json.loads(data)
-    except ValueError:
-        return False
-    error = body.get("error") if isinstance(body, dict) else None
-    if not (isinstance(error, dict) and isinstance(error.get("message"), str) and isinstance(error.get("type"), str)):
-        return False
-    if speaks_anthropic(path.split("?", 1)[0]):
-        return body.get("type") == "error" and set(error) == {"type", "message"}
-    return set(error) == {"message", "type", "param", "code"}
-
-
-# The events a stream ends with: Anthropic's and the Responses API's (named by their type), or an error event
-LAST_EVENTS = ("message_stop", "error", "response.completed", "response.incomplete", "response.failed")
-
-
-def _event_problem(event: str) -> str:
-    """"" when one server-sent event is well formed (an optional `event: TYPE` line naming its data's type, then
-    one `data:` line of JSON or [DONE]); else what is wrong."""
-    lines = event.split("\n")
-    name = lines.pop(0)[7:] if lines[0].startswith("event: ") else None
-    if len(lines) != 1 or not lines[0].startswith("data: "):
-        return f"an event that is not data: {event[:80]!r}"
-    if lines[0] == "data: [DONE]" and name is None:
-        return ""
-    try:
-        body = json.loads(lines[0][6:])
-    except ValueError:
-        return f"an event that is not JSON: {event[:80]!r}"
-    if name is not None and (not isinstance(body, dict) or body.get("type") != name):
-        return f"an event named {name!r} whose data is not of that type: {event[:80]!r}"
-    return ""
-
-
-def _good_success(headers: dict[str, str], data: bytes) -> str:
-    """"" when a 2xx body is what its route answers; else what is wrong."""
-    if headers.get("content-type", "").startswith("text/event-stream"):
-        text = data.decode("utf-8", "replace")
-        events = [e for e in text.split("\n\n") if e]
-        if not events:
-            return "an empty event stream"
-        for e in events:
-            problem = _event_problem(e)
-            if problem:
-                return problem
-        last = events[-1]
-        if last != "data: [DONE]" and '"error"' not in last and not last.startswith(
-                tuple(f"event: {name}\n" for name in LAST_EVENTS)):
-            return "a stream that ends without [DONE], its API's last event or an error"
-        return ""
-    if headers.get("content-type", "").startswith("text/plain"):   # /metrics
-        return ""
-    try:
-        json.loads(data or b"null")
-    except ValueError:
-        return f"a body that is not JSON: {data[:80]!r}"
-    return ""
-
-
 @dataclass
 class Vitals:
     """What the campaign watches besides each answer: /health polled all along (its worst answer time and the
@@ -590,12 +528,12 @@ def _one(server: Server, case: Case, timeout: float, probe: Any, expected: str) 
     elif headers.get("x-hung-up") and status < 500:   # the client left mid-answer: only the server's health counts
         outcome, detail = ("ok" if status < 300 else "refused"), "hung up"
     elif 200 <= status < 300:
-        problem = _good_success(headers, data)
+        problem = good_success(headers, data)
         outcome, detail = ("bad-body", problem) if problem else ("ok", "")
     elif status == 400 and data.startswith(b"Invalid HTTP request"):   # uvicorn's parser, before any route
         outcome, detail = "protocol", data[:80].decode("utf-8", "replace")
     elif 400 <= status < 500:
-        good = _is_error_object(data, case.path)
+        good = is_error_object(data, case.path)
         outcome, detail = ("refused", "") if good else ("bad-body", data[:300].decode("utf-8", "replace"))
         if good:
             detail = json.loads(data)["error"]["message"][:160]
