@@ -46,19 +46,24 @@ class KernelRow:
 
     @property
     def decode_ratio(self) -> float:
-        return self.decode_tok_s / self.llama_bench_decode_tok_s if self.llama_bench_decode_tok_s else 0.0
+        return _ratio(self.decode_tok_s, self.llama_bench_decode_tok_s)
 
     @property
     def prompt_ratio(self) -> float:
-        return self.prompt_tok_s / self.llama_bench_prompt_tok_s if self.llama_bench_prompt_tok_s else 0.0
+        return _ratio(self.prompt_tok_s, self.llama_bench_prompt_tok_s)
 
     @property
     def decode_ratio_nofa(self) -> float:
-        return self.decode_tok_s / self.llama_bench_nofa_decode_tok_s if self.llama_bench_nofa_decode_tok_s else 0.0
+        return _ratio(self.decode_tok_s, self.llama_bench_nofa_decode_tok_s)
 
     @property
     def prompt_ratio_nofa(self) -> float:
-        return self.prompt_tok_s / self.llama_bench_nofa_prompt_tok_s if self.llama_bench_nofa_prompt_tok_s else 0.0
+        return _ratio(self.prompt_tok_s, self.llama_bench_nofa_prompt_tok_s)
+
+
+def _ratio(engine: float, anchor: float) -> float:
+    """The engine's tok/s over llama-bench's (0 where llama-bench measured nothing)."""
+    return engine / anchor if anchor else 0.0
 
 
 def _prompt_ids(tokenize: Callable[[str], list[int]], n_tokens: int, variant: int) -> list[int]:

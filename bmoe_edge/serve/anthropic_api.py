@@ -13,7 +13,7 @@ from typing import Any
 
 from bmoe_edge.engine import chat
 from bmoe_edge.serve import openai_api, params
-from bmoe_edge.serve.api_errors import ApiError
+from bmoe_edge.serve.api_errors import ApiError, bad_request, tools_of_type
 from bmoe_edge.serve.worker import Request
 
 # chat's parameter names -> this API's, for the errors parse_chat raises on the translated body
@@ -22,9 +22,6 @@ NAMES = {"stop": "stop_sequences", "response_format": "output_config", "think": 
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}   # else end_turn (or stop_sequence)
 
 
-def _bad(message: str, param: str) -> ApiError:
-    return ApiError(400, f"{message} (see docs/serve.md)", param=param)
-
 
 def _text(blocks: Any, where: str, param: str) -> str:
     """A string, or text blocks joined (what a system prompt and a tool_result's content may be)."""
@@ -32,7 +29,7 @@ def _text(blocks: Any, where: str, param: str) -> str:
         return blocks
     if not isinstance(blocks, list) or not all(isinstance(b, Mapping) and b.get("type") == "text"
                                                and isinstance(b.get("text"), str) for b in blocks):
-        raise _bad(f"{where} must be a string or a list of text blocks (only text is supported)", param)
+        raise bad_request(f"{where} must be a string or a list of text blocks (only text is supported)", param)
     return "".join(b["text"] for b in blocks)
 
 
@@ -40,7 +37,7 @@ def _tool_use(block: Mapping[str, Any]) -> dict[str, Any]:
     """An assistant's tool_use block as a Chat Completions tool call (its input as JSON text)."""
     if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str) \
             or not isinstance(block.get("input"), Mapping):
-        raise _bad("a tool_use block needs 'id', 'name' and 'input' (an object)", "messages")
+        raise bad_request("a tool_use block needs 'id', 'name' and 'input' (an object)", "messages")
     arguments = json.dumps(block["input"], ensure_ascii=False)
     return {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}}
 
@@ -51,12 +48,12 @@ def _turn(message: Any) -> list[dict[str, Any]]:
     blocks one assistant message. Earlier thinking is dropped, as the templates drop earlier reasoning."""
     role = message.get("role") if isinstance(message, Mapping) else None
     if role not in ("user", "assistant"):
-        raise _bad(f"a message's role must be 'user' or 'assistant', got {role!r:.40}", "messages")
+        raise bad_request(f"a message's role must be 'user' or 'assistant', got {role!r:.40}", "messages")
     content = message.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
-        raise _bad("a message's content must be a string or a list of content blocks", "messages")
+        raise bad_request("a message's content must be a string or a list of content blocks", "messages")
     texts, calls, results = [], [], []
     for block in content:
         kind = block.get("type") if isinstance(block, Mapping) else None
@@ -66,14 +63,14 @@ def _turn(message: Any) -> list[dict[str, Any]]:
             calls.append(_tool_use(block))
         elif kind == "tool_result" and role == "user":
             if not isinstance(block.get("tool_use_id"), str):
-                raise _bad("a tool_result block needs 'tool_use_id'", "messages")
+                raise bad_request("a tool_result block needs 'tool_use_id'", "messages")
             result = _text(block.get("content", ""), "a tool_result's content", "messages")
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": result})
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue
         else:
-            raise _bad(f"a {role} message's {kind!r:.40} block is not supported: text, tool_use (assistant) and "
-                       "tool_result (user) are", "messages")
+            raise bad_request(f"a {role} message's {kind!r:.40} block is not supported: text, tool_use (assistant) and "
+                              "tool_result (user) are", "messages")
     if role == "assistant":
         return [{"role": "assistant", "content": "".join(texts)} | ({"tool_calls": calls} if calls else {})]
     return [*results, *([{"role": "user", "content": "".join(texts)}] if texts or not results else [])]
@@ -82,18 +79,15 @@ def _turn(message: Any) -> list[dict[str, Any]]:
 def _tools(value: Any) -> list[dict[str, Any]] | None:
     """Custom tools as Chat Completions function tools; a server tool (web search, bash, text editor, computer
     use, ...) is refused: nothing here runs one."""
-    if value is None:
+    tools = tools_of_type(value, "custom", "only custom tools (name, input_schema); server tools are not run here",
+                          default="custom")
+    if tools is None:
         return None
-    if not isinstance(value, list):
-        raise _bad("'tools' must be a list", "tools")
     out = []
-    for tool in value:
-        if not isinstance(tool, Mapping) or tool.get("type", "custom") != "custom":
-            kind = tool.get("type") if isinstance(tool, Mapping) else tool
-            raise _bad(f"the tool type {kind!r:.60} is not supported: only custom tools (name, input_schema); server "
-                       "tools are not run here", "tools")
+    for tool in tools:
         if not isinstance(tool.get("input_schema"), Mapping):
-            raise _bad(f"the tool {str(tool.get('name'))[:60]!r} needs an 'input_schema' (a JSON schema)", "tools")
+            raise bad_request(f"the tool {str(tool.get('name'))[:60]!r} needs an 'input_schema' (a JSON schema)",
+                              "tools")
         function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
         if tool.get("description") is not None:
             function["description"] = tool["description"]
@@ -113,11 +107,11 @@ def _tool_choice(value: Any) -> tuple[Any, bool | None]:
     elif kind == "tool" and isinstance(value.get("name"), str):
         choice = {"type": "function", "function": {"name": value["name"]}}
     else:
-        raise _bad("'tool_choice' must be {'type': 'auto' | 'any' | 'none'} or {'type': 'tool', 'name': ...}",
-                   "tool_choice")
+        raise bad_request("'tool_choice' must be {'type': 'auto' | 'any' | 'none'} or {'type': 'tool', 'name': ...}",
+                          "tool_choice")
     disabled = value.get("disable_parallel_tool_use")
     if disabled is not None and not isinstance(disabled, bool):
-        raise _bad("'disable_parallel_tool_use' must be true or false", "tool_choice")
+        raise bad_request("'disable_parallel_tool_use' must be true or false", "tool_choice")
     return choice, None if disabled is None else not disabled
 
 
@@ -127,8 +121,8 @@ def _thinking(value: Any) -> bool | None:
     kind = value.get("type") if isinstance(value, Mapping) else value
     switch = {None: None, "adaptive": None, "enabled": True, "between_tools": True, "disabled": False}
     if not isinstance(kind, str | None) or kind not in switch:
-        raise _bad("'thinking' must be {'type': 'enabled', 'budget_tokens': N}, {'type': 'adaptive'} or "
-                   "{'type': 'disabled'}", "thinking")
+        raise bad_request("'thinking' must be {'type': 'enabled', 'budget_tokens': N}, {'type': 'adaptive'} or "
+                          "{'type': 'disabled'}", "thinking")
     return switch[kind]
 
 
@@ -137,12 +131,13 @@ def _output_format(value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        raise _bad("'output_config' must be an object", "output_config")
+        raise bad_request("'output_config' must be an object", "output_config")
     fmt = value.get("format")
     if fmt is None:
         return None
     if not isinstance(fmt, Mapping) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), Mapping):
-        raise _bad("'output_config' must be {'format': {'type': 'json_schema', 'schema': {...}}}", "output_config")
+        raise bad_request("'output_config' must be {'format': {'type': 'json_schema', 'schema': {...}}}",
+                          "output_config")
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
@@ -151,12 +146,12 @@ def to_chat(body: Mapping[str, Any], route: params.Route) -> dict[str, Any]:
     continue_final_message)."""
     turns = body.get("messages")
     if not isinstance(turns, list) or not turns:
-        raise _bad("'messages' must be a non-empty list", "messages")
+        raise bad_request("'messages' must be a non-empty list", "messages")
     messages = [m for turn in turns for m in _turn(turn)]
     if body.get("system") is not None:
         messages.insert(0, {"role": "system", "content": _text(body["system"], "'system'", "system")})
     if messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls"):
-        raise _bad("the last message is an assistant's tool_use: its tool_result must follow", "messages")
+        raise bad_request("the last message is an assistant's tool_use: its tool_result must follow", "messages")
     choice, parallel = _tool_choice(body.get("tool_choice"))
     chat_body = {"model": body.get("model"), "messages": messages, "tools": _tools(body.get("tools")),
                  "tool_choice": choice, "parallel_tool_calls": parallel, "think": _thinking(body.get("thinking")),

@@ -7,6 +7,7 @@ refused it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 ANTHROPIC_PREFIX = "/v1/messages"   # /v1/messages and /v1/messages/count_tokens
@@ -42,3 +43,23 @@ class ApiError(Exception):
 
     def body_for(self, path: str) -> dict[str, Any]:
         return self.anthropic_body() if speaks_anthropic(path) else self.body()
+
+
+def bad_request(message: str, param: str) -> ApiError:
+    """A 400 of a translated API's request (Messages, Responses): what is wrong with `param`, and where the fields
+    each API supports are listed."""
+    return ApiError(400, f"{message} (see docs/serve.md)", param=param)
+
+
+def tools_of_type(value: Any, kind: str, refusal: str, default: str | None = None) -> list[Mapping[str, Any]] | None:
+    """A request's `tools` when every one is of type `kind` (a tool without a type counts as `default`); anything
+    else is a 400 naming the first other type, with `refusal` saying what is supported."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise bad_request("'tools' must be a list", "tools")
+    for tool in value:
+        if not isinstance(tool, Mapping) or tool.get("type", default) != kind:
+            other = tool.get("type") if isinstance(tool, Mapping) else tool
+            raise bad_request(f"the tool type {other!r:.60} is not supported: {refusal}", "tools")
+    return value

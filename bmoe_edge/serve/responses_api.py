@@ -17,7 +17,7 @@ from typing import Any
 from bmoe_edge.engine import chat
 from bmoe_edge.engine.generation import PositionLogprobs
 from bmoe_edge.serve import limits, openai_api, params
-from bmoe_edge.serve.api_errors import ApiError
+from bmoe_edge.serve.api_errors import ApiError, bad_request, tools_of_type
 from bmoe_edge.serve.worker import Request, request_id
 
 # chat's parameter names -> this API's, for the errors parse_chat raises on the translated body
@@ -60,9 +60,6 @@ class ResponseStore:
         return json.loads(json.dumps(own[rid][0]))   # a copy: the caller adds to it
 
 
-def _bad(message: str, param: str) -> ApiError:
-    return ApiError(400, f"{message} (see docs/serve.md)", param=param)
-
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -73,8 +70,8 @@ def _text(content: Any, where: str) -> str:
         return content
     if not isinstance(content, list) or not all(isinstance(p, Mapping) and p.get("type") in TEXT_PARTS
                                                 and isinstance(p.get("text"), str) for p in content):
-        raise _bad(f"{where} must be a string or a list of input_text/output_text parts (only text is supported)",
-                   "input")
+        raise bad_request(f"{where} must be a string or a list of input_text/output_text parts (only text is "
+                          "supported)", "input")
     return "".join(p["text"] for p in content)
 
 
@@ -86,11 +83,12 @@ def _item(item: Any, out: Conversation) -> None:
     if kind == "message":
         role = {"developer": "system"}.get(item.get("role"), item.get("role"))
         if role not in ("user", "system", "assistant"):
-            raise _bad(f"a message's role must be user, system, developer or assistant, got {role!r:.40}", "input")
+            raise bad_request(f"a message's role must be user, system, developer or assistant, got {role!r:.40}",
+                              "input")
         out.append({"role": role, "content": _text(item.get("content"), "a message's content")})
     elif kind == "function_call":
         if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
-            raise _bad("a function_call item needs 'call_id', 'name' and 'arguments' (JSON text)", "input")
+            raise bad_request("a function_call item needs 'call_id', 'name' and 'arguments' (JSON text)", "input")
         call = {"id": item["call_id"], "type": "function",
                 "function": {"name": item["name"], "arguments": item["arguments"]}}
         if out and out[-1]["role"] == "assistant":
@@ -99,19 +97,19 @@ def _item(item: Any, out: Conversation) -> None:
             out.append({"role": "assistant", "content": "", "tool_calls": [call]})
     elif kind == "function_call_output":
         if not isinstance(item.get("call_id"), str):
-            raise _bad("a function_call_output item needs 'call_id'", "input")
+            raise bad_request("a function_call_output item needs 'call_id'", "input")
         out.append({"role": "tool", "tool_call_id": item["call_id"],
                     "content": _text(item.get("output"), "a function_call_output's output")})
     elif kind != "reasoning":
-        raise _bad(f"input items of type {kind!r:.40} are not supported: message, function_call and "
-                   "function_call_output are", "input")
+        raise bad_request(f"input items of type {kind!r:.40} are not supported: message, function_call and "
+                          "function_call_output are", "input")
 
 
 def _input(value: Any) -> Conversation:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
-        raise _bad("'input' must be a string or a non-empty list of items", "input")
+        raise bad_request("'input' must be a string or a non-empty list of items", "input")
     out: Conversation = []
     for item in value:
         _item(item, out)
@@ -121,16 +119,11 @@ def _input(value: Any) -> Conversation:
 def _tools(value: Any) -> list[dict[str, Any]] | None:
     """Function tools as Chat Completions' tools; a built-in tool (web search, file search, code interpreter,
     computer use, MCP, image generation, shell, custom grammar tools) is refused: nothing here runs one."""
-    if value is None:
+    tools = tools_of_type(value, "function", "only function tools; built-in tools are not run here")
+    if tools is None:
         return None
-    if not isinstance(value, list):
-        raise _bad("'tools' must be a list", "tools")
     out = []
-    for tool in value:
-        if not isinstance(tool, Mapping) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, Mapping) else tool
-            raise _bad(f"the tool type {kind!r:.60} is not supported: only function tools; built-in tools are not "
-                       "run here", "tools")
+    for tool in tools:
         function = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
         out.append({"type": "function", "function": function})
     return out
@@ -141,8 +134,8 @@ def _tool_choice(value: Any) -> Any:
         return value
     if isinstance(value, Mapping) and value.get("type") == "function" and isinstance(value.get("name"), str):
         return {"type": "function", "function": {"name": value["name"]}}
-    raise _bad("'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...} (built-in "
-               "tools and allowed_tools are not supported)", "tool_choice")
+    raise bad_request("'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...} (built-in "
+                      "tools and allowed_tools are not supported)", "tool_choice")
 
 
 def _format(value: Any) -> dict[str, Any] | None:
@@ -150,14 +143,14 @@ def _format(value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping) or value.get("verbosity") is not None:
-        raise _bad("'text' must be {'format': {...}} ('verbosity' is not supported)", "text")
+        raise bad_request("'text' must be {'format': {...}} ('verbosity' is not supported)", "text")
     fmt = value.get("format")
     if fmt is None or (isinstance(fmt, Mapping) and fmt.get("type") in ("text", "json_object")):
         return None if fmt is None else {"type": fmt["type"]}
     if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema":
         return {"type": "json_schema", "json_schema": {"name": fmt.get("name"), "schema": fmt.get("schema")}}
-    raise _bad("'text.format' must be {'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', "
-               "'name': ..., 'schema': {...}}", "text")
+    raise bad_request("'text.format' must be {'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', "
+                      "'name': ..., 'schema': {...}}", "text")
 
 
 def _effort(value: Any) -> Any:
@@ -165,7 +158,7 @@ def _effort(value: Any) -> Any:
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        raise _bad("'reasoning' must be {'effort': ...}", "reasoning")
+        raise bad_request("'reasoning' must be {'effort': ...}", "reasoning")
     return value.get("effort")
 
 
@@ -176,7 +169,7 @@ def _logprobs(body: Mapping[str, Any]) -> bool:
     kind = params.param("responses", "include").kind
     assert isinstance(kind, params.Include)
     if not isinstance(include, list) or not all(isinstance(i, str) and i in kind.values for i in include):
-        raise _bad(f"'include' may list only {', '.join(kind.values)}", "include")
+        raise bad_request(f"'include' may list only {', '.join(kind.values)}", "include")
     return params.INCLUDE_LOGPROBS in include or body.get("top_logprobs") is not None
 
 
@@ -186,7 +179,7 @@ def to_chat(body: Mapping[str, Any], history: Conversation) -> tuple[dict[str, A
     conversation = [*history, *_input(body.get("input"))]
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
-        raise _bad("'instructions' must be a string", "instructions")
+        raise bad_request("'instructions' must be a string", "instructions")
     system = [{"role": "system", "content": instructions}] if instructions is not None else []
     logprobs = _logprobs(body)
     chat_body = {"model": body.get("model"), "messages": [*system, *conversation],
@@ -214,7 +207,7 @@ def parse(body: Any, model_id: str, stored: Callable[[str], Conversation | None]
                            param="previous_response_id", code="previous_response_not_found")
         history = found
     if not isinstance(body.get("store", True), bool):
-        raise _bad("'store' must be true or false", "store")
+        raise bad_request("'store' must be true or false", "store")
     chat_body, conversation = to_chat(body, history)
     return openai_api.parse_translated(chat_body, model_id, NAMES), conversation
 

@@ -34,7 +34,6 @@ std::vector<std::string> expert_names(const Recipe & recipe, int local_layers) {
     return out;
 }
 
-
 // The model's expert count from its tensor table: known before llama.cpp loads (and would assert
 // on an expert_used_count override above it).
 int64_t experts_in_file(const GgufMap & gguf, const std::string & architecture) {

@@ -135,10 +135,8 @@ void Streaming::warm_up_and_capture(llama_context * ctx, MtpDraft * mtp, const l
     }
 }
 
-// The cache budget from the memory really there, now that the dense weights are loaded and the
-// KV cache and compute buffers are allocated (detail/memory_budget.h says how).
 // A slice read and used once costs a lane more to convert than the repacked kernel saves computing it (under a
-// 40% cap, converting every read took the 3 GB preset from 8.5 to 5.0 tok/s: bench-data/2026-12-05/repack); a
+// 40% cap, converting every read took the 3 GB preset from 8.5 to 5.3 tok/s: bench-data/2026-12-05/repack); a
 // cached one is converted once and computed on at every token that routes to it. auto repacks the experts only
 // where the cache can keep every one of them.
 void Streaming::choose_expert_kernels(RunInfo & info) {
@@ -152,6 +150,8 @@ void Streaming::choose_expert_kernels(RunInfo & info) {
     }
 }
 
+// The cache budget from the memory really there, now that the dense weights are loaded and the
+// KV cache and compute buffers are allocated (detail/memory_budget.h says how).
 int Streaming::size_cache(const ModelSource & file, MtpDraft * mtp, RunInfo & info) {
     Streamer & streamer = *parts_.streamer;
     // Loading left the file's pages in the page cache; the experts come by O_DIRECT (or into the

@@ -111,8 +111,8 @@ public:
     ReadLanes(const ReadLanes &) = delete;
     ReadLanes & operator=(const ReadLanes &) = delete;
 
-    // Give every lane a buffer of `bytes` now (the largest converted read), so the memory it takes is in the
-    // process's footprint before the cache is sized, not found later.
+    // Give every lane a buffer of `bytes` now (the largest converted read), touched, so the memory it takes is
+    // in the process's footprint from the first step on, not found page by page under a read.
     void reserve_buffers(uint64_t bytes);
 
     // Queue every job of the batch (in order) and return at once. The batch must outlive its jobs.

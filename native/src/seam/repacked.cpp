@@ -11,18 +11,23 @@
 namespace bmoe::detail {
 namespace {
 
+// A one-expert view of an expert tensor (its rows, one expert's slice), as the repack buffer type converts it.
+ggml_tensor one_expert_of(const ggml_tensor & t) {
+    ggml_tensor one = t;
+    one.ne[2] = 1;
+    one.ne[3] = 1;
+    one.view_src = nullptr;
+    one.data = nullptr;
+    return one;
+}
+
 // One expert of a repacked expert tensor: converting a slice is llama.cpp's own set_tensor of the repack
 // buffer type on a one-expert view (its rows interleave in groups of 4 or 8, never across experts: the
 // layouts need the rows to divide by the group). The view is copied for each slice, so lanes convert at once.
 class RepackedLayout final : public SliceLayout {
 public:
     RepackedLayout(const ggml_tensor & expert_tensor, std::string name)
-        : SliceLayout(expert_tensor.nb[2]), one_expert_(expert_tensor), name_(std::move(name)) {
-        one_expert_.ne[2] = 1;
-        one_expert_.ne[3] = 1;
-        one_expert_.view_src = nullptr;
-        one_expert_.data = nullptr;
-    }
+        : SliceLayout(expert_tensor.nb[2]), one_expert_(one_expert_of(expert_tensor)), name_(std::move(name)) {}
     const std::string & name() const override { return name_; }
     void convert(const uint8_t * from, uint8_t * to, uint64_t bytes) const override {
         for (uint64_t at = 0; at < bytes; at += slice_bytes()) {
@@ -94,14 +99,10 @@ std::shared_ptr<const SliceLayout> RepackedExperts::attach(const CapturedTensor 
         by_type_.emplace(ggml_type_name(t->type), "file");
         return nullptr;  // no layout here: the plain kernels read the file's bytes
     }
-    ggml_tensor one_expert = probe;
-    one_expert.ne[2] = 1;
-    one_expert.ne[3] = 1;
-    one_expert.view_src = nullptr;
     const auto key = std::make_tuple(static_cast<int>(t->type), t->ne[0], t->ne[1]);
     auto named = names_.find(key);
     if (named == names_.end()) {
-        named = names_.emplace(key, layout_name(one_expert)).first;
+        named = names_.emplace(key, layout_name(one_expert_of(probe))).first;
     }
     by_type_[ggml_type_name(t->type)] = named->second;
     t->buffer = stand_in_;  // from now on ggml-cpu computes this tensor with the repacked kernels
