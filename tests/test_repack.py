@@ -123,3 +123,15 @@ def test_repack_is_a_flag_and_in_the_run_header(q4k: Path) -> None:
         assert "repack all: experts q4_K: q4_K_8x8, q6_K: file; dense" in auto.stdout + auto.stderr
     bad = run_cli("generate", "-m", str(q4k), "-p", PROMPT, "-n", "2", "--repack", "sideways")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
+
+
+def test_flash_attention_is_what_llama_cpp_resolved_and_changes_the_floats(q4k: Path) -> None:
+    """Flash attention is the rest of stock llama.cpp's decode speed (on by default there): `auto` runs it where
+    llama.cpp does, the run info says what llama.cpp resolved (Grok refuses it whatever is asked), and off is
+    another computation, so the gates compare each with a resident run of the same setting."""
+    auto, run = _run(q4k, flash_attn="auto")
+    off, run_off = _run(q4k, flash_attn=False)
+    assert run["flash_attn"] is True and run_off["flash_attn"] is False
+    assert auto.logits != off.logits  # flipping it alone changes the numbers (gates.KERNEL_SETTINGS)
+    _, grok = _run(tinymoe.fixture("grok", "Q8_0"), flash_attn=True)
+    assert grok["flash_attn"] is False

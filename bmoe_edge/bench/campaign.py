@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bmoe_edge.bench.cells import PREFETCH_RIVALS, TOKEN_COLUMNS, BenchCell, spawn_cell
+from bmoe_edge.bench.cells import DEFAULTS_RIVALS, PREFETCH_RIVALS, TOKEN_COLUMNS, BenchCell, spawn_cell
 from bmoe_edge.bench.io import io_sweep
 from bmoe_edge.bench.layout import GgufLayout, gguf_layout
 from bmoe_edge.bench.machine import ctx_for, machine_info, write_rows
@@ -67,6 +67,8 @@ def default_cells(layout: GgufLayout, cap_bytes: int, *, tokens: int, mmap_token
         # The same without llama.cpp's repacked kernels: what `defaults` must never lose to (docs/streaming.md).
         cells.append(BenchCell("defaults-repack-off", "stream", {**defaults, "repack": "off"}, tokens=tokens,
                                group="stream"))
+        cells += [BenchCell(label, "stream", {**defaults, **knob}, tokens=tokens, group="stream")
+                  for label, knob in DEFAULTS_RIVALS.items()]
     for n, config in (long_prompts or {}).items():
         cells.append(BenchCell(f"long-prompt-{n}", "stream", dict(config), tokens=tokens, group="stream",
                                prompt_tokens=n, warm_pool=True))

@@ -31,6 +31,13 @@ RECORD_PREFIX = "BMOE-BENCH-RECORD "
 
 # The read-ahead settings `auto` is measured against in one process (the `pfauto-paired-*` cells).
 PREFETCH_RIVALS = ("predict", "off")
+# `defaults` with one knob turned (issue 48's held-out check): what the defaults must not lose to at any storage
+# class, beside the physical limit (the class's bandwidth over the fewest bytes per token any of them read).
+DEFAULTS_RIVALS: dict[str, dict[str, Any]] = {
+    "defaults-prefetch-off": {"prefetch": "off"},
+    "defaults-cache-0": {"cache_mb": 0},
+    "defaults-io-2": {"io_threads": 2},
+}
 
 
 @dataclass

@@ -36,11 +36,10 @@ class KernelRow:
     decode_tok_s: float
     prompt_tok_s: float
     prompt_reused: int
-    llama_bench_decode_tok_s: float  # llama.cpp's defaults: flash attention auto (on, on this CPU)
+    llama_bench_decode_tok_s: float  # llama.cpp's defaults: flash attention auto (on, on this CPU), as the engine's
     llama_bench_prompt_tok_s: float
-    llama_bench_nofa_decode_tok_s: float  # the same without flash attention, as the engine runs
-    llama_bench_nofa_prompt_tok_s: float
     hit_pct: float
+    flash_attn: bool  # the engine's, as llama.cpp resolved it
     repack_layouts: str
     first: str  # which ran first in this repeat: "engine" or "llama-bench"
 
@@ -51,14 +50,6 @@ class KernelRow:
     @property
     def prompt_ratio(self) -> float:
         return _ratio(self.prompt_tok_s, self.llama_bench_prompt_tok_s)
-
-    @property
-    def decode_ratio_nofa(self) -> float:
-        return _ratio(self.decode_tok_s, self.llama_bench_nofa_decode_tok_s)
-
-    @property
-    def prompt_ratio_nofa(self) -> float:
-        return _ratio(self.prompt_tok_s, self.llama_bench_nofa_prompt_tok_s)
 
 
 def _ratio(engine: float, anchor: float) -> float:
@@ -112,26 +103,24 @@ def run(models: Sequence[Path], base: Any, threads: Sequence[int], repacks: Sequ
                             if which == "engine":
                                 got |= _measure_engine(engine, decode_tokens, prompt_tokens, r)
                             else:
-                                for fa, key in ((None, "llama_bench"), (False, "llama_bench_nofa")):
-                                    lb = llama_bench.run(model, threads=t, decode_tokens=decode_tokens,
-                                                         prompt_tokens=prompt_tokens, flash_attn=fa)
-                                    got |= {f"{key}_decode_tok_s": lb["decode_tok_s"],
-                                            f"{key}_prompt_tok_s": lb["prompt_tok_s"]}
+                                lb = llama_bench.run(model, threads=t, decode_tokens=decode_tokens,
+                                                     prompt_tokens=prompt_tokens)
+                                got |= {"llama_bench_decode_tok_s": lb["decode_tok_s"],
+                                        "llama_bench_prompt_tok_s": lb["prompt_tok_s"]}
                         row = KernelRow(model.name, t, repack, r, repack_layouts=str(engine.run_info["repack_layouts"]),
+                                        flash_attn=bool(engine.run_info["flash_attn"]),
                                         first="engine" if engine_first else "llama-bench", **got)
                         rows.append(row)
                         say(f"{model.name} t={t} repack={repack} #{r}: decode {row.decode_tok_s:.2f} vs "
-                            f"{row.llama_bench_decode_tok_s:.2f} tok/s ({row.decode_ratio:.3f}x; without flash "
-                            f"attention {row.decode_ratio_nofa:.3f}x), prompt {row.prompt_tok_s:.1f} vs "
-                            f"{row.llama_bench_prompt_tok_s:.1f} ({row.prompt_ratio:.3f}x; "
-                            f"{row.prompt_ratio_nofa:.3f}x)")
+                            f"{row.llama_bench_decode_tok_s:.2f} tok/s ({row.decode_ratio:.3f}x), prompt "
+                            f"{row.prompt_tok_s:.1f} vs {row.llama_bench_prompt_tok_s:.1f} ({row.prompt_ratio:.3f}x)")
     return rows
 
 
 def write(rows: Sequence[KernelRow], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "kernels.csv", "w", newline="") as f:
-        ratios = ("decode_ratio", "prompt_ratio", "decode_ratio_nofa", "prompt_ratio_nofa")
+        ratios = ("decode_ratio", "prompt_ratio")
         w = csv.DictWriter(f, fieldnames=[*asdict(rows[0]).keys(), *ratios])
         w.writeheader()
         for r in rows:
@@ -142,13 +131,12 @@ def write(rows: Sequence[KernelRow], out: Path) -> None:
 def summary(rows: Sequence[KernelRow]) -> str:
     """Medians per model, threads and --repack: the engine's tok/s, llama-bench's, and the paired ratios."""
     lines = [f"# bench kernels ({time.strftime('%Y-%m-%d')})", "",
-             "Streamed with the cache warm (uncapped) against the pin's llama-bench (resident, its defaults: "
-             "repacked kernels, flash attention auto), and against llama-bench without flash attention (the "
-             "engine's attention: `-fa 0`, the ratios in brackets). Ratios are medians of per-repeat ratios "
-             "(engine / llama-bench, measured back to back).", "",
-             "| model | threads | --repack | layouts | decode tok/s | llama-bench tg | decode ratio | "
-             "prompt tok/s | llama-bench pp | prompt ratio | repeats |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Streamed with the cache warm (uncapped), the engine's defaults but --threads and --repack, against "
+             "the pin's llama-bench (resident, its defaults: repacked kernels, flash attention auto). Ratios are "
+             "medians of per-repeat ratios (engine / llama-bench, measured back to back).", "",
+             "| model | threads | --repack | layouts | flash attention | decode tok/s | llama-bench tg | "
+             "decode ratio | prompt tok/s | llama-bench pp | prompt ratio | repeats |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(r.model, r.threads, r.repack) for r in rows})
     for model, t, repack in keys:
         group = [r for r in rows if (r.model, r.threads, r.repack) == (model, t, repack)]
@@ -157,9 +145,10 @@ def summary(rows: Sequence[KernelRow]) -> str:
             return statistics.median(values) if values else 0.0
         lines.append(
             f"| {model} | {t} | {repack} | {group[0].repack_layouts or '-'} | "
+            f"{'on' if group[0].flash_attn else 'off'} | "
             f"{med([r.decode_tok_s for r in group]):.2f} | {med([r.llama_bench_decode_tok_s for r in group]):.2f} | "
-            f"{med([r.decode_ratio for r in group]):.3f} ({med([r.decode_ratio_nofa for r in group]):.3f}) | "
+            f"{med([r.decode_ratio for r in group]):.3f} | "
             f"{med([r.prompt_tok_s for r in group]):.1f} | {med([r.llama_bench_prompt_tok_s for r in group]):.1f} | "
-            f"{med([r.prompt_ratio for r in group]):.3f} ({med([r.prompt_ratio_nofa for r in group]):.3f}) | "
+            f"{med([r.prompt_ratio for r in group]):.3f} | "
             f"{len(group)} |")
     return "\n".join(lines) + "\n"

@@ -39,14 +39,15 @@ DRAFT_MAX = 6
 
 # Pinned on both sides of every comparison: thread count, batch sizes, flash attention, context.
 # Everything a case does not set is pinned too: serial, no read-ahead, no cache, the kernel's page unit, every
-# expert on the repacked kernels where the pin has a layout (repack all: each slice converted as it is read).
-BASE = StreamConfig(threads=1, ctx=256, batch=64, ubatch=64, flash_attn=False, repack="all", overlap=False,
+# expert on the repacked kernels where the pin has a layout (repack all: each slice converted as it is read),
+# flash attention on (what auto resolves to here).
+BASE = StreamConfig(threads=1, ctx=256, batch=64, ubatch=64, flash_attn="auto", repack="all", overlap=False,
                     prefetch="off", cache_mb=0, page_kb=0, draft_max=DRAFT_MAX)
 
 
 # The settings a case may change that change which kernels compute, and so the floats: its resident run
 # uses the case's own.
-KERNEL_SETTINGS = ("threads", "repack")
+KERNEL_SETTINGS = ("threads", "repack", "flash_attn")
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ CASES: dict[str, StreamCase] = {c.name: c for c in (
     StreamCase("repack-dense", cache=0.3, overrides={"overlap": True, "repack": "dense"}),
     StreamCase("repack-auto-cache-small", cache=0.3, overrides={"repack": "auto"}, repack_resolves_to="dense"),
     StreamCase("repack-auto-cache-large", cache=2.0, overrides={"repack": "auto"}, repack_resolves_to="all"),
+    # Every other case runs flash attention (auto's choice); here the attention llama.cpp computes without it.
+    StreamCase("flash-attn-off", cache=0.3, overrides={"overlap": True, "flash_attn": False}),
 )}
 
 
@@ -139,6 +142,7 @@ class CellResult:
     drafted: int = 0   # speculative cells: draft tokens verified, and those the model agreed with
     accepted: int = 0
     repack_layouts: str = ""  # the layout each streamed type computed in ("q4_K: q4_K_8x8, q6_K: file")
+    flash_attn: bool = False  # as llama.cpp resolved it (an architecture may refuse it)
     error: str = ""
 
 
@@ -325,6 +329,7 @@ def check_cell(cell: GateCell, model: Path, resident: list[Generation], all_expe
             result.read_path = str(engine.run_info["read_path"])
             result.repack_layouts = str(engine.run_info["repack_layouts"])
             resolved = str(engine.run_info["repack"])
+            result.flash_attn = bool(engine.run_info["flash_attn"])
     except BmoeError as exc:
         result.error = str(exc)
         return result
@@ -372,7 +377,8 @@ def run_gates(cells: Iterable[GateCell], resolve: Callable[[FixtureSpec], Path],
                      model: Path = model,
                      most: int = most, resident: dict = resident, draft_model: str = draft_model) -> list[Generation]:
             """Resident runs by the knobs cases change: echoed prompts, speculation, long prompts, and the
-            config's KERNEL_SETTINGS (threads; repacked or plain kernels: their floats differ)."""
+            config's KERNEL_SETTINGS (threads; repacked or plain kernels; flash attention or not: their floats
+            differ)."""
             kernels = {name: getattr(config, name) for name in KERNEL_SETTINGS}
             if kernels["repack"] == "auto":
                 kernels["repack"] = resolves_to

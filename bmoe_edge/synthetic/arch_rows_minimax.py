@@ -32,9 +32,11 @@ MINIMAX_M3 = ArchRow(
     # MiniMax-M3 (minimax-m3.cpp): GQA with per-head q/k norms, a dense first layer, then MoE layers
     # with swiglu-oai experts, sigmoid + bias routing, a shared expert, and MSA block-sparse attention:
     # an indexer (one head per kv group) picks the top blocks (4-token blocks here, top 2, 1 local).
-    # llama.cpp runs MSA only with flash attention on; the gates pin it off, so their cells run the
-    # dense fallback (the indexer weights load, unused) - flash attention on was measured too
-    # (docs/architectures.md).
+    # llama.cpp runs MSA only with flash attention on, as the gate cells do (auto); their flash-attn-off
+    # case runs the dense fallback (the indexer weights load, unused). MSA ropes the indexer's keys with the
+    # attention's rotary dims, so they are the indexer's key length here (the model: 64 rotary dims of 128): with
+    # the default, the whole head, a K-quant fixture's wider heads aborted llama.cpp (GGML_ASSERT(n_dims <= ne0)
+    # in rope), stock llama-bench alike.
     name="minimax-m3",
     arch="minimax-m3",
     keys=(*MOE_KEYS, Key("expert_feed_forward_length", "ff_exp"), Key("feed_forward_length", "ff"),
@@ -43,7 +45,7 @@ MINIMAX_M3 = ArchRow(
           Key("expert_gating_func", SIGMOID),
           Key("attention.indexer.head_count", "head_kv"), Key("attention.indexer.key_length", "idx_dim"),
           Key("attention.indexer.top_k", 2), Key("attention.indexer.block_size", 4),
-          Key("attention.indexer.local_blocks", 1)),
+          Key("attention.indexer.local_blocks", 1), Key("rope.dimension_count", "idx_dim")),
     layer=(*QKV, *ATTN_OUT, *ATTN_NORM, *QK_HEAD_NORM, *FFN_NORM, *DENSE_LEAD_FFN, *MOE_ONLY, *EXP_PROBS_B,
            *SHEXP,
            *(replace(t, where="moe") for t in qk_indexer("kv_heads*idx_dim"))),

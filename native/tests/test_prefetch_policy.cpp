@@ -1,7 +1,8 @@
-// PrefetchPolicy (prefetch_policy.h, docs/streaming.md "Read-ahead"): predict reads ahead in
-// every decode; auto measures 8 decodes without, 16 with, 8 without, keeps the faster setting (by the
-// medians; off only when it is faster by more than 1%) for 120 decodes, twice as long each time the
-// next probe agrees (up to 960), then measures again.
+// PrefetchPolicy (prefetch_policy.h, docs/streaming.md "Read-ahead"): predict reads ahead in every decode;
+// auto reads nothing ahead until a decode without it has shown the drive's idle time and what the guesses
+// would have read, then reads ahead while the right guesses' reads moved into the idle time, less the wrong
+// ones' read time, save at least 2% of a decode (medians of the last 5 such decodes), with one decode in 16
+// left without to see the drive again.
 #include <functional>
 #include <string>
 #include <vector>
@@ -9,21 +10,51 @@
 #include "check.h"
 #include "policy/prefetch_policy.h"
 
+using bmoe::detail::DecodeSample;
 using bmoe::detail::PrefetchPolicy;
 
 namespace {
 
 using Mode = PrefetchPolicy::Mode;
+constexpr uint64_t kMB = 1000 * 1000;
 
-// `n` decodes, the i-th (counting from `first`) taking ms(i, reads_ahead): what the policy chose for each.
-std::vector<bool> decode(PrefetchPolicy & p, int n, const std::function<double(int, bool)> & ms, int first = 0) {
+// A drive and a model, one decode: `compute_ms` of compute, `demand_mb` read on demand at `mb_per_s`, and the
+// guesses' not-cached experts (`guessed_mb`, of which `wasted_mb` the router did not choose). Without
+// read-ahead a layer's reads wait for its router: the decode is its compute plus its reads.
+struct Drive {
+    double compute_ms;
+    double demand_mb;
+    double mb_per_s;
+    double guessed_mb;
+    double wasted_mb;
+
+    DecodeSample without() const {
+        const double io_ms = demand_mb / mb_per_s * 1000;
+        return {compute_ms + io_ms, io_ms, static_cast<uint64_t>(demand_mb * kMB),
+                static_cast<uint64_t>(guessed_mb * kMB), static_cast<uint64_t>(wasted_mb * kMB), false};
+    }
+    DecodeSample with() const {
+        DecodeSample s = without();
+        s.read_ahead = true;
+        return s;
+    }
+};
+
+// `n` decodes on `drive`: what the policy chose for each.
+std::vector<bool> decode(PrefetchPolicy & p, int n, const std::function<DecodeSample(int, bool)> & sample) {
     std::vector<bool> chosen;
-    for (int i = first; i < first + n; ++i) {
+    for (int i = 0; i < n; ++i) {
         const bool on = p.reads_ahead();
         chosen.push_back(on);
-        p.record(ms(i, on));
+        DecodeSample s = sample(i, on);
+        s.read_ahead = on;
+        p.record(s);
     }
     return chosen;
+}
+
+std::vector<bool> decode(PrefetchPolicy & p, int n, const Drive & drive) {
+    return decode(p, n, [&drive](int, bool on) { return on ? drive.with() : drive.without(); });
 }
 
 std::vector<bool> runs(std::vector<std::pair<int, bool>> spans) {
@@ -34,99 +65,76 @@ std::vector<bool> runs(std::vector<std::pair<int, bool>> spans) {
     return out;
 }
 
-const std::vector<bool> kProbe = runs({{8, false}, {16, true}, {8, false}});
+// Reading ahead pays: a fast drive idle most of the decode, guesses mostly right.
+const Drive kIdleDrive{60, 40, 2000, 30, 2};
+// It does not: the drive reads through nearly the whole decode (a Pi 5's NVMe at a 40% cap), and the wrong
+// guesses would cost more than the idle time the right ones could use.
+const Drive kBusyDrive{60, 225, 430, 45, 25};
 
 }  // namespace
 
 POLICY_TEST(prefetch_off_never_reads_ahead_and_predict_always_does) {
     PrefetchPolicy off(Mode::Off);
-    CHECK_EQ(decode(off, 200, [](int, bool) { return 1.0; }), runs({{200, false}}));
+    CHECK_EQ(decode(off, 40, kIdleDrive), runs({{40, false}}));
+    CHECK(!off.guesses_only());
     CHECK_EQ(off.state(), std::string("off"));
     PrefetchPolicy predict(Mode::Predict);
-    // However slow reading ahead is, predict does not measure.
-    CHECK_EQ(decode(predict, 200, [](int, bool on) { return on ? 100.0 : 1.0; }), runs({{200, true}}));
+    CHECK_EQ(decode(predict, 40, kBusyDrive), runs({{40, true}}));
     CHECK_EQ(predict.state(), std::string("on"));
 }
 
-POLICY_TEST(prefetch_auto_probes_8_off_16_on_8_off) {
-    PrefetchPolicy p(Mode::Auto);
-    CHECK_EQ(p.state(), std::string("probing"));
-    CHECK_EQ(decode(p, 31, [](int, bool on) { return on ? 10.0 : 12.0; }), std::vector<bool>(kProbe.begin(), kProbe.end() - 1));
-    CHECK_EQ(p.state(), std::string("probing"));
-    CHECK_EQ(decode(p, 1, [](int, bool) { return 12.0; }), runs({{1, false}}));  // the probe's last decode
-    CHECK_EQ(p.state(), std::string("on (measured 1.20x)"));
+POLICY_TEST(prefetch_auto_decides_from_the_first_decode_and_reads_nothing_ahead_before) {
+    PrefetchPolicy idle(Mode::Auto);
+    CHECK_EQ(idle.state(), std::string("sampling"));
+    CHECK(idle.guesses_only());  // the first decode guesses, and counts, without reading
+    CHECK_EQ(decode(idle, 16, kIdleDrive), runs({{1, false}, {15, true}}));
+    // 40 MB at 2 GB/s: 20 ms of reads in an 80 ms decode, 60 idle; of 30 MB of guesses 28 right (14 ms of reads
+    // into the idle time) and 2 wrong (1 ms): 13 ms saved.
+    CHECK_EQ(idle.state(), std::string("on (saves 16%: 60 ms idle, 1 ms of wrong guesses)"));
+    PrefetchPolicy busy(Mode::Auto);
+    CHECK_EQ(decode(busy, 16, kBusyDrive), runs({{16, false}}));
+    CHECK(busy.guesses_only());  // and it keeps looking
+    // 20 MB of right guesses (47 ms) could fill most of the 60 ms idle; 25 MB of wrong ones cost 58 ms.
+    CHECK_EQ(busy.state(), std::string("off (saves -2%: 60 ms idle, 58 ms of wrong guesses)"));
 }
 
-POLICY_TEST(prefetch_auto_keeps_the_faster_setting_for_120_decodes_then_measures_again) {
+POLICY_TEST(prefetch_auto_looks_again_every_16_decodes_and_follows_the_drive) {
     PrefetchPolicy p(Mode::Auto);
-    const auto on_wins = [](int, bool on) { return on ? 10.0 : 12.0; };
-    const auto off_wins = [](int, bool on) { return on ? 12.0 : 10.0; };
-    CHECK_EQ(decode(p, 32, on_wins), kProbe);
-    CHECK_EQ(decode(p, 120, on_wins), runs({{120, true}}));
-    CHECK_EQ(p.state(), std::string("on (measured 1.20x)"));
-    // The second probe: the same windows, and now reading ahead loses.
-    CHECK_EQ(decode(p, 32, off_wins), kProbe);
-    CHECK_EQ(p.state(), std::string("off (measured 0.83x)"));
-    CHECK_EQ(decode(p, 120, off_wins), runs({{120, false}}));
-    CHECK_EQ(decode(p, 8, off_wins), runs({{8, false}}));  // the third probe's first window
-    CHECK_EQ(decode(p, 1, off_wins), runs({{1, true}}));
-}
-
-POLICY_TEST(prefetch_auto_a_steady_drift_cancels_out) {
-    // Decodes get 1 ms faster each (a cache filling up) and reading ahead costs 10 ms (5%): off-on-on-off
-    // sees the cost; off then on would credit the drift (16 ms) to reading ahead.
-    PrefetchPolicy p(Mode::Auto);
-    CHECK_EQ(decode(p, 32, [](int i, bool on) { return 200.0 - i + (on ? 10.0 : 0.0); }), kProbe);
-    CHECK_EQ(decode(p, 120, [](int, bool) { return 10.0; }), runs({{120, false}}));
-    // The same drift with no difference: a tie keeps reading ahead (its cost there is bandwidth, not time).
-    PrefetchPolicy tie(Mode::Auto);
-    decode(tie, 32, [](int i, bool) { return 200.0 - i; });
-    CHECK_EQ(tie.state(), std::string("on (measured 1.00x)"));
-    CHECK(tie.reads_ahead());
-}
-
-POLICY_TEST(prefetch_auto_turns_off_only_for_a_loss_beyond_the_margin) {
-    PrefetchPolicy small(Mode::Auto);  // reading ahead 0.5% slower: within the margin, kept
-    decode(small, 32, [](int, bool on) { return on ? 10.05 : 10.0; });
-    CHECK(small.reads_ahead());
-    // 2.5% slower, the Pi 5 Gen 2 class's measurement (296.3 against 288.9 ms, medians; 2.6% here): off
-    PrefetchPolicy saturated(Mode::Auto);
-    decode(saturated, 32, [](int, bool on) { return on ? 296.5 : 288.9; });
-    CHECK(!saturated.reads_ahead());
-    CHECK_EQ(saturated.state(), std::string("off (measured 0.97x)"));
-    PrefetchPolicy loss(Mode::Auto);   // 5% slower: off
-    decode(loss, 32, [](int, bool on) { return on ? 10.5 : 10.0; });
-    CHECK(!loss.reads_ahead());
-    CHECK_EQ(loss.state(), std::string("off (measured 0.95x)"));
+    const std::vector<bool> once_in_16 = runs({{16, true}, {1, false}});
+    CHECK_EQ(decode(p, 1, kIdleDrive), runs({{1, false}}));
+    CHECK_EQ(decode(p, 17, kIdleDrive), once_in_16);
+    CHECK_EQ(decode(p, 17, kIdleDrive), once_in_16);
+    // The drive turns busy (another process reads): reading ahead still runs until the decodes without it
+    // outvote the earlier ones (medians of 5: the third busy one), then stops.
+    std::vector<bool> got = decode(p, 3 * 17, kBusyDrive);
+    CHECK_EQ(got, runs({{16, true}, {1, false}, {16, true}, {1, false}, {16, true}, {1, false}}));
+    CHECK_EQ(decode(p, 10, kBusyDrive), runs({{10, false}}));
+    // And back: the idle decodes outvote the busy ones in three.
+    CHECK_EQ(decode(p, 3, kIdleDrive), runs({{3, false}}));
+    CHECK_EQ(decode(p, 2, kIdleDrive), runs({{2, true}}));
 }
 
 POLICY_TEST(prefetch_auto_one_stalled_decode_does_not_decide) {
-    // Reading ahead pays 1.6x; one decode with it stalls 2 s (another process had the disk): the mean of
-    // the 16 would say off, the median says on.
     PrefetchPolicy p(Mode::Auto);
-    decode(p, 32, [](int i, bool on) { return i == 12 ? 2000.0 : on ? 100.0 : 160.0; });
+    decode(p, 1 + 3 * 17 + 16, kIdleDrive);  // four decodes without read-ahead, the next one due
+    CHECK(!p.reads_ahead());
+    // That decode: another process held the drive for 2 s. The median of the last 5 still says the drive
+    // has room.
+    decode(p, 1, [](int, bool) {
+        DecodeSample s = kBusyDrive.without();
+        s.wall_ms += 2000;
+        s.io_ms += 2000;
+        return s;
+    });
     CHECK(p.reads_ahead());
-    CHECK_EQ(p.state(), std::string("on (measured 1.60x)"));
-    // And in an off window, a stalled decode does not make reading ahead look better than it is.
-    PrefetchPolicy q(Mode::Auto);
-    decode(q, 32, [](int i, bool on) { return i == 3 ? 2000.0 : on ? 10.5 : 10.0; });
-    CHECK(!q.reads_ahead());
 }
 
-POLICY_TEST(prefetch_auto_probes_less_often_while_they_agree) {
+POLICY_TEST(prefetch_auto_wants_a_gain_beyond_the_margin) {
+    // Plenty of idle time, but the right guesses save what the wrong ones cost: not worth the cache memory
+    // staged guesses take.
     PrefetchPolicy p(Mode::Auto);
-    const auto on_wins = [](int, bool on) { return on ? 10.0 : 16.0; };
-    const auto off_wins = [](int, bool on) { return on ? 16.0 : 10.0; };
-    CHECK_EQ(decode(p, 32, on_wins), kProbe);
-    for (int stretch : {120, 240, 480, 960, 960}) {
-        CHECK_EQ(decode(p, stretch, on_wins), runs({{stretch, true}}));
-        CHECK_EQ(decode(p, 32, on_wins), kProbe);  // the next probe
-    }
-    // A probe that disagrees starts over at 120.
-    CHECK_EQ(decode(p, 960, on_wins), runs({{960, true}}));
-    CHECK_EQ(decode(p, 32, off_wins), kProbe);
-    CHECK_EQ(decode(p, 120, off_wins), runs({{120, false}}));
-    CHECK_EQ(decode(p, 1, off_wins), runs({{1, false}}));  // the next probe's first window is off
-    CHECK_EQ(decode(p, 7, off_wins), runs({{7, false}}));
-    CHECK_EQ(decode(p, 1, off_wins), runs({{1, true}}));
+    CHECK_EQ(decode(p, 4, Drive{100, 20, 2000, 2, 1}), runs({{4, false}}));
+    // Nothing read on demand (every expert cached): no guess could save a read.
+    PrefetchPolicy cached(Mode::Auto);
+    CHECK_EQ(decode(cached, 4, Drive{50, 0, 2000, 0, 0}), runs({{4, false}}));
 }

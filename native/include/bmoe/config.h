@@ -110,7 +110,10 @@ BMOE_CHOICE(Toggle, BMOE_TOGGLES)
       "With --parallel: prompt tokens decoded per step beside the others' next tokens (a long prompt stalls no "       \
       "stream for more than one chunk).")                                                                              \
     X(int, ubatch, 512, 1, 1 << 24, Rule::Plain, Profile::None, Output::Exact, kNoFlag, "Physical batch size.")        \
-    X(bool, flash_attn, false, 0, 0, Rule::Plain, Profile::None, Output::Exact, kNoFlag, "Flash attention.")           \
+    X(Toggle, flash_attn, Toggle::Auto, 0, 0, Rule::Plain, Profile::Optional, Output::Exact, kFlag,                    \
+      "Flash attention (auto = on, as llama.cpp resolves its own auto on CPU and RPC backends; the model's "           \
+      "architecture may still refuse it, the run info says). A streamed run equals a resident run with the same "      \
+      "setting, bit for bit.")                                                                                         \
     X(int, n_expert_used, kAuto, 1, 4096, Rule::Auto, Profile::None, Output::Lossy, kFlag,                             \
       "Route every token to K experts instead of the model's count (auto = the model's). The output is not "           \
       "the model's; the run info says so and gates refuse it.")                                                        \

@@ -45,11 +45,15 @@ namespace bmoe {
       "a row: DraftPolicy::probing).")                                                                                \
     X(int, dropped, 0, "--drop-cold (lossy): routed slots skipped.")                                                  \
     X(bool, read_ahead, false, "This step guessed each next layer's experts and read them ahead.")                    \
-    X(uint64_t, predicted, 0, "Expert slots guessed ahead (per layer, before its router ran).")                      \
+    X(uint64_t, predicted, 0, "Expert slots guessed ahead (per layer, before its router ran).")                       \
     X(uint64_t, predicted_correct, 0, "... that the router then chose.")                                              \
     X(uint64_t, ahead_bytes, 0, "Bytes read for guesses.")                                                            \
     X(uint64_t, ahead_wasted_bytes, 0, "... for guesses the router did not choose.")                                  \
-    X(uint64_t, net_bytes, 0, "RPC: bytes sent to and received from the workers in this step.")                      \
+    X(uint64_t, guessed_bytes, 0,                                                                                     \
+      "Bytes of the guessed experts that were not cached: read ahead, or (prefetch auto, not reading ahead) only "    \
+      "counted.")                                                                                                     \
+    X(uint64_t, guessed_wasted_bytes, 0, "... of experts the router did not choose.")                                 \
+    X(uint64_t, net_bytes, 0, "RPC: bytes sent to and received from the workers in this step.")                       \
     X(uint64_t, routed_bytes, 0, "Bytes of the distinct experts this step routed to (once each).")                    \
     X(uint64_t, released_bytes, 0, "A prompt's step: compute-buffer memory given back after it.")
 
@@ -97,7 +101,7 @@ namespace bmoe {
     X(int, ctx, 0, "Context length (per sequence).")                                                                  \
     X(int, batch, 0, "Logical batch size.")                                                                           \
     X(int, ubatch, 0, "Physical batch size.")                                                                         \
-    X(bool, flash_attn, false, "Flash attention.")                                                                    \
+    X(bool, flash_attn, false, "Flash attention, as llama.cpp resolved it.")                                          \
     X(std::string, fault, "", "Test only: the fault injected.")                                                       \
     X(double, io_timeout_s, 0, "The I/O deadline (0: none).")                                                         \
     X(bool, verify_slices, false, "Every slice read is checked against the model's checksums.")                       \

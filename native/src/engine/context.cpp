@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "bmoe/error.h"
 #include "draft/mtp_draft.h"
@@ -32,6 +33,25 @@ struct CallBatch {
 
 int online_cores() { return static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))); }
 
+// Whether the context runs flash attention, as llama.cpp says in the lines it logs at its creation: what it was
+// asked for after an architecture's veto ("flash_attn = enabled|disabled|auto"; Grok turns it off), then for auto
+// its probe's verdict ("Flash Attention enabled" or "... not supported, set to disabled").
+bool flash_attn_resolved(const std::string & creation_log, llama_flash_attn_type requested) {
+    if (creation_log.find("Flash Attention not supported") != std::string::npos) {
+        return false;
+    }
+    if (creation_log.find("Flash Attention enabled") != std::string::npos) {
+        return true;
+    }
+    const size_t key = creation_log.find("flash_attn ");
+    const size_t eq = key == std::string::npos ? key : creation_log.find('=', key);
+    const size_t word = eq == std::string::npos ? eq : creation_log.find_first_not_of(' ', eq + 1);
+    if (word == std::string::npos) {
+        return requested != LLAMA_FLASH_ATTN_TYPE_DISABLED;  // the pin stopped saying
+    }
+    return creation_log.compare(word, 7, "enabled") == 0;
+}
+
 }  // namespace
 
 // The target context; an MTP head's draft context is made with the same parameters (drafter.cpp).
@@ -48,7 +68,11 @@ Context::Context(const StreamConfig & config, const ModelSource & file, const Mo
     // the resident prefill, with 23 ms of its 27.8 s stalled on reads (bench-data/2026-12-02).
     prompt_threads_ = config.threads == 0 && config.stream ? std::max(decode_threads_, online_cores()) : decode_threads_;
     clear_llama_error();
-    ctx_.reset(llama_init_from_model(model.get(), p));
+    {
+        LogCapture log;
+        ctx_.reset(llama_init_from_model(model.get(), p));
+        info.flash_attn = flash_attn_resolved(log.text(), p.flash_attn_type);
+    }
     if (!ctx_) {
         const std::string why = last_llama_error();
         throw Error("llama.cpp could not create a context" + (why.empty() ? "" : " (" + why + ")"));
@@ -62,20 +86,30 @@ Context::Context(const StreamConfig & config, const ModelSource & file, const Mo
 // (bench-data/2026-12-05/repack). While streaming, the workers wait for work asleep rather than spinning
 // (poll 0): between a layer's graphs its reads are landing, and a spinning thread per core starves the lanes.
 void Context::attach_pools() {
-    auto pool = [&](int threads) {
-        ggml_threadpool_params tpp = ggml_threadpool_params_default(threads);
-        if (config_.stream) {
-            tpp.poll = 0;
-        }
-        Pool made(ggml_threadpool_new(&tpp));
-        if (!made) {
-            throw Error("could not start " + std::to_string(threads) + " compute threads");
-        }
-        return made;
-    };
-    decode_pool_ = pool(decode_threads_);
-    prompt_pool_ = pool(prompt_threads_);
+    decode_pool_ = make_pool(decode_threads_, !config_.stream);
+    prompt_pool_ = make_pool(prompt_threads_, !config_.stream);
     llama_attach_threadpool(ctx_.get(), decode_pool_.get(), prompt_pool_.get());
+}
+
+Context::Pool Context::make_pool(int threads, bool spin) {
+    ggml_threadpool_params tpp = ggml_threadpool_params_default(threads);
+    if (!spin) {
+        tpp.poll = 0;
+    }
+    Pool made(ggml_threadpool_new(&tpp));
+    if (!made) {
+        throw Error("could not start " + std::to_string(threads) + " compute threads");
+    }
+    return made;
+}
+
+// Where the cache holds every expert, a decode reads nothing once they are in, and its compute is the whole of
+// it: asleep between a layer's graphs, 2 threads decoded the warm 3 GB Q4_K preset at 0.82-0.87x llama-bench,
+// spinning as llama.cpp's own (ggml's default poll) at 0.93-0.99x (bench-data/2026-12-05/repack-fa).
+void Context::spin_decode_threads() {
+    Pool spinning = make_pool(decode_threads_, true);
+    llama_attach_threadpool(ctx_.get(), spinning.get(), prompt_pool_.get());
+    replaced_pool_ = std::exchange(decode_pool_, std::move(spinning));
 }
 
 llama_context_params Context::params() const {
@@ -91,7 +125,10 @@ llama_context_params Context::params() const {
     const int threads = compute_threads(config_.threads, config_.stream, online_cores());
     params.n_threads = threads;
     params.n_threads_batch = threads;  // a long prompt takes every core only around its own batch (threads_for)
-    params.flash_attn_type = config_.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    // auto is llama.cpp's own (its default): on where the attention's device is the layer's, as on CPU and RPC.
+    params.flash_attn_type = config_.flash_attn == Toggle::Off  ? LLAMA_FLASH_ATTN_TYPE_DISABLED
+                             : config_.flash_attn == Toggle::On ? LLAMA_FLASH_ATTN_TYPE_ENABLED
+                                                                : LLAMA_FLASH_ATTN_TYPE_AUTO;
     params.no_perf = true;
     // A recurrent state cannot be cut back to the accepted drafts; where llama.cpp can keep a snapshot
     // per position (qwen35moe, lfm2moe, nemotron_h_moe, ...; it clamps to 0 elsewhere), one per draft.

@@ -124,6 +124,9 @@ void Engine::Impl::stream(const Recipe & recipe) {
     streaming->stream_only_local_layers(*file, info);
     context->set_prompt_ubatch(streaming->size_cache(*file, drafter->mtp(), info));
     streaming->choose_expert_kernels(info);
+    if (streaming->holds_every_expert(info)) {
+        context->spin_decode_threads();
+    }
     streaming->route_to_streamer(context->get(), drafter->mtp());
     streaming->set_up_read_ahead(info);
     streaming->start();
@@ -146,7 +149,6 @@ void Engine::Impl::record_settings(const std::string & path) {
     info.ctx = config.ctx;
     info.batch = config.batch;
     info.ubatch = config.ubatch;
-    info.flash_attn = config.flash_attn;
     info.fault = describe(streaming->fault());
     info.speculative = to_string(config.speculative);
     info.io_timeout_s = static_cast<double>(config.io_timeout);

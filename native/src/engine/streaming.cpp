@@ -101,11 +101,15 @@ void Streaming::set_up_read_ahead(RunInfo & info) {
     RouteTrace * trace = route_trace_.get();
     if (config_.prefetch != Prefetch::Off) {
         seam_->set_predicted_layers(info.n_layer);  // never the trunk's last layer to an MTP head's
-        seam_->set_read_ahead([&streamer, trace](int layer, const std::vector<int> & e) {
+        seam_->set_read_ahead([&streamer, trace](int layer, const std::vector<int> & e, bool read) {
             if (trace != nullptr) {
                 trace->predicted(layer, e);
             }
-            streamer.prefetch(layer, e);
+            if (read) {
+                streamer.prefetch(layer, e);
+            } else {
+                streamer.count_guess(layer, e);
+            }
         });
         prefetch_ = std::make_unique<PrefetchPolicy>(
             config_.prefetch == Prefetch::Auto ? PrefetchPolicy::Mode::Auto : PrefetchPolicy::Mode::Predict);
@@ -140,8 +144,7 @@ void Streaming::warm_up_and_capture(llama_context * ctx, MtpDraft * mtp, const l
 // cached one is converted once and computed on at every token that routes to it. auto repacks the experts only
 // where the cache can keep every one of them.
 void Streaming::choose_expert_kernels(RunInfo & info) {
-    const bool all = config_.repack == Repack::All ||
-                     (config_.repack == Repack::Auto && parts_.streamer->cache().budget() >= info.expert_bytes);
+    const bool all = config_.repack == Repack::All || (config_.repack == Repack::Auto && holds_every_expert(info));
     if (all && parts_.repacked) {
         repack_experts(parts_, info);
         info.repack = to_string(Repack::All);
@@ -244,14 +247,13 @@ void Streaming::begin_step(TokenMetrics & m) {
     }
     if (prefetch_) {
         m.read_ahead = prefetch_->reads_ahead();
-        seam_->set_reading_ahead(m.read_ahead);
+        seam_->set_ahead(m.read_ahead                 ? Seam::Ahead::Read
+                         : prefetch_->guesses_only() ? Seam::Ahead::Count
+                                                     : Seam::Ahead::None);
     }
 }
 
 void Streaming::end_step(TokenMetrics & m, bool prompt, uint64_t faults0) {
-    if (prefetch_ && m.n_tokens == 1) {
-        prefetch_->record(m.wall_ms);
-    }
     if (!parts_.streamer) {
         return;
     }
@@ -273,6 +275,11 @@ void Streaming::end_step(TokenMetrics & m, bool prompt, uint64_t faults0) {
     m.predicted_correct = c.predicted_correct;
     m.ahead_bytes = c.ahead_bytes;
     m.ahead_wasted_bytes = c.ahead_wasted_bytes;
+    m.guessed_bytes = c.guessed_bytes;
+    m.guessed_wasted_bytes = c.guessed_wasted_bytes;
+    if (prefetch_ && m.n_tokens == 1) {
+        prefetch_->record({m.wall_ms, m.io_ms, m.bytes_read, m.guessed_bytes, m.guessed_wasted_bytes, m.read_ahead});
+    }
     m.routed_bytes = c.routed_bytes;
     m.resident_expert_bytes = streamer.resident_expert_bytes();
     const uint64_t budget = streamer.cache().budget();

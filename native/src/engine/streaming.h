@@ -40,6 +40,10 @@ public:
     // --repack all, or auto where the budget just sized holds every expert: the streamed experts compute on
     // llama.cpp's repacked kernels (each slice converted as it is read); else the dense weights alone do.
     void choose_expert_kernels(RunInfo & info);
+    // The cache, once sized, holds every streamed expert: once they are in, decodes read nothing.
+    bool holds_every_expert(const RunInfo & info) const {
+        return parts_.streamer && parts_.streamer->cache().budget() >= info.expert_bytes;
+    }
     void route_to_streamer(llama_context * ctx, MtpDraft * mtp);
     void set_up_read_ahead(RunInfo & info);
     void start();  // the seam streams from now on

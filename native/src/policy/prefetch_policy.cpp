@@ -2,22 +2,23 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <vector>
 
 namespace bmoe::detail {
 namespace {
 
-double median(std::vector<double> v) {
+template <typename Field>
+double median_of(const std::deque<PrefetchPolicy::DecodeEstimate> & samples, Field field) {
+    std::vector<double> v;
+    for (const auto & s : samples) {
+        v.push_back(s.*field);
+    }
     std::sort(v.begin(), v.end());
     const size_t n = v.size();
     return n == 0 ? 0 : n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 }  // namespace
-
-bool PrefetchPolicy::probe_on() const {
-    const int window = done_ / kWindow;  // 0 off, 1 on, 2 on, 3 off
-    return window == 1 || window == 2;
-}
 
 bool PrefetchPolicy::reads_ahead() const {
     switch (mode_) {
@@ -26,48 +27,59 @@ bool PrefetchPolicy::reads_ahead() const {
         case Mode::Predict:
             return true;
         case Mode::Auto:
-            return probing_ ? probe_on() : chosen_on_;
+            return on_ && since_sample_ < kResampleEvery;
     }
     return false;
 }
 
-void PrefetchPolicy::record(double ms) {
+PrefetchPolicy::DecodeEstimate PrefetchPolicy::estimate(const DecodeSample & s) {
+    DecodeEstimate e;
+    // The drive's bandwidth as this decode's on-demand reads got it; without reads, nothing was missed, so
+    // no guess would have saved anything either (a right guess of an uncached expert is a read saved).
+    const double bytes_per_ms = s.io_ms > 0 && s.read_bytes > 0 ? static_cast<double>(s.read_bytes) / s.io_ms : 0;
+    e.idle_ms = std::max(0.0, s.wall_ms - s.io_ms);
+    if (bytes_per_ms > 0 && s.wall_ms > 0) {
+        const uint64_t wrong = std::min(s.guessed_bytes, s.guessed_wasted_bytes);
+        e.wrong_ms = static_cast<double>(wrong) / bytes_per_ms;
+        const double right_ms = static_cast<double>(s.guessed_bytes - wrong) / bytes_per_ms;
+        e.gain = (std::min(right_ms, e.idle_ms) - e.wrong_ms) / s.wall_ms;
+    }
+    return e;
+}
+
+void PrefetchPolicy::record(const DecodeSample & sample) {
     if (mode_ != Mode::Auto) {
         return;
     }
-    if (!probing_) {
-        if (++done_ >= exploit_) {
-            probing_ = true;
-            done_ = 0;
-            on_.clear();
-            off_.clear();
-        }
+    if (sample.read_ahead) {
+        ++since_sample_;
         return;
     }
-    (probe_on() ? on_ : off_).push_back(ms);
-    if (++done_ < 4 * kWindow) {
-        return;
+    samples_.push_back(estimate(sample));
+    if (samples_.size() > kSamples) {
+        samples_.pop_front();
     }
-    const double on = median(on_);
-    const double off = median(off_);
-    measured_ = on > 0 ? off / on : 0;
-    const bool choose_on = off * (1 + kOffMargin) >= on;
-    exploit_ = probed_ && choose_on == chosen_on_ ? std::min(2 * exploit_, kMaxExploit) : kExploit;
-    chosen_on_ = choose_on;
-    probed_ = true;
-    probing_ = false;
-    done_ = 0;
+    since_sample_ = 0;
+    const DecodeEstimate m = median();
+    on_ = m.gain >= kMinGain;
+}
+
+PrefetchPolicy::DecodeEstimate PrefetchPolicy::median() const {
+    return {median_of(samples_, &DecodeEstimate::idle_ms), median_of(samples_, &DecodeEstimate::wrong_ms),
+            median_of(samples_, &DecodeEstimate::gain)};
 }
 
 std::string PrefetchPolicy::state() const {
     if (mode_ != Mode::Auto) {
         return reads_ahead() ? "on" : "off";
     }
-    if (probing_ && !probed_) {
-        return "probing";
+    if (samples_.empty()) {
+        return "sampling";
     }
-    char text[48];
-    std::snprintf(text, sizeof(text), "%s (measured %.2fx)", chosen_on_ ? "on" : "off", measured_);
+    const DecodeEstimate m = median();
+    char text[96];
+    std::snprintf(text, sizeof(text), "%s (saves %.0f%%: %.0f ms idle, %.0f ms of wrong guesses)", on_ ? "on" : "off",
+                  100 * m.gain, m.idle_ms, m.wrong_ms);
     return text;
 }
 

@@ -1,52 +1,74 @@
-// When to read ahead. "predict": every decode. "auto": only while it measurably pays: reading
-// ahead competes with the reads a layer really needs when the storage has no spare bandwidth (a
-// phone's flash lost 21% to it in the seed project's measurements), and no counter says that in
-// advance. So auto measures: windows of decodes with and without read-ahead, in the order
-// off-on-on-off (a steady drift, such as a cache filling, cancels out), then the faster setting
-// for a stretch, then measures again. A loss is bounded by the probes' share of the run, and that
-// share shrinks while the probes keep agreeing.
-// Pure policy: it sees decode times and says yes or no.
+// When to read ahead. "predict": every decode. "auto": where the drive and the guesses say it pays, from
+// the second decode on. Reading ahead can only fill time the drive would otherwise sit idle (while a layer
+// computes, before the next router has chosen): where the drive has none (a Pi 5's NVMe, a microSD card)
+// every wrongly guessed byte is read in the critical path, and a guess being read when the next layer's
+// own reads arrive delays them (lanes do not preempt a read). The seed project lost 21% to it on a phone's
+// flash; `auto`'s old probe (8 decodes off, 16 on, 8 off, decided by their timing) read ahead for decodes
+// 8-23 whatever the drive showed and cost a short answer at the Pi 5 Gen 2 class 11% (issue 48).
+//
+// So auto never times on against off. It reads nothing ahead until a decode has shown, without reading
+// ahead: how long the drive sat idle (wall time less on-demand read time), the drive's bandwidth (bytes
+// over read time), and what reading ahead would have read (the guesses are still made and checked against
+// the router: the bytes of guessed experts not cached, and of those the router did not choose). A right
+// guess is a read moved earlier, into the drive's idle time: it saves at most that idle time, and at most
+// its own read time. A wrong one is a read more, and costs its read time wherever the drive has no time to
+// spare (counted always: auto must never lose). It reads ahead while the saving less the cost is at least
+// kMinGain of a decode. While reading ahead, one decode in kResampleEvery runs without, to see the drive
+// again. Pure policy: it sees one decode's numbers at a time and says yes or no.
 #pragma once
 
+#include <cstdint>
+#include <deque>
 #include <string>
-#include <vector>
 
 namespace bmoe::detail {
+
+// One single-token decode, as the streamer counted it.
+struct DecodeSample {
+    double wall_ms = 0;
+    double io_ms = 0;              // on-demand reads in flight (read-ahead not counted)
+    uint64_t read_bytes = 0;       // read on demand (and ahead, when it read ahead)
+    uint64_t guessed_bytes = 0;    // guessed experts not cached: read ahead, or only counted
+    uint64_t guessed_wasted_bytes = 0;  // ... of experts the router did not choose
+    bool read_ahead = false;
+};
 
 class PrefetchPolicy {
 public:
     enum class Mode { Off, Predict, Auto };
-    static constexpr int kWindow = 8;         // decodes per probe window
-    static constexpr int kExploit = 120;      // decodes between the first probes
-    static constexpr int kMaxExploit = 960;   // the stretch doubles each time a probe agrees with the last
-    // Reading ahead is turned off only when that measured faster by more than this: a tie keeps it
-    // (where the drive has idle time a wrong guess costs bandwidth, not time), and the medians of 16
-    // decodes a side keep one stalled decode from deciding. Not more: at a drive with no idle time
-    // (the Pi 5's NVMe classes) the 1-2% of wrong guesses are bytes, and bytes are time there —
-    // reading ahead measured 2.4-2.5% slower at Gen 2 over 160 tokens, which a 3% margin kept on
-    // (bench-data/2026-12-02/storage-2). Where it pays, it pays far more than 1% (1.24x here).
-    static constexpr double kOffMargin = 0.01;
+    // The decision is the median of the last few decodes without read-ahead (one decode the machine stalled
+    // moves nothing); until there is one, nothing is read ahead.
+    static constexpr size_t kSamples = 5;
+    // Read ahead where it saves at least this share of a decode (below it, a tie: not worth the memory staged
+    // guesses take from the cache, nor the reads of the next layer a guess being read delays).
+    static constexpr double kMinGain = 0.02;
+    static constexpr int kResampleEvery = 16;
 
     explicit PrefetchPolicy(Mode mode) : mode_(mode) {}
 
     // Whether the next single-token decode reads ahead.
     bool reads_ahead() const;
-    // A decode of one token (prompts and speculative batches are not comparable) took `ms`.
-    void record(double ms);
-    // "off", "on", "probing", "on (measured 1.12x)", "off (measured 0.97x)": for the telemetry.
+    // Whether its layers still guess (auto, not reading ahead: the guesses are counted, not read).
+    bool guesses_only() const { return mode_ == Mode::Auto && !reads_ahead(); }
+    void record(const DecodeSample & sample);
+    // "off", "on", "sampling", "on (saves 17%: 26 ms idle, 1 ms of wrong guesses)": for the telemetry.
     std::string state() const;
 
+    // What one decode without read-ahead says reading ahead would have done.
+    struct DecodeEstimate {
+        double idle_ms = 0;   // the drive idle during the decode
+        double wrong_ms = 0;  // reading the wrong guesses, at the bandwidth its reads got
+        double gain = 0;      // the right guesses' reads moved into the idle time, less wrong_ms: a share of the decode
+    };
+    static DecodeEstimate estimate(const DecodeSample & sample);
+
 private:
-    bool probe_on() const;  // in the probe, the setting of the current window
+    DecodeEstimate median() const;  // field by field, over samples_
 
     Mode mode_;
-    bool probing_ = true;
-    bool probed_ = false;     // a probe has ended (its choice is chosen_on_)
-    int done_ = 0;            // decodes recorded in the current phase
-    int exploit_ = kExploit;  // decodes of the current stretch
-    std::vector<double> on_, off_;  // the probe's decode times (medians: one decode the machine stalled moves nothing)
-    bool chosen_on_ = false;
-    double measured_ = 0;     // off time / on time of the last probe
+    std::deque<DecodeEstimate> samples_;  // from decodes without read-ahead, newest last
+    bool on_ = false;
+    int since_sample_ = 0;  // decodes read ahead since the last sample
 };
 
 }  // namespace bmoe::detail

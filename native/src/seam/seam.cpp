@@ -195,9 +195,9 @@ bool Seam::on_computed(ggml_tensor * t) {
         // Only small batches (a decode, a speculative step): a prompt's batch routes to nearly
         // every expert anyway, and its tokens would make a guess as costly as it is useless.
         constexpr int kMaxGuessTokens = 4;
-        if (reading_ahead_ && predictor_ && t->ne[1] <= kMaxGuessTokens && layer + 1 < predicted_layers_ &&
+        if (ahead_ != Ahead::None && predictor_ && t->ne[1] <= kMaxGuessTokens && layer + 1 < predicted_layers_ &&
             predictor_->predict(t, layer, guess_, kMaxGuessTokens)) {
-            read_ahead_(layer + 1, guess_);
+            read_ahead_(layer + 1, guess_, ahead_ == Ahead::Read);
         }
         return true;
     } catch (const std::exception & e) {

@@ -55,7 +55,9 @@ public:
     using Router = std::function<void(int layer, const std::vector<int> & experts, int per_token)>;
 
     // A guess of the experts `layer` will route to, made before its router runs (read-ahead).
-    using ReadAhead = std::function<void(int layer, const std::vector<int> & experts)>;
+    // `read`: read them ahead; else only count what reading them would have read (prefetch_policy.h).
+    using ReadAhead = std::function<void(int layer, const std::vector<int> & experts, bool read)>;
+    enum class Ahead { None, Count, Read };
     // Capture only: a layer's routed experts, before its expert matmuls read them through
     // llama.cpp's mapping (the warm-up decode); advisory, its errors are ignored.
     using RoutedHint = std::function<void(int layer, const std::vector<int> & experts)>;
@@ -70,9 +72,9 @@ public:
     void set_router(Router router) { router_ = std::move(router); }
     void set_warm_up_hint(RoutedHint hint) { warm_up_hint_ = std::move(hint); }
     // After capture: guess each next layer's experts from the routers' weights (seam_predict.h)
-    // and hand the guess over, in the decodes where set_reading_ahead(true) is in force.
+    // and hand the guess over, in the decodes where set_ahead(Count or Read) is in force.
     void set_read_ahead(ReadAhead read_ahead);
-    void set_reading_ahead(bool on) { reading_ahead_ = on; }
+    void set_ahead(Ahead ahead) { ahead_ = ahead; }
     // Guesses only for layers below `n` (the trunk: an MTP head's layer runs in another graph).
     void set_predicted_layers(int n) { predicted_layers_ = n; }
     bool can_read_ahead() const;
@@ -128,7 +130,7 @@ private:
     std::vector<int> ids_;
     ReadAhead read_ahead_;
     std::unique_ptr<NextLayerPredictor> predictor_;
-    bool reading_ahead_ = false;
+    Ahead ahead_ = Ahead::None;
     int predicted_layers_ = 1 << 30;
     std::vector<int> guess_;
     std::unique_ptr<ColdDropper> dropper_;

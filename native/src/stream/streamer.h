@@ -60,6 +60,9 @@ struct StreamCounters {
     uint64_t predicted_correct = 0;
     uint64_t ahead_bytes = 0;
     uint64_t ahead_wasted_bytes = 0;
+    // The guessed experts that were not cached (read ahead or only counted), and those the router did not choose.
+    uint64_t guessed_bytes = 0;
+    uint64_t guessed_wasted_bytes = 0;
     // The bytes of the distinct experts routed since the last take (a prompt's ubatches route to
     // the same experts again: what one read of each would cost).
     uint64_t routed_bytes = 0;
@@ -100,6 +103,9 @@ public:
     // them (make_resident / publish adopt them; the rest are cancelled or released). A guess only
     // ever costs bandwidth and memory: what is computed is what the router chose, read or adopted.
     void prefetch(int layer, const std::vector<int> & experts);
+    // The same guess, not read: only counted (guessed_bytes, guessed_wasted_bytes) once the layer routes, so
+    // --prefetch auto sees what reading ahead would read before it reads anything (prefetch_policy.h).
+    void count_guess(int layer, const std::vector<int> & experts);
 
     // Wait for the batch in flight; rethrows its error after undoing its residency.
     void drain();
@@ -235,6 +241,8 @@ private:
     int ahead_layer_ = -1;
     std::vector<int> ahead_predicted_;  // every guess, cached ones included (for accuracy)
     std::vector<int> ahead_staged_;     // the guesses mapped and queued for reading, sorted
+    int guess_layer_ = -1;              // the last guess's layer (read ahead or only counted)
+    std::vector<int> guess_uncached_;   // ... its experts not cached, sorted
     std::shared_ptr<Batch> ahead_batch_;
     std::shared_ptr<ReadAhead> ahead_;
     int settle_layer_ = -1;

@@ -44,6 +44,8 @@ void Streamer::prefetch(int layer, const std::vector<int> & predicted) {
         }
         ahead_staged_.push_back(e);
     }
+    guess_layer_ = layer;
+    guess_uncached_ = ahead_staged_;
     if (ahead_staged_.empty()) {
         return;
     }
@@ -70,8 +72,34 @@ void Streamer::prefetch(int layer, const std::vector<int> & predicted) {
     lanes_.submit(ahead_batch_, ReadPriority::Background);
 }
 
+void Streamer::count_guess(int layer, const std::vector<int> & predicted) {
+    guess_layer_ = -1;
+    guess_uncached_.clear();
+    if (layer < 0 || layer >= n_layers() || by_layer_[static_cast<size_t>(layer)].empty()) {
+        return;
+    }
+    const int n_expert = tensors_[by_layer_[static_cast<size_t>(layer)].front()].n_expert;
+    for (int e : predicted) {
+        if (e >= 0 && e < n_expert && !cache_.contains({layer, e})) {
+            guess_uncached_.push_back(e);
+        }
+    }
+    std::sort(guess_uncached_.begin(), guess_uncached_.end());
+    guess_uncached_.erase(std::unique(guess_uncached_.begin(), guess_uncached_.end()), guess_uncached_.end());
+    guess_layer_ = layer;
+}
+
 void Streamer::adopt_ahead(int layer, const std::vector<int> & experts, const std::vector<int> & adopted,
                            uint64_t generation) {
+    if (guess_layer_ == layer) {
+        const uint64_t bytes = bytes_per_expert(layer);
+        for (int e : guess_uncached_) {
+            counters_.guessed_bytes += bytes;
+            counters_.guessed_wasted_bytes += std::binary_search(experts.begin(), experts.end(), e) ? 0 : bytes;
+        }
+    }
+    guess_layer_ = -1;
+    guess_uncached_.clear();
     if (ahead_layer_ != layer) {
         return;
     }
