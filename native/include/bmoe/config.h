@@ -96,8 +96,8 @@ BMOE_CHOICE(Toggle, BMOE_TOGGLES)
       "it; the hook is process-wide).")                                                                                \
     X(Prefetch, prefetch, Prefetch::Auto, 0, 0, Rule::Plain, Profile::Optional, Output::Exact, kFlag,                  \
       "Read ahead: guess each next layer's experts from its router weights and read them while this layer "            \
-      "computes (lossless: a wrong guess costs bandwidth, never tokens). predict = every decode; auto = only while "   \
-      "it measures faster than off.")                                                                                  \
+      "computes (lossless: a wrong guess costs bandwidth, never tokens). predict = every decode; auto = where the "    \
+      "drive's idle time and the guesses (counted, not read, in decodes without) say it saves time.")                  \
     X(int, threads, 0, 0, 4096, Rule::Plain, Profile::Required, Output::Exact, "-t",                                   \
       "Compute threads (0 = auto: all cores, one left to the read lanes when streaming).")                             \
     X(int, ctx, 2048, 16, 1 << 24, Rule::Plain, Profile::None, Output::Exact, "-c",                                    \

@@ -103,13 +103,15 @@ Context::Pool Context::make_pool(int threads, bool spin) {
     return made;
 }
 
-// Where the cache holds every expert, a decode reads nothing once they are in, and its compute is the whole of
+// Where the cache holds every expert, a step reads nothing once they are in, and its compute is the whole of
 // it: asleep between a layer's graphs, 2 threads decoded the warm 3 GB Q4_K preset at 0.82-0.87x llama-bench,
 // spinning as llama.cpp's own (ggml's default poll) at 0.93-0.99x (bench-data/2026-12-05/repack-fa).
-void Context::spin_decode_threads() {
-    Pool spinning = make_pool(decode_threads_, true);
-    llama_attach_threadpool(ctx_.get(), spinning.get(), prompt_pool_.get());
-    replaced_pool_ = std::exchange(decode_pool_, std::move(spinning));
+void Context::spin_compute_threads() {
+    Pool decode = make_pool(decode_threads_, true);
+    Pool prompt = make_pool(prompt_threads_, true);
+    llama_attach_threadpool(ctx_.get(), decode.get(), prompt.get());
+    replaced_pools_[0] = std::exchange(decode_pool_, std::move(decode));
+    replaced_pools_[1] = std::exchange(prompt_pool_, std::move(prompt));
 }
 
 llama_context_params Context::params() const {

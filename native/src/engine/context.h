@@ -40,8 +40,8 @@ public:
     static constexpr int kPromptAllCoresTokens = 64;
     // Around a batch with `prompt_tokens` of prompts: every core for a long one (the constructor says why).
     BatchThreads threads_for(size_t prompt_tokens) const;
-    // Decode threads that spin between graphs as llama.cpp's own do: once the cache holds every expert.
-    void spin_decode_threads();
+    // Compute threads that spin between graphs as llama.cpp's own do: once the cache holds every expert.
+    void spin_compute_threads();
     // The physical batch a prompt is decoded in (Streaming::size_cache): the ubatch, or what memory affords.
     void set_prompt_ubatch(int n) { prompt_ubatch_ = n; }
     int prompt_ubatch() const { return prompt_ubatch_; }
@@ -84,9 +84,9 @@ private:
     const Model & model_;
     Streaming & streaming_;
     Pool decode_pool_;  // before ctx_: the context computes on them until it is freed
-    // The decode pool spin_decode_threads replaced: ggml's CPU backend pauses the pool it last computed on when
-    // it is handed another, so that one must live as long as the context too.
-    Pool replaced_pool_;
+    // The pools spin_compute_threads replaced: ggml's CPU backend pauses the pool it last computed on when it is
+    // handed another, so those must live as long as the context too.
+    Pool replaced_pools_[2];
     Pool prompt_pool_;
     llama_context_ptr ctx_;
     int decode_threads_ = 1;

@@ -125,7 +125,7 @@ void Engine::Impl::stream(const Recipe & recipe) {
     context->set_prompt_ubatch(streaming->size_cache(*file, drafter->mtp(), info));
     streaming->choose_expert_kernels(info);
     if (streaming->holds_every_expert(info)) {
-        context->spin_decode_threads();
+        context->spin_compute_threads();
     }
     streaming->route_to_streamer(context->get(), drafter->mtp());
     streaming->set_up_read_ahead(info);

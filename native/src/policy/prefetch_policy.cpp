@@ -42,7 +42,7 @@ PrefetchPolicy::DecodeEstimate PrefetchPolicy::estimate(const DecodeSample & s) 
         const uint64_t wrong = std::min(s.guessed_bytes, s.guessed_wasted_bytes);
         e.wrong_ms = static_cast<double>(wrong) / bytes_per_ms;
         const double right_ms = static_cast<double>(s.guessed_bytes - wrong) / bytes_per_ms;
-        e.gain = (std::min(right_ms, e.idle_ms) - e.wrong_ms) / s.wall_ms;
+        e.gain = (std::min(right_ms, e.idle_ms) - e.wrong_ms - kBlocking * s.io_ms) / s.wall_ms;
     }
     return e;
 }
@@ -61,7 +61,7 @@ void PrefetchPolicy::record(const DecodeSample & sample) {
     }
     since_sample_ = 0;
     const DecodeEstimate m = median();
-    on_ = m.gain >= kMinGain;
+    on_ = samples_.size() >= kMinSamples && m.gain >= kMinGain;
 }
 
 PrefetchPolicy::DecodeEstimate PrefetchPolicy::median() const {

@@ -12,9 +12,12 @@
 // the router: the bytes of guessed experts not cached, and of those the router did not choose). A right
 // guess is a read moved earlier, into the drive's idle time: it saves at most that idle time, and at most
 // its own read time. A wrong one is a read more, and costs its read time wherever the drive has no time to
-// spare (counted always: auto must never lose). It reads ahead while the saving less the cost is at least
-// kMinGain of a decode. While reading ahead, one decode in kResampleEvery runs without, to see the drive
-// again. Pure policy: it sees one decode's numbers at a time and says yes or no.
+// spare (counted always: auto must never lose). And guesses in flight delay the next layer's own reads
+// (kBlocking of the decode's read time). It reads ahead while the saving less the costs is at least kMinGain
+// of a decode, by the medians of at least kMinSamples decodes without (the first decode after a prompt is
+// one, and not a typical one: its pool pages are touched for the first time). While reading ahead, one decode
+// in kResampleEvery runs without, to see the drive again. Pure policy: it sees one decode's numbers at a time
+// and says yes or no.
 #pragma once
 
 #include <cstdint>
@@ -37,10 +40,16 @@ class PrefetchPolicy {
 public:
     enum class Mode { Off, Predict, Auto };
     // The decision is the median of the last few decodes without read-ahead (one decode the machine stalled
-    // moves nothing); until there is one, nothing is read ahead.
+    // moves nothing); until there are kMinSamples, nothing is read ahead.
     static constexpr size_t kSamples = 5;
+    static constexpr size_t kMinSamples = 3;
+    // What guesses being read cost the next layer's reads, as a share of the decode's read time: the cost the
+    // idle-time model misses, measured. At the Pi 5 Gen 2 class reading ahead ran 1% slower where the model
+    // without this term said 7% faster (a 600 ms decode, 520 ms of it reading); at this VM's drive 16%
+    // faster where it said 17% (145 ms, 120 reading) (bench-data/2026-12-05/prefetch-signals/first-policy).
+    static constexpr double kBlocking = 0.1;
     // Read ahead where it saves at least this share of a decode (below it, a tie: not worth the memory staged
-    // guesses take from the cache, nor the reads of the next layer a guess being read delays).
+    // guesses take from the cache).
     static constexpr double kMinGain = 0.02;
     static constexpr int kResampleEvery = 16;
 
@@ -58,7 +67,7 @@ public:
     struct DecodeEstimate {
         double idle_ms = 0;   // the drive idle during the decode
         double wrong_ms = 0;  // reading the wrong guesses, at the bandwidth its reads got
-        double gain = 0;      // the right guesses' reads moved into the idle time, less wrong_ms: a share of the decode
+        double gain = 0;      // the right guesses' reads moved into the idle time, less the costs: a share of the decode
     };
     static DecodeEstimate estimate(const DecodeSample & sample);
 

@@ -6,6 +6,9 @@ board's CPU: cortex-a76 for dotprod layouts, `max` for i8mm ones).
     .venv/bin/python bench-data/2026-12-05/repack/gates/arm_types.py qemu-arm64 > arm-qemu-arm64.json
     .venv/bin/python bench-data/2026-12-05/repack/gates/arm_types.py qemu-arm64-i8mm > arm-qemu-arm64-i8mm.json
 
+A second argument adds cases (comma list): bench-data/2026-12-05/repack-fa/gates/ ran `... BOARD flash-attn-off`
+once flash attention was on in every other case.
+
 The fixtures are made (or found) here, on the host, and linked under the names a bundle's fixtures/ has; the
 board's Python runs gates.run_gates on them under qemu and prints the records as JSON.
 """
@@ -37,9 +40,9 @@ print(json.dumps({"passed": sum(r["passed"] for r in results), "failed": sum(not
 """
 
 
-def main(board: str) -> int:
+def main(board: str, more_cases: tuple[str, ...] = ()) -> int:
     quants = dict.fromkeys((*gates.QUANTS, *gates.TYPE_COLUMN_QUANTS))
-    cells = [(arch, quant, case) for arch in ARCHS for quant in quants for case in CASES]
+    cells = [(arch, quant, case) for arch in ARCHS for quant in quants for case in (*CASES, *more_cases)]
     with tempfile.TemporaryDirectory() as tmp:
         for arch in ARCHS:
             for quant in quants:
@@ -55,4 +58,4 @@ def main(board: str) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1]))
+    raise SystemExit(main(sys.argv[1], tuple(sys.argv[2].split(",")) if len(sys.argv) > 2 else ()))
