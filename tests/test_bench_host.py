@@ -76,6 +76,14 @@ def test_only_the_options_given_are_passed_on(monkeypatch: pytest.MonkeyPatch, t
     assert calls[-1][4] == tmp_path / "o"
 
 
+def test_ram_cap_none_is_no_cap() -> None:
+    """A board whose memory is smaller than the model needs no cgroup (nor root): `--ram-cap none`."""
+    from bmoe_edge.bench import ramcap
+
+    assert ramcap.parse_cap("none", 10 << 30) == 0 and ramcap.parse_cap("40%", 1000) == 400
+    assert type(ramcap.make_cap(0, "cgroup-v2")).__name__ == "NoCap"
+
+
 def test_an_unreachable_board_is_one_line(tmp_path: Path) -> None:
     with socket.socket() as s:     # a port nobody listens on
         s.bind(("127.0.0.1", 0))

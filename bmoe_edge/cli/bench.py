@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Protocol, TypeVar
 
@@ -187,6 +188,7 @@ def bench_stream_cmd(
     with the same --out follows it and fetches it. docs/benchmarks.md: run it on your board and send the card."""
     from bmoe_edge.bench import campaign, layout, ramcap, results
     from bmoe_edge.bench import storage as storage_classes
+    from bmoe_edge.boards import profiles
 
     if host:
         run = _on_board(ctx, host, ["stream"], str(model), out, install_dir, ssh_config, accept_new_host_key)
@@ -205,8 +207,10 @@ def bench_stream_cmd(
                                     defaults=defaults,
                                     long_prompts=_long_prompt_configs(tokens, board, _lengths(long_prompts)))
     matrix = _only_cells(matrix, cells)
+    # Each cell is a Python of its own: on an emulated board (a release under qemu-user) through its exec wrapper.
+    python = [*profiles.exec_prefix_here(), sys.executable]
     campaign.stream_campaign(campaign.Campaign(model, out, cap, cap_method, matrix, repeats, io_seconds=io_seconds,
-                                         routing_tokens=routing_tokens, storage=target))
+                                         routing_tokens=routing_tokens, storage=target, python=python))
     typer.echo(results.write_summary(out).read_text(), nl=False)
 
 
