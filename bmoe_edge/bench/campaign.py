@@ -183,6 +183,7 @@ class Campaign:
     seed: int = 0
     log: Any = None
     storage: StorageTarget | None = None  # every cell's reads throttled to it (None: the drive as it is)
+    python: Sequence[str] = ()  # how a cell's Python starts (an emulated board's exec wrapper; () = sys.executable)
 
 
 def stream_campaign(c: Campaign) -> dict[str, Any]:
@@ -248,7 +249,7 @@ def stream_campaign(c: Campaign) -> dict[str, Any]:
                 cap = make_cap(c.cap_bytes if cell.capped else 0, c.cap_method, limit)
                 timeout = 120 + cell.warmup * 2 + cell.tokens * (30 if cell.kind == "mmap" else 8) + cell.prompt_tokens
                 tokens_csv = raw / f"{cell.label}-r{rep}.csv"
-                record = spawn_cell(cell, c.model, cap, tokens_csv, timeout)
+                record = spawn_cell(cell, c.model, cap, tokens_csv, timeout, python=c.python)
                 flat = _flatten(record, c.model.name, rep)
                 flat["storage"] = c.storage.name if c.storage else NATIVE
                 flat.update(check_verdict(flat, c.storage) if cell.kind == "storage-check" else {})

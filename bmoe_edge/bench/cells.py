@@ -283,11 +283,12 @@ def cell_main(spec_json: str) -> int:
 
 
 def spawn_cell(cell: BenchCell, model: Path, cap: MemCap, tokens_csv: Path | None, timeout: float,
-               env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run a cell in a fresh process (inside the cap), cold: the model's pages dropped first."""
+               env: dict[str, str] | None = None, python: Sequence[str] = ()) -> dict[str, Any]:
+    """Run a cell in a fresh process (inside the cap), cold: the model's pages dropped first. `python`: how
+    this machine starts its Python (an emulated board's exec wrapper first; default: sys.executable)."""
     drop_page_cache(model)
     cap.prepare()
-    cmd = [sys.executable, "-m", "bmoe_edge", "bench", "cell", json.dumps(cell.spec(model, tokens_csv))]
+    cmd = [*(python or [sys.executable]), "-m", "bmoe_edge", "bench", "cell", json.dumps(cell.spec(model, tokens_csv))]
     t0 = time.perf_counter()
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -358,8 +358,10 @@ def _memory_cap(limit_bytes: int, method: str) -> MemCap:
 
 
 def parse_cap(value: str, model_bytes: int) -> int:
-    """`40%` of the model file, or MiB (`1200`, `1200MB`, `1.5GB`)."""
+    """`40%` of the model file, MiB (`1200`, `1200MB`, `1.5GB`), or `none` (0: no cap, no cgroup needed)."""
     v = value.strip().upper()
+    if v == "NONE":
+        return 0
     try:
         if v.endswith("%"):
             return int(model_bytes * float(v[:-1]) / 100)
@@ -367,7 +369,7 @@ def parse_cap(value: str, model_bytes: int) -> int:
             return int(float(v.rstrip("GB")) * 1024 * MiB)
         return int(float(v.rstrip("MB")) * MiB)
     except ValueError:
-        raise BmoeError(f"--ram-cap must be PCT% of the model or MiB, got {value!r}") from None
+        raise BmoeError(f"--ram-cap must be PCT% of the model, MiB or none, got {value!r}") from None
 
 
 if __name__ == "__main__":  # python -m bmoe_edge.bench.ramcap balloon BYTES

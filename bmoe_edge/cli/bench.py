@@ -3,14 +3,60 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
-from typing import Annotated, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 import typer
 
 from bmoe_edge.bench.defaults import PREFILL_CHUNK, SERVE_CTX, THREADS
-from bmoe_edge.cli.common import bench_app, fail, machine_config, setting_options
+from bmoe_edge.cli.common import (
+    AcceptNewOpt,
+    InstallDirOpt,
+    SshConfigOpt,
+    bench_app,
+    fail,
+    machine_config,
+    setting_options,
+)
 from bmoe_edge.engine.settings import BY_NAME
+
+BOARD_HELP = ("Run it on this board over SSH (USER@HOST[:PORT]) through its current release: -m is a path on the "
+              "board, its own profile applies, the results come back into --out.")
+# The options that say where a run happens: never passed on to the board's own command.
+_HERE_ONLY = {"host", "install_dir", "ssh_config", "accept_new_host_key", "out", "model"}
+
+
+def _given_args(ctx: typer.Context) -> list[str]:
+    """The options given on this command line (or by their environment variable), as the board's command line:
+    a flag left out keeps the board's own default (its profile), never this machine's."""
+    args: list[str] = []
+    for param in ctx.command.params:
+        # typer carries its own copy of click: its classes are matched by what they say, not by isinstance
+        source = ctx.get_parameter_source(param.name) if param.name else None
+        if param.param_type_name != "option" or param.name in _HERE_ONLY \
+                or getattr(source, "name", None) not in ("COMMANDLINE", "ENVIRONMENT"):
+            continue
+        value = ctx.params[param.name]
+        flag = max(param.opts, key=len)
+        if param.is_flag:
+            args += [flag] if value else list(param.secondary_opts[:1])
+        else:
+            for v in (value if param.multiple else [value]):
+                args += [flag, str(v)]
+    return args
+
+
+def _on_board(ctx: typer.Context, host: str, command: list[str], model: str, out: Path | None,
+              install_dir: str | None, ssh_config: Path | None, accept_new_host_key: bool) -> Any:
+    """`bench COMMAND` on the board (fleet.bench_run): its progress streams to stderr, its files come into `out`."""
+    # fleet reaches boards with fabric, which a board does not have: imported only when a board is reached
+    from bmoe_edge.fleet import bench_run, remote
+    from bmoe_edge.fleet.targets import parse_target
+
+    options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
+    return bench_run.run_bench(parse_target(host), command, model, _given_args(ctx), out, options=options,
+                               install_dir=install_dir)
 
 
 @bench_app.command("io")
@@ -22,10 +68,23 @@ def bench_io_cmd(
     seconds: Annotated[float, typer.Option("--seconds", help="Per cell (at most; or the file runs out).")] = 3.0,
     repeats: Annotated[int, typer.Option("--repeats", min=1)] = 1,
     out: Annotated[Path | None, typer.Option("--out", help="Write io.csv and io.md here.")] = None,
+    host: Annotated[str | None, typer.Option("--host", help=BOARD_HELP)] = None,
+    install_dir: InstallDirOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
+    *,
+    ctx: typer.Context,
 ) -> None:
-    """Raw random-read bandwidth of the model's drive, cold, at the engine's slice sizes and lane counts."""
+    """Raw random-read bandwidth of the model's drive, cold, at the engine's slice sizes and lane counts.
+
+    With --host, the board's current release measures the board's drive (-m is a path there) and io.csv
+    and io.md come back into --out."""
     from bmoe_edge.bench import io
 
+    if host:
+        run = _on_board(ctx, host, ["io"], str(model), out, install_dir, ssh_config, accept_new_host_key)
+        typer.echo(run.stdout, nl=False)
+        raise typer.Exit(run.exited)
     rows = io.bench_io(model, out, sizes=list(io.iter_sizes(sizes, model)),
                           lanes=[int(x) for x in lanes.split(",")], modes=[m.strip() for m in modes.split(",")],
                           seconds=seconds, repeats=repeats)
@@ -92,8 +151,10 @@ def _long_prompt_configs(tokens: int, board: str | None, lengths: list[int]) -> 
 
 @bench_app.command("stream")
 def bench_stream_cmd(
-    model: Annotated[Path, typer.Option("-m", "--model", help="The gguf (a single file).")],
-    ram_cap: Annotated[str, typer.Option("--ram-cap", help="PCT% of the model file, or MiB.")],
+    model: Annotated[Path, typer.Option("-m", "--model", help="The gguf (a single file; with --host, a path on "
+                                        "the board).")],
+    ram_cap: Annotated[str, typer.Option("--ram-cap", help="PCT% of the model file, MiB, or none (no cgroup: "
+                                         "the machine's own memory, e.g. a board's smaller than the model).")],
     tokens: Annotated[int, typer.Option("--tokens", min=2, help="Generated tokens per cell.")] = 256,
     mmap_tokens: Annotated[int | None, typer.Option("--mmap-tokens", help="For the (slow) mmap cell.")] = None,
     repeats: Annotated[int, typer.Option("--repeats", min=1)] = 3,
@@ -107,19 +168,33 @@ def bench_stream_cmd(
                                                 help="Trace the routing first (the engine's route trace).")] = 0,
     long_prompts: Annotated[str, typer.Option("--long-prompts", help="The long-prompt cells' prompt lengths, "
                                               "tokens (comma list; empty: none).")] = "16,64,512,2048",
-    host: Annotated[str | None, typer.Option("--host", help="Run on a board (not implemented here).")] = None,
+    host: Annotated[str | None, typer.Option("--host", help=BOARD_HELP)] = None,
     storage: Annotated[str, typer.Option("--storage", help="Throttle every cell's reads to a storage class "
                                          "(microsd, rpi5-nvme-gen2, ...), a board's storage (rpi5), MB/s[:IOPS], "
                                          "or native (the drive as it is).")] = "native",
     board: Annotated[str | None, typer.Option("--board", help="The `defaults` cell runs this board's profile "
                                               "(default: the board of --storage, else this machine's).")] = None,
+    install_dir: InstallDirOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
+    *,
+    ctx: typer.Context,
 ) -> None:
-    """Streamed vs llama.cpp mmap under a RAM cap, interleaved and repeated: CSVs, summary.md, plots."""
+    """Streamed vs llama.cpp mmap under a RAM cap, interleaved and repeated: CSVs, summary.md, plots.
+
+    With --host, the campaign runs on the board through its current release (-m is a path there; its profile,
+    memory and drive; only the options given here are passed on), detached: its progress streams here, and its
+    files come back into --out (plots drawn here). A lost connection leaves it running: the same command again
+    with the same --out follows it and fetches it. docs/benchmarks.md: run it on your board and send the card."""
     from bmoe_edge.bench import campaign, layout, ramcap, results
     from bmoe_edge.bench import storage as storage_classes
+    from bmoe_edge.boards import profiles
 
     if host:
-        fail("--host is not implemented yet: copy the model and run `bmoe-edge bench stream` on the board")
+        run = _on_board(ctx, host, ["stream"], str(model), out, install_dir, ssh_config, accept_new_host_key)
+        if run.exited == 0:
+            typer.echo(results.write_summary(out).read_text(), nl=False)
+        raise typer.Exit(run.exited)
     target = storage_classes.parse_storage(storage, storage_targets())  # type: ignore[arg-type]
     # A Pi 5 with its connector forced to Gen 3 runs the rpi5 profile at a class no shipped board extends.
     board = board or (target.board if target else None)
@@ -132,8 +207,10 @@ def bench_stream_cmd(
                                     defaults=defaults,
                                     long_prompts=_long_prompt_configs(tokens, board, _lengths(long_prompts)))
     matrix = _only_cells(matrix, cells)
+    # Each cell is a Python of its own: on an emulated board (a release under qemu-user) through its exec wrapper.
+    python = [*profiles.exec_prefix_here(), sys.executable]
     campaign.stream_campaign(campaign.Campaign(model, out, cap, cap_method, matrix, repeats, io_seconds=io_seconds,
-                                         routing_tokens=routing_tokens, storage=target))
+                                         routing_tokens=routing_tokens, storage=target, python=python))
     typer.echo(results.write_summary(out).read_text(), nl=False)
 
 

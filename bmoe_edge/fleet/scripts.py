@@ -41,4 +41,7 @@ MODEL_PART = _load("model_part.sh")     # $1 dest, $2 part, $3 n: sha of dest, s
 MODEL_APPEND = _load("model_append.sh")  # $1 part, $2 bytes kept; stdin appended
 MODEL_COMMIT = _load("model_commit.sh")  # $1 part, $2 dest, $3 sha256: verify, rename over dest
 SIG_VERIFY = _load("sig_verify.sh")    # $1 allowed_signers, $2 release dir: ssh-keygen -Y verify its manifest
+BENCH_START = _load("bench_start.sh")  # $1 run id, ARGV…: ARGV --out RUN/out detached; prints RUN
+BENCH_FOLLOW = _load("bench_follow.sh")  # $1 run dir, $2 offset: the log as it grows; exits with the run's code
+BENCH_FETCH = _load("bench_fetch.sh")  # $1 run dir: its out/ as a tar stream, exit 3 when there is none
 SERVICE = _load("service.sh")          # $1 start|state, $2 unit, $3 unit file: systemd=no|yes, then its state
