@@ -311,3 +311,24 @@ def test_storage_check_measures_the_throttle(small_models: dict[str, Path]) -> N
     assert result.throttled_read_bytes > 0 and "40000000 B/s" in result.throttle
     for path in ("odirect", "buffered", "mmap"):  # a 1 s window: the first slice and the tail blur it
         assert 0.5 < verdict[f"{path}_ratio"] < 1.3, (path, record)
+
+
+def test_the_held_out_check_takes_the_best_one_knob_rival_and_the_fewest_bytes() -> None:
+    """Issue 48's check (summary.one_knob_targets), per repeat: `defaults` over the best of DEFAULTS_RIVALS, and
+    over the class's bandwidth / the fewest bytes per token any of them read."""
+    from bmoe_edge.bench import summary
+    from bmoe_edge.bench.cells import DEFAULTS_RIVALS
+
+    def row(label: str, repeat: int, tok_s: float, mb: float) -> dict[str, str]:
+        return {"label": label, "kind": "stream", "repeat": str(repeat), "status": "ok", "tok_s": str(tok_s),
+                "bytes_read_per_token": str(mb * 1e6)}
+
+    cells = [row("defaults", 0, 1.70, 240), row("defaults", 1, 1.80, 240)]
+    cells += [row(label, r, 1.75 + 0.1 * r if label == "defaults-prefetch-off" else 1.2, 230 if i == 0 else 330)
+              for i, label in enumerate(DEFAULTS_RIVALS) for r in (0, 1)]
+    t = summary.one_knob_targets(cells, summary.aggregate(cells), {"storage": {"read_mb_s": 430}})["one_knob"]
+    assert [x["best"] for x in t["by_repeat"]] == ["defaults-prefetch-off"] * 2
+    assert t["ratio"] == pytest.approx((1.70 / 1.75 + 1.80 / 1.85) / 2)
+    # The I/O limit from the fewest bytes any of them read (230 MB, the prefetch-off cell's): 430 / 230 tok/s.
+    assert t["io_ratio"] == pytest.approx((1.70 + 1.80) / 2 / (430 / 230))
+    assert summary.one_knob_targets(cells[:2], summary.aggregate(cells[:2]), {}) == {}  # no rival, no verdict

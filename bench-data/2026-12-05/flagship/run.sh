@@ -10,7 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 model=${1:-/tmp/storage-models/flag-17g-skewed.gguf}
-for class in rpi5-nvme-gen2 rpi5-nvme-gen3; do
+for class in ${CLASSES:-rpi5-nvme-gen2 rpi5-nvme-gen3}; do
   ../../../.venv/bin/bmoe-edge bench stream -m "$model" --ram-cap 6.5GB --storage "$class" --tokens 32 \
-    --threads 1 --repeats 2 --cells defaults,defaults-prefetch-off,storage-check --out "$class" > "$class.log" 2>&1
+    --threads 1 --repeats 2 --cells defaults,defaults-prefetch-off,storage-check --board rpi5 --out "$class" \
+    > "$class.log" 2>&1
 done

@@ -278,7 +278,8 @@ void Streaming::end_step(TokenMetrics & m, bool prompt, uint64_t faults0) {
     m.guessed_bytes = c.guessed_bytes;
     m.guessed_wasted_bytes = c.guessed_wasted_bytes;
     if (prefetch_ && m.n_tokens == 1) {
-        prefetch_->record({m.wall_ms, m.io_ms, m.bytes_read, m.guessed_bytes, m.guessed_wasted_bytes, m.read_ahead});
+        prefetch_->record(
+            {m.wall_ms, m.io_ms, m.stall_ms, m.bytes_read, m.guessed_bytes, m.guessed_wasted_bytes, m.read_ahead});
     }
     m.routed_bytes = c.routed_bytes;
     m.resident_expert_bytes = streamer.resident_expert_bytes();

@@ -42,7 +42,8 @@ PrefetchPolicy::DecodeEstimate PrefetchPolicy::estimate(const DecodeSample & s) 
         const uint64_t wrong = std::min(s.guessed_bytes, s.guessed_wasted_bytes);
         e.wrong_ms = static_cast<double>(wrong) / bytes_per_ms;
         const double right_ms = static_cast<double>(s.guessed_bytes - wrong) / bytes_per_ms;
-        e.gain = (std::min(right_ms, e.idle_ms) - e.wrong_ms - kBlocking * s.io_ms) / s.wall_ms;
+        const double saved_ms = std::min({right_ms, e.idle_ms, s.stall_ms});
+        e.gain = (saved_ms - e.wrong_ms - kBlocking * s.io_ms) / s.wall_ms;
     }
     return e;
 }

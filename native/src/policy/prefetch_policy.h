@@ -10,8 +10,9 @@
 // ahead: how long the drive sat idle (wall time less on-demand read time), the drive's bandwidth (bytes
 // over read time), and what reading ahead would have read (the guesses are still made and checked against
 // the router: the bytes of guessed experts not cached, and of those the router did not choose). A right
-// guess is a read moved earlier, into the drive's idle time: it saves at most that idle time, and at most
-// its own read time. A wrong one is a read more, and costs its read time wherever the drive has no time to
+// guess is a read moved earlier, into the drive's idle time: it saves at most that idle time, at most its
+// own read time, and at most the time compute waited for reads (with overlap, a compute-bound decode's reads
+// already hide under its compute). A wrong one is a read more, and costs its read time wherever the drive has no time to
 // spare (counted always: auto must never lose). And guesses in flight delay the next layer's own reads
 // (kBlocking of the decode's read time). It reads ahead while the saving less the costs is at least kMinGain
 // of a decode, by the medians of at least kMinSamples decodes without (the first decode after a prompt is
@@ -30,6 +31,7 @@ namespace bmoe::detail {
 struct DecodeSample {
     double wall_ms = 0;
     double io_ms = 0;              // on-demand reads in flight (read-ahead not counted)
+    double stall_ms = 0;           // compute waiting for reads
     uint64_t read_bytes = 0;       // read on demand (and ahead, when it read ahead)
     uint64_t guessed_bytes = 0;    // guessed experts not cached: read ahead, or only counted
     uint64_t guessed_wasted_bytes = 0;  // ... of experts the router did not choose
