@@ -158,3 +158,53 @@ POLICY_TEST(prefetch_auto_wants_a_gain_beyond_the_margin) {
     PrefetchPolicy cached(Mode::Auto);
     CHECK_EQ(decode(cached, 4, Drive{50, 0, 2000, 0, 0}), runs({{4, false}}));
 }
+
+// The first three decodes without read-ahead as the campaigns recorded them (`tokens.csv` of their `defaults`
+// cells: wall, on-demand read and stall ms; MB read, guessed, of which wrong): the 3 GB Q4_K preset (uniform
+// routing, 40% cap) from bench-data/2026-12-05/prefetch-signals/*-Q4_K-16 (repeat 0), the flagship's shape
+// (skewed, 6.5 GB cap) from bench-data/2026-12-05/flagship/*. What auto chooses at each class, against what the
+// campaigns measured there (docs/benchmarks.md, 2026-12-05 afternoon).
+namespace {
+
+DecodeSample recorded(double wall, double io, double stall, double mb, double guessed_mb, double wasted_mb) {
+    return {wall, io, stall, static_cast<uint64_t>(mb * kMB), static_cast<uint64_t>(guessed_mb * kMB),
+            static_cast<uint64_t>(wasted_mb * kMB), false};
+}
+
+bool chosen_after(const std::vector<DecodeSample> & first_three) {
+    PrefetchPolicy p(Mode::Auto);
+    for (const DecodeSample & s : first_three) {
+        CHECK(!p.reads_ahead());
+        p.record(s);
+    }
+    return p.reads_ahead();
+}
+
+}  // namespace
+
+POLICY_TEST(prefetch_auto_uniform_routing_at_gen2_gen3_and_microsd) {
+    // Gen 2: the drive idles 207, then 71, then 24 ms of a ~600 ms decode, and a tenth of its reads is more than
+    // what the right guesses could save there: off (measured: `--prefetch off` 1.75 tok/s, reading ahead no faster).
+    CHECK(!chosen_after({recorded(671, 464, 428, 268, 256, 5), recorded(606, 535, 492, 272, 264, 3),
+                         recorded(593, 569, 530, 255, 242, 0)}));
+    // Gen 3: twice the bandwidth, 40-96 ms idle of ~300: on (measured a tie with off, 0.98-0.99x the best).
+    CHECK(chosen_after({recorded(348, 252, 215, 266, 254, 5), recorded(306, 228, 180, 268, 260, 3),
+                        recorded(294, 254, 217, 253, 240, 0)}));
+    // microSD: the drive reads through 2.8 of 3 s: off (measured 0.99x of the best, 0.99x of the I/O limit).
+    CHECK(!chosen_after({recorded(2985, 2896, 2856, 268, 256, 5), recorded(3002, 2961, 2912, 272, 264, 3),
+                         recorded(2798, 2765, 2720, 255, 242, 0)}));
+}
+
+POLICY_TEST(prefetch_auto_skewed_routing_at_gen2_gen3_and_microsd) {
+    // The flagship's shape, compute-bound on one thread: the compute waits 80-160 ms for reads, and the guesses
+    // are right (skewed routing): on at Gen 2 and Gen 3 (measured 1.06x and 1.07x of `--prefetch off`).
+    CHECK(chosen_after({recorded(1348, 259, 159, 472, 451, 2), recorded(954, 172, 92, 334, 323, 0),
+                        recorded(837, 154, 82, 281, 268, 2)}));
+    CHECK(chosen_after({recorded(1281, 229, 142, 472, 451, 2), recorded(952, 164, 88, 334, 323, 0),
+                        recorded(804, 140, 72, 281, 268, 2)}));
+    // microSD, derived from Gen 2's decodes (not measured): the same bytes at 90 MB/s take 4.8x the read time,
+    // the same compute and the same overlap (read time less stall); the compute then waits 0.66-1.14 s of each
+    // decode, and the drive idles 0.68-1.09 s: on.
+    CHECK(chosen_after({recorded(2326, 1237, 1137, 472, 451, 2), recorded(1604, 822, 742, 334, 323, 0),
+                        recorded(1419, 736, 664, 281, 268, 2)}));
+}
