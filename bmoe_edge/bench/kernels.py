@@ -36,7 +36,7 @@ class KernelRow:
     decode_tok_s: float
     prompt_tok_s: float
     prompt_reused: int
-    llama_bench_decode_tok_s: float  # llama.cpp's defaults: flash attention auto (on, on this CPU), as the engine's
+    llama_bench_decode_tok_s: float  # llama.cpp's defaults: flash attention auto (on, on this CPU), as the engine here
     llama_bench_prompt_tok_s: float
     hit_pct: float
     flash_attn: bool  # the engine's, as llama.cpp resolved it
@@ -91,8 +91,10 @@ def run(models: Sequence[Path], base: Any, threads: Sequence[int], repacks: Sequ
                 # A fixed cache of every expert: the kernels measured, not the adaptive budget's answer to
                 # llama-bench loading the same model beside it.
                 full_mb = math.ceil(info.model_summary(model).expert_bytes * 1.02 / 2**20 + 1)
+                # Flash attention as llama-bench runs it (llama.cpp's auto; the engine's default is off:
+                # docs/streaming.md says why), so the two compute the same attention.
                 config = replace(base, threads=t, repack=repack, ctx=max(base.ctx, prompt_tokens + 256),
-                                 cache_mb=float(full_mb))
+                                 cache_mb=float(full_mb), flash_attn="auto")
                 with Engine(model, config) as engine:
                     engine.run(PROMPT, WARMUP_TOKENS)  # every expert cached, the pool's pages in place
                     engine.run(_prompt_ids(engine.tokenize, prompt_tokens, -1), 1)
@@ -131,8 +133,9 @@ def write(rows: Sequence[KernelRow], out: Path) -> None:
 def summary(rows: Sequence[KernelRow]) -> str:
     """Medians per model, threads and --repack: the engine's tok/s, llama-bench's, and the paired ratios."""
     lines = [f"# bench kernels ({time.strftime('%Y-%m-%d')})", "",
-             "Streamed with the cache warm (uncapped), the engine's defaults but --threads and --repack, against "
-             "the pin's llama-bench (resident, its defaults: repacked kernels, flash attention auto). Ratios are "
+             "Streamed with the cache warm (uncapped), the engine's defaults but --threads, --repack and flash "
+             "attention auto (as llama-bench's), against the pin's llama-bench (resident, its defaults: repacked "
+             "kernels, flash attention auto). Ratios are "
              "medians of per-repeat ratios (engine / llama-bench, measured back to back).", "",
              "| model | threads | --repack | layouts | flash attention | decode tok/s | llama-bench tg | "
              "decode ratio | prompt tok/s | llama-bench pp | prompt ratio | repeats |",

@@ -40,8 +40,8 @@ DRAFT_MAX = 6
 # Pinned on both sides of every comparison: thread count, batch sizes, flash attention, context.
 # Everything a case does not set is pinned too: serial, no read-ahead, no cache, the kernel's page unit, every
 # expert on the repacked kernels where the pin has a layout (repack all: each slice converted as it is read),
-# flash attention on (what auto resolves to here).
-BASE = StreamConfig(threads=1, ctx=256, batch=64, ubatch=64, flash_attn="auto", repack="all", overlap=False,
+# flash attention off (the default; the flash-attn-on case runs the opt-in path).
+BASE = StreamConfig(threads=1, ctx=256, batch=64, ubatch=64, flash_attn=False, repack="all", overlap=False,
                     prefetch="off", cache_mb=0, page_kb=0, draft_max=DRAFT_MAX)
 
 
@@ -96,8 +96,9 @@ CASES: dict[str, StreamCase] = {c.name: c for c in (
     StreamCase("repack-dense", cache=0.3, overrides={"overlap": True, "repack": "dense"}),
     StreamCase("repack-auto-cache-small", cache=0.3, overrides={"repack": "auto"}, repack_resolves_to="dense"),
     StreamCase("repack-auto-cache-large", cache=2.0, overrides={"repack": "auto"}, repack_resolves_to="all"),
-    # Every other case runs flash attention (auto's choice); here the attention llama.cpp computes without it.
-    StreamCase("flash-attn-off", cache=0.3, overrides={"overlap": True, "flash_attn": False}),
+    # Flash attention (opt-in, --flash-attn on|auto: a different attention kernel, and llama.cpp's only way to run
+    # minimax-m3's MSA sparse attention), against a resident run with it too.
+    StreamCase("flash-attn-on", cache=0.3, overrides={"overlap": True, "flash_attn": True}),
 )}
 
 

@@ -32,8 +32,8 @@ MINIMAX_M3 = ArchRow(
     # MiniMax-M3 (minimax-m3.cpp): GQA with per-head q/k norms, a dense first layer, then MoE layers
     # with swiglu-oai experts, sigmoid + bias routing, a shared expert, and MSA block-sparse attention:
     # an indexer (one head per kv group) picks the top blocks (4-token blocks here, top 2, 1 local).
-    # llama.cpp runs MSA only with flash attention on, as the gate cells do (auto); their flash-attn-off
-    # case runs the dense fallback (the indexer weights load, unused). MSA ropes the indexer's keys with the
+    # llama.cpp runs MSA only with flash attention on, as the gates' flash-attn-on case does; their other
+    # cases run the dense fallback (the indexer weights load, unused). MSA ropes the indexer's keys with the
     # attention's rotary dims, so they are the indexer's key length here (the model: 64 rotary dims of 128): with
     # the default, the whole head, a K-quant fixture's wider heads aborted llama.cpp (GGML_ASSERT(n_dims <= ne0)
     # in rope), stock llama-bench alike.

@@ -110,10 +110,11 @@ BMOE_CHOICE(Toggle, BMOE_TOGGLES)
       "With --parallel: prompt tokens decoded per step beside the others' next tokens (a long prompt stalls no "       \
       "stream for more than one chunk).")                                                                              \
     X(int, ubatch, 512, 1, 1 << 24, Rule::Plain, Profile::None, Output::Exact, kNoFlag, "Physical batch size.")        \
-    X(Toggle, flash_attn, Toggle::Auto, 0, 0, Rule::Plain, Profile::Optional, Output::Exact, kFlag,                    \
-      "Flash attention (auto = on, as llama.cpp resolves its own auto on CPU and RPC backends; the model's "           \
-      "architecture may still refuse it, the run info says). A streamed run equals a resident run with the same "      \
-      "setting, bit for bit.")                                                                                         \
+    X(Toggle, flash_attn, Toggle::Off, 0, 0, Rule::Plain, Profile::Optional, Output::Exact, kFlag,                     \
+      "Flash attention: off, on, or auto (llama.cpp's: on for CPU and RPC backends; Grok refuses it). On decodes "     \
+      "faster, but rounds differently with the batch's size: a reused prefix's, a batched score's or an echo's "       \
+      "logprobs then differ from a fresh run's beyond the plain kernels' rounding. A streamed run equals a resident "  \
+      "run with the same setting, bit for bit.")                                                                       \
     X(int, n_expert_used, kAuto, 1, 4096, Rule::Auto, Profile::None, Output::Lossy, kFlag,                             \
       "Route every token to K experts instead of the model's count (auto = the model's). The output is not "           \
       "the model's; the run info says so and gates refuse it.")                                                        \

@@ -102,14 +102,14 @@ void Streaming::set_up_read_ahead(RunInfo & info) {
     if (config_.prefetch != Prefetch::Off) {
         seam_->set_predicted_layers(info.n_layer);  // never the trunk's last layer to an MTP head's
         seam_->set_read_ahead([&streamer, trace](int layer, const std::vector<int> & e, bool read) {
+            if (!read) {
+                streamer.count_guess(layer, e);  // the trace's guesses are those read ahead
+                return;
+            }
             if (trace != nullptr) {
                 trace->predicted(layer, e);
             }
-            if (read) {
-                streamer.prefetch(layer, e);
-            } else {
-                streamer.count_guess(layer, e);
-            }
+            streamer.prefetch(layer, e);
         });
         prefetch_ = std::make_unique<PrefetchPolicy>(
             config_.prefetch == Prefetch::Auto ? PrefetchPolicy::Mode::Auto : PrefetchPolicy::Mode::Predict);

@@ -54,13 +54,12 @@ struct StreamCounters {
     double convert_ms = 0;  // lanes converting slices to the kernels' layout (--repack), summed
     double stall_ms = 0;  // serial: eval thread blocked; overlap: per compute thread, averaged
     double drain_ms = 0;  // overlap: waiting for the previous layer's reads before publishing
-    // Read-ahead (prefetch): experts guessed for a layer before its router ran, how many of them
-    // it routed to, and the bytes read for guesses (all / for the ones it did not route to).
+    // Read-ahead: experts guessed for a layer before its router ran, how many it chose, the bytes read for
+    // guesses (all / those it did not choose), and the guessed experts not cached (read ahead or only counted):
     uint64_t predicted = 0;
     uint64_t predicted_correct = 0;
     uint64_t ahead_bytes = 0;
     uint64_t ahead_wasted_bytes = 0;
-    // The guessed experts that were not cached (read ahead or only counted), and those the router did not choose.
     uint64_t guessed_bytes = 0;
     uint64_t guessed_wasted_bytes = 0;
     // The bytes of the distinct experts routed since the last take (a prompt's ubatches route to
@@ -98,13 +97,11 @@ public:
     // batch failed, or the I/O deadline passed: then the decode is failed). Unknown keys (tensors
     // we do not stream) return at once; an expert id out of range fails the decode.
     void wait_ready(const void * key, int expert);
-    // Read-ahead: `experts` (a prediction) of `layer`, the next layer to route. Those not cached are
-    // mapped and read at background priority; they join the cache only if the layer routes to
-    // them (make_resident / publish adopt them; the rest are cancelled or released). A guess only
-    // ever costs bandwidth and memory: what is computed is what the router chose, read or adopted.
+    // Read-ahead: `experts` (a prediction) of `layer`, the next layer to route. Those not cached are mapped and read
+    // at background priority; they join the cache only if the layer routes to them (make_resident / publish adopt
+    // them; the rest are cancelled or released): a guess only ever costs bandwidth and memory. count_guess: the
+    // same guess only counted once the layer routes, not read (prefetch_policy.h: what auto decides from).
     void prefetch(int layer, const std::vector<int> & experts);
-    // The same guess, not read: only counted (guessed_bytes, guessed_wasted_bytes) once the layer routes, so
-    // --prefetch auto sees what reading ahead would read before it reads anything (prefetch_policy.h).
     void count_guess(int layer, const std::vector<int> & experts);
 
     // Wait for the batch in flight; rethrows its error after undoing its residency.
@@ -241,8 +238,7 @@ private:
     int ahead_layer_ = -1;
     std::vector<int> ahead_predicted_;  // every guess, cached ones included (for accuracy)
     std::vector<int> ahead_staged_;     // the guesses mapped and queued for reading, sorted
-    int guess_layer_ = -1;              // the last guess's layer (read ahead or only counted)
-    std::vector<int> guess_uncached_;   // ... its experts not cached, sorted
+    int guess_layer_ = -1; std::vector<int> guess_uncached_;  // the last guess (read or counted), its experts not cached
     std::shared_ptr<Batch> ahead_batch_;
     std::shared_ptr<ReadAhead> ahead_;
     int settle_layer_ = -1;
