@@ -1,7 +1,9 @@
 """`bench stream --host` / `bench io --host` (issue #48): the campaign runs on the emulated board (a real sshd in
 front of the deployed qemu-arm64 bundle) through its release, detached; its files come back and look like a
 local run's; a lost connection is one line and the same command picks the run up; the card made from the
-fetched run names no host, user or path."""
+fetched run names no host, user or path.
+Named to sort after test_deploy.py: the board's tests run in one worker in file order, and the deploy tests'
+first deploy must find the board empty (this file's deploys are redeploys)."""
 
 from __future__ import annotations
 
