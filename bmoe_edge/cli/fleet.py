@@ -87,7 +87,7 @@ def deploy_cmd(
     from bmoe_edge.fleet import deploy, services, trust
 
     spec = None
-    given = {name: value for name, value in serve.items() if value not in (None, ())}
+    given = serve_rows.given(serve)
     if service is not None:
         keys = serve_rows.read_api_keys(api_key_file) if api_key_file is not None else ()
         spec = services.spec_for(service, model=model, bind=bind, port=port, api_key="\n".join(keys) or None,

@@ -75,7 +75,7 @@ def serve_cmd(
     where: Where,
 ) -> None:
     """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health,
-    /metrics) over one engine that streams the model's experts.
+    /metrics, and a chat page at /) over one engine that streams the model's experts.
 
     With --host it runs on the board through its current release (-m is a path there), listening on
     the board's loopback only, and this machine's 127.0.0.1:--local-port is forwarded to it over SSH."""
@@ -96,7 +96,8 @@ def serve_cmd(
                      allowed_hosts=serve["allowed_host"], cors_origins=serve["cors_origin"],
                      max_connections=serve["max_connections"], body_timeout_s=serve["body_timeout"],
                      queue_size=serve["queue"], template=serve["chat_template"], parse_special=config.parse_special,
-                     model_id=serve["model_id"], prompt_cache_mb=serve["prompt_cache_mb"], say=say)
+                     model_id=serve["model_id"], prompt_cache_mb=serve["prompt_cache_mb"],
+                     with_ui=not serve["no_ui"], say=say)
 
 
 def _serve_on_board(model: Path, board: str | None, engine: dict[str, Any], serve: dict[str, Any], where: Where,

@@ -100,6 +100,8 @@ OPTIONS: tuple[ServeOption, ...] = (
     ServeOption("chat_template", ("--chat-template",), str, None, "A file with a model's Jinja template (any of "
                 "llama.cpp's models/templates), or chatml (default: the model's own; ChatML when it has none).",
                 board=Reach.FORWARDED, service=Reach.FORWARDED),
+    ServeOption("no_ui", ("--no-ui",), bool, False, "Serve no chat page at / (GET / is then a 404); the API is "
+                "unchanged.", board=Reach.FORWARDED, service=Reach.FORWARDED),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 
@@ -107,6 +109,12 @@ BY_NAME = {o.name: o for o in OPTIONS}
 def reaching(where: str) -> tuple[ServeOption, ...]:
     """The rows a place takes as given: "board" (`serve --host`) or "service" (`deploy --service serve`)."""
     return tuple(o for o in OPTIONS if getattr(o, where) is Reach.FORWARDED)
+
+
+def given(values: Mapping[str, object]) -> dict[str, object]:
+    """The options of `values` that were given: not None, not an empty list, not a switch left off."""
+    return {name: value for name, value in values.items()
+            if value is not None and value != () and not (BY_NAME[name].kind is bool and value is False)}
 
 
 def as_flags(values: Mapping[str, object], where: str) -> list[str]:

@@ -85,7 +85,7 @@ def spec_for(name: str, *, model: str | None, bind: str, port: int | None, api_k
     """A service as `deploy --service` describes it, checked before anything reaches a board. `serve`: serve's own
     options given (None or empty for none)."""
     kind = kind_named(name)
-    given = {k: v for k, v in (serve or {}).items() if v not in (None, ())}
+    given = serve_options.given(serve or {})
     if no_auth and (api_key or not kind.api_key):
         raise BmoeError("--no-auth goes with --service serve and without --api-key-file")
     if kind.api_key and serve_options.needs_key(bind, bool(api_key), no_auth):

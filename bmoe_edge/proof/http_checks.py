@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
+from bmoe_edge.serve import ui
 from bmoe_edge.serve.api_errors import speaks_anthropic
+
+PAGE_TYPES = tuple(media_type.split(";")[0] for media_type in ui.MEDIA_TYPES.values())   # the chat page's files
 
 
 def is_error_object(data: bytes, path: str) -> bool:
@@ -63,6 +66,8 @@ def good_success(headers: dict[str, str], data: bytes) -> str:
         return ""
     if headers.get("content-type", "").startswith("text/plain"):   # /metrics
         return ""
+    if headers.get("content-type", "").startswith(PAGE_TYPES):   # GET / and its files (serve/ui.py)
+        return "" if "content-security-policy" in headers else "a page's file without its Content-Security-Policy"
     try:
         json.loads(data or b"null")
     except ValueError:

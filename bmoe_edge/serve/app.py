@@ -28,7 +28,7 @@ from starlette.routing import Route
 from bmoe_edge.engine import chat, native
 from bmoe_edge.engine.generation import PositionLogprobs
 from bmoe_edge.errors import RequestError
-from bmoe_edge.serve import anthropic_api, limits, metrics, openai_api, params, responses_api
+from bmoe_edge.serve import anthropic_api, limits, metrics, openai_api, params, responses_api, stats, ui
 from bmoe_edge.serve.api_errors import ApiError
 from bmoe_edge.serve.gate import Gate
 from bmoe_edge.serve.worker import Job, Prepared, QueueFull, Request, Unavailable, Worker, loop_delivery, request_id
@@ -299,6 +299,7 @@ class Server:
         body = await _body(request, self.body_timeout_s)
         req = openai_api.parse_chat(body, self.model_id)
         stream, with_usage = bool(body.get("stream")), openai_api.include_usage(body)
+        telemetry = openai_api.streamer_stats(body)
         del body   # what the job needs is in `req`: the body's objects go now, not after its answer
         job, events = await self._job(req, request)
         with _cancelled_unless_answered(job):
@@ -306,21 +307,30 @@ class Server:
             wanted = req.sampling.logprobs >= 0
             if not stream:
                 reply, found = await self._result(request, job, events)
-                return JSONResponse(openai_api.chat_completion(rid, self.model_id, reply, found if wanted else None))
+                whole = openai_api.chat_completion(rid, self.model_id, reply, found if wanted else None)
+                return JSONResponse(whole | ({"streamer": {"answer": stats.answer(reply)}} if telemetry else {}))
 
             held: list[PositionLogprobs] = []   # logprobs of text still held back: they go with the next chunk
+            steps: list[Body] = []   # streamer_stats: the steps of the tokens since the last chunk
 
             def chunk(d: chat.Delta) -> list[Body]:
                 fields = openai_api.delta_fields(d)
                 held.extend(openai_api.positions(d))
+                if telemetry and d.token is not None:
+                    steps.append(stats.step(d.token.metrics))
                 if not fields:
                     return []
                 out = openai_api.chat_chunk(rid, self.model_id, fields, logprobs=held[:] if wanted else None)
                 held.clear()
+                if telemetry:
+                    out["streamer"] = {"steps": steps[:]}
+                    steps.clear()
                 return [out]
 
             def last(reply: chat.Reply) -> list[dict[str, Any]]:
                 out = [openai_api.chat_chunk(rid, self.model_id, {}, reply.finish_reason, held[:] if held else None)]
+                if telemetry:
+                    out[0]["streamer"] = {"steps": steps[:], "answer": stats.answer(reply)}
                 if with_usage:
                     out.append(openai_api.envelope("chat.completion.chunk", rid, self.model_id)
                                | {"choices": [], "usage": openai_api.usage(reply)})
@@ -440,8 +450,9 @@ class Server:
 
 def create_app(worker: Worker, model_id: str, api_keys: Sequence[str] = (), *, bind: str = "127.0.0.1",
                allowed_hosts: Sequence[str] = (), cors_origins: Sequence[str] = (),
-               body_timeout_s: float = limits.BODY_TIMEOUT_S) -> Starlette:
-    """The routes behind the gate (gate.py: Host, Origin and Content-Type checked first)."""
+               body_timeout_s: float = limits.BODY_TIMEOUT_S, with_ui: bool = True) -> Starlette:
+    """The routes behind the gate (gate.py: Host, Origin and Content-Type checked first); `with_ui`: the chat
+    page at / (ui.py; public: its files hold no secret, the API calls it makes need the key)."""
     server = Server(worker, model_id, api_keys, body_timeout_s)
 
     def guarded(handler: Callable, public: bool = False) -> Callable:
@@ -467,6 +478,7 @@ def create_app(worker: Worker, model_id: str, api_keys: Sequence[str] = (), *, b
     handlers = {"chat": server.chat_completions, "completions": server.completions, "messages": server.messages,
                 "count_tokens": server.count_tokens, "responses": server.responses}
     routes += [Route(params.PATHS[route], guarded(handlers[route]), methods=["POST"]) for route in params.ROUTES]
+    routes += ui.routes() if with_ui else []
     if os.environ.get(TEST_HOOKS) == "1" and native.load().build_info().test_faults:
         routes.append(Route("/_test/kill-worker", guarded(server.kill_worker), methods=["POST"]))
     async def http_error(request: HttpRequest, exc: Exception) -> Response:

@@ -5,6 +5,8 @@
   that rebinds its own name to this machine's address (DNS rebinding) sends its own name: refused (403).
 - A request with `Origin` (a browser's cross-site request) is refused (403) unless `--cors-origin`
   allows that origin; then the answers carry CORS headers and a preflight (OPTIONS) is answered here.
+  An Origin that is this server itself (`http://` + the Host it was reached by, which the Host check has
+  already let in) is the chat page (ui.py) calling its own API: let in, as a browser lets it in.
 - A POST body must be declared `application/json` (415): a browser's "simple" request (text/plain,
   form data) never reaches the JSON parser, so a page cannot post to it without a preflight.
 
@@ -86,7 +88,7 @@ class Gate:
             return
         origin = headers.get("origin")
         cors: list[tuple[bytes, bytes]] = []
-        if origin is not None:
+        if origin is not None and not same_origin(origin, headers.get("host")):
             if not self.origin_allowed(origin):
                 await _refuse(send, path, 403, f"requests from the web origin {origin[:100]!r} are refused "
                               "(--cors-origin ORIGIN lets one in)", "origin_not_allowed")
@@ -110,6 +112,13 @@ class Gate:
             await send(message)
 
         await self.app(scope, receive, with_cors)
+
+
+def same_origin(origin: str, host: str | None) -> bool:
+    """Whether `origin` is this server as the request reached it: a page this server served (the chat page)
+    calling its own API. Safe because the Host was checked first: a rebound name never gets this far."""
+    return host is not None and origin.rstrip("/").lower() in (f"http://{host.strip().lower()}",
+                                                                 f"https://{host.strip().lower()}")
 
 
 def _media_type(value: str) -> str:

@@ -71,6 +71,11 @@ def include_usage(body: Mapping[str, Any]) -> bool:
     return bool((body.get("stream_options") or {}).get("include_usage"))
 
 
+def streamer_stats(body: Mapping[str, Any]) -> bool:
+    """bmoe-edge's `streamer_stats`: the streamer's telemetry in the answer (stats.step, stats.answer)."""
+    return _bool(body, params.STREAMER_STATS)
+
+
 def _think(body: Mapping[str, Any]) -> bool | None:
     """llama-server's `chat_template_kwargs.enable_thinking`, or a plain `think`."""
     kwargs = body.get("chat_template_kwargs") or {}

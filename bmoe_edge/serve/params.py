@@ -238,6 +238,7 @@ INCLUDE_LOGPROBS = "message.output_text.logprobs"
 INCLUDES = (INCLUDE_LOGPROBS, "reasoning.encrypted_content")
 
 
+STREAMER_STATS = "streamer_stats"
 EFFORTS = ("low", "medium", "high")
 SEED = Integer(-(1 << 63), (1 << 64) - 1)   # OpenAI's: any 64-bit integer (the engine takes it modulo 2^32 - 1)
 
@@ -285,6 +286,8 @@ PARAMETERS: tuple[Param, ...] = (
     Param("think", Flag(), chat="supported", openai=False),
     Param("chat_template_kwargs", TemplateKwargs(), chat="supported", openai=False),
     Param("continue_final_message", Flag(), chat="supported", openai=False),
+    # bmoe-edge's own: the streamer's telemetry per step and per answer in the answer (stats.py; the chat page's)
+    Param(STREAMER_STATS, Flag(), chat="supported", openai=False),
     Param("response_format", ResponseFormat(), completions="supported", openai=False),
     # Anthropic's Messages API (POST /v1/messages; count_tokens takes the ones that shape the prompt)
     _anthropic("model", ModelName()),

@@ -126,7 +126,7 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
           cors_origins: Sequence[str] = (), max_connections: int = MAX_CONNECTIONS,
           body_timeout_s: float = limits.BODY_TIMEOUT_S, queue_size: int = QUEUE, template: str | None = None,
           parse_special: bool = False, model_id: str | None = None, prompt_cache_mb: int | None = None,
-          say: Callable[[str], None] = print) -> None:
+          with_ui: bool = True, say: Callable[[str], None] = print) -> None:
     # uvicorn and Starlette (app, worker) load when a server starts, not when this module is imported.
     from bmoe_edge.serve import connections
     from bmoe_edge.serve.app import create_app
@@ -149,9 +149,11 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
             if worker.template.note:
                 say(f"note: {worker.template.note}")
             app = create_app(worker, name, api_keys, bind=bind, allowed_hosts=allowed_hosts,
-                             cors_origins=cors_origins, body_timeout_s=body_timeout_s)
+                             cors_origins=cors_origins, body_timeout_s=body_timeout_s, with_ui=with_ui)
             host, bound_port = sock.getsockname()[:2]
             say(f"serving {name} on http://{host}:{bound_port}/v1 (queue {queue_size}; Ctrl-C stops)")
+            if with_ui:
+                say(f"chat page: http://{host}:{bound_port}/")
             server = _uvicorn_server(worker, _uvicorn_config(app, limits))
             watch = threading.Thread(target=_watch, args=(worker, server), name="bmoe-watch", daemon=True)
             watch.start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,9 +51,8 @@ class Stats:
             self.prefill_bytes += first.bytes_read
             self.last_prompt_tok_s = 1000 * first.n_tokens / first.wall_ms if first.wall_ms > 0 else 0.0
         if decode:
-            ms = sum(m.wall_ms for m in decode)
-            self.decode_seconds += ms / 1000
-            self.last_tok_s = 1000 * len(decode) / ms if ms > 0 else 0.0
+            self.decode_seconds += sum(m.wall_ms for m in decode) / 1000
+            self.last_tok_s = tok_s(decode)
         for m in reply.metrics:
             self._count(m)
 
@@ -64,6 +64,41 @@ class Stats:
         self.drafted += m.drafted
         self.accepted += m.accepted
         self.rss_bytes = m.rss_bytes
+
+
+def tok_s(decode: Sequence[TokenMetrics]) -> float:
+    """Decode speed: steps (after the prompt's) per second of their wall time."""
+    ms = sum(m.wall_ms for m in decode)
+    return 1000 * len(decode) / ms if ms > 0 else 0.0
+
+
+# A request's `streamer_stats: true` (params.STREAMER_STATS): what the streamer did, each step (a streamed
+# chunk carries the steps of the tokens it carries) and for the whole answer (the last chunk, or the answer's
+# body). The field names are the engine's TokenMetrics rows (native/include/bmoe/metrics.h).
+STEP_FIELDS = ("step", "n_tokens", "wall_ms", "stall_ms", "bytes_read", "cache_hits", "cache_lookups")
+
+
+def step(m: TokenMetrics) -> dict[str, Any]:
+    return {name: round(v, 3) if isinstance(v := getattr(m, name), float) else v for name in STEP_FIELDS}
+
+
+def answer(reply: chat.Reply) -> dict[str, Any]:
+    """One answer's view of the streamer: its prompt's step (the engine's time to the first token) apart from
+    the decode steps after it (speed, reads per token, expert cache hits, time compute waited for reads)."""
+    if not reply.metrics:
+        return {"tokens": 0}
+    prompt, decode = reply.metrics[0], reply.metrics[1:]
+    lookups = sum(m.cache_lookups for m in decode)
+    read = sum(m.bytes_read for m in decode)
+    last = reply.metrics[-1]
+    return {"tokens": reply.completion_tokens, "tok_s": round(tok_s(decode), 3),
+            "ttft_ms": round(prompt.wall_ms, 3), "prompt_tokens_decoded": prompt.n_tokens,
+            "prefill_mb": round(prompt.bytes_read / 1e6, 3),
+            "mb_per_token": round(read / 1e6 / len(decode), 4) if decode else 0.0,
+            "hit_rate": round(sum(m.cache_hits for m in decode) / lookups, 4) if lookups else None,
+            "stall_ms": round(sum(m.stall_ms for m in decode), 3),
+            "cache_budget_mb": round(last.cache_budget_bytes / (1 << 20), 1),
+            "rss_mb": round(last.rss_bytes / (1 << 20), 1)}
 
 
 # No token, no prompt chunk, no answer's end for this long while a job runs: the engine thread is stuck (a native
