@@ -13,6 +13,8 @@ declare -A needs=(
   [aarch64-linux-gnu-gcc]=crossbuild-essential-arm64 [aarch64-linux-gnu-g++]=crossbuild-essential-arm64
   [qemu-aarch64]=qemu-user [ssh]=openssh-client [ssh-keygen]=openssh-client [/usr/sbin/sshd]=openssh-server
   [python3]=python3 [tmux]=tmux
+  # tests/test_serve_ui.py: the chat page in a real browser (selenium, a dev dependency, drives it)
+  [chromium]=chromium [chromedriver]=chromium-driver
 )
 missing=()
 for tool in "${!needs[@]}"; do
