@@ -66,7 +66,8 @@ export function panel(stats, clientTtftMs) {
     figure("TTFT", clientTtftMs === null ? `${fixed(s.ttft_ms, 0)} ms` : `${fixed(clientTtftMs, 0)} ms`,
       `time to the first token: as this page saw it (the engine's prompt step: ${fixed(s.ttft_ms, 0)} ms)`),
     figure("hit", hit, "expert cache hits / lookups while decoding"),
-    figure("MB/tok", fixed(s.mb_per_token, 2), "megabytes read from storage per generated token"),
+    figure("MB/tok", fixed(s.mb_per_token, s.mb_per_token < 0.1 ? 4 : 2),
+      "megabytes read from storage per generated token"),
     figure("stall", `${fixed(s.stall_ms, 0)} ms`, "compute time spent waiting for expert reads"),
   );
   if (stats.answer && stats.answer.cache_budget_mb !== undefined) {
