@@ -617,6 +617,41 @@ def test_systemd_unit_renders_and_its_execstart_runs_a_job(deployed: dict, board
     assert _token_ids(remote_run.stdout) == ids
 
 
+def _chat_page_through_a_forwarded_port(board, lab: Path, port: int, key: str) -> None:
+    """The service's chat page as a user opens it from a laptop: `ssh -L` to the board's loopback port, then
+    the page (and, where Chromium is, one question asked in it) at this machine's forwarded port."""
+    import test_serve_ui
+    from test_serve import http
+
+    local = _free_port()
+    tunnel = subprocess.Popen(["ssh", "-F", str(lab / "ssh_config"), "-p", str(board.port), "-N",
+                               "-o", "ExitOnForwardFailure=yes", "-L", f"{local}:127.0.0.1:{port}",
+                               f"{board.user}@127.0.0.1"], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{local}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                page = http(url, "GET", "/")
+                break
+            except OSError:
+                assert tunnel.poll() is None and time.monotonic() < deadline, tunnel.stderr
+                time.sleep(0.2)
+        assert page.status_code == 200 and "script-src 'self'" in page.headers["content-security-policy"]
+        assert not re.search(r"https?://", page.text)
+        # what the page's script sends: its own origin (this end of the tunnel) and the key as the bearer
+        call = http(url, "POST", "/v1/chat/completions",
+                    json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).encode(),
+                    {"Content-Type": "application/json", "Origin": url, "Authorization": f"Bearer {key}"})
+        assert call.status_code == 200 and call.json()["usage"]["completion_tokens"] == 2, call.text
+        if isinstance(test_serve_ui._browser_paths(), tuple) or os.environ.get("CI") == "true":
+            with test_serve_ui.chromium() as driver:
+                assert test_serve_ui.ask_once(driver, url, "The quick brown fox", max_tokens=3, key=key, timeout=300)
+    finally:
+        tunnel.terminate()
+        tunnel.wait(timeout=30)
+
+
 @pytest.mark.slow
 @pytest.mark.emulated
 def test_serve_service_is_installed_and_its_execstart_serves(deployed: dict, board, bundle_a: Path, lab: Path) -> None:
@@ -687,6 +722,7 @@ def test_serve_service_is_installed_and_its_execstart_serves(deployed: dict, boa
         assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Oslo", "Paris")
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0).models.list()
+        _chat_page_through_a_forwarded_port(board, lab, port, "svc-key")
     finally:
         server.terminate()
         server.wait(timeout=60)

@@ -12,6 +12,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ from bmoe_edge.synthetic import tinymoe
 
 from test_serve import KEY, Server, http, post, start, stop
 
-SCREENSHOT_ENV = "BMOE_EDGE_UI_SCREENSHOT"   # a path: the page's screenshot is saved there (docs/img/chat-page.png)
+# a path: the page's screenshot is saved there (bench-data/2026-12-05/chat-page/chat-page.png, in docs/serve.md)
+SCREENSHOT_ENV = "BMOE_EDGE_UI_SCREENSHOT"
 LONG = 6000          # a long answer's max_tokens: several seconds on the tiny model, stopped long before
 WAIT_S = 30
 
@@ -49,22 +51,31 @@ def _need_browser() -> tuple[str, str]:
     return found
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    chromium, driver_path = _need_browser()
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """Headless Chromium under selenium (skips, or fails in CI, without them)."""
+    chromium_path, driver_path = _need_browser()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    options.binary_location = chromium
+    options.binary_location = chromium_path
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,860",
                 "--no-first-run", "--disable-extensions", "--disable-background-networking"):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
     driver.set_script_timeout(WAIT_S)
-    yield driver
-    driver.quit()
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with chromium() as driver:
+        yield driver
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +139,21 @@ def send(driver: Any, text: str) -> None:
 def idle(driver: Any) -> bool:
     return driver.execute_script("return document.getElementById('stop').hidden && "
                                  "!document.querySelector('.msg.pending')")
+
+
+def ask_once(driver: Any, url: str, question: str, *, max_tokens: int, key: str | None = None,
+             timeout: float = WAIT_S) -> str:
+    """Open the page at `url`, give it the key, ask one question in a new conversation: the answer's text."""
+    open_page(driver, url)
+    by_css(driver, "#new-chat")[0].click()
+    if key is not None:
+        by_css(driver, "#access summary")[0].click()
+        set_field(driver, "#api-key", key)
+    set_field(driver, "#set-max_tokens", str(max_tokens))
+    send(driver, question)
+    wait_for(lambda: idle(driver) and answers(driver), timeout=timeout, message="the answer")
+    assert texts(driver, "#error") in ([""], []) or by_css(driver, "#error")[0].get_attribute("hidden") is not None
+    return answers(driver)[-1]
 
 
 def test_the_page_is_static_same_origin_and_locked_down(server: Server, model: Path) -> None:
