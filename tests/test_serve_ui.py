@@ -6,6 +6,7 @@ Without Chromium these tests skip with the reason, except in CI (CI=true), where
 
 from __future__ import annotations
 
+import http.client as http_client
 import json
 import os
 import re
@@ -395,3 +396,41 @@ def test_with_an_api_key_a_wrong_key_is_shown_and_the_right_one_works(model: Pat
         assert browser.execute_script("return localStorage.getItem('bmoe-edge.api-key')") == KEY
     finally:
         stop(s)
+
+
+def _hold(s: Server, *, running: bool) -> http_client.HTTPConnection:
+    """A long streamed answer asked for and left open: `running`, its first piece read (the engine is on it);
+    else only sent (it waits in the queue)."""
+    host, port = s.url.removeprefix("http://").rsplit(":", 1)
+    conn = http_client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "Go", "max_tokens": LONG, "stream": True}),
+                 headers={"Content-Type": "application/json"})
+    if running:
+        response = conn.getresponse()
+        assert response.status == 200
+        response.readline()
+    return conn
+
+
+def test_a_busy_and_a_vanished_server_are_told_apart(model: Path, browser: Any) -> None:
+    s = start(model, "--ctx", str(LONG + 256), "--queue", "1")
+    held = []
+    try:
+        open_page(browser, s.url)
+        by_css(browser, "#new-chat")[0].click()
+        set_field(browser, "#set-max_tokens", "3")
+        held += [_hold(s, running=True), _hold(s, running=False)]   # one answering, one waiting: the queue is full
+        wait_for(lambda: http(s.url, "GET", "/health").json()["queue_depth"] >= 1, message="a full queue")
+        send(browser, "Are you busy?")
+        busy = wait_for(lambda: texts(browser, "#error")[0], message="the busy message")
+        assert "busy" in busy and "queue" in busy, busy
+        for conn in held:
+            conn.close()
+        held.clear()
+    finally:
+        for conn in held:
+            conn.close()
+        stop(s)
+    send(browser, "Are you there?")
+    gone = wait_for(lambda: texts(browser, "#error")[0], message="the unreachable message")
+    assert "cannot be reached" in gone, gone
