@@ -278,7 +278,11 @@ def test_chat_streams_stops_frees_the_engine_and_survives_a_reload(server: Serve
 
 
 def test_conversations_are_listed_renamed_exported_and_deleted(server: Server, browser: Any) -> None:
-    open_page(browser, server.url)
+    open_page(browser, server.url)   # this browser's storage may hold others' conversations, or none
+    by_css(browser, "#new-chat")[0].click()
+    set_field(browser, "#set-max_tokens", "2")
+    send(browser, "First chat")
+    wait_for(lambda: idle(browser) and answers(browser), message="the first answer")
     by_css(browser, "#new-chat")[0].click()
     set_field(browser, "#set-max_tokens", "3")
     set_field(browser, "#system", "Be brief.")

@@ -151,9 +151,8 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
             app = create_app(worker, name, api_keys, bind=bind, allowed_hosts=allowed_hosts,
                              cors_origins=cors_origins, body_timeout_s=body_timeout_s, with_ui=with_ui)
             host, bound_port = sock.getsockname()[:2]
-            say(f"serving {name} on http://{host}:{bound_port}/v1 (queue {queue_size}; Ctrl-C stops)")
-            if with_ui:
-                say(f"chat page: http://{host}:{bound_port}/")
+            page = f"chat page http://{host}:{bound_port}/; " if with_ui else ""
+            say(f"serving {name} on http://{host}:{bound_port}/v1 ({page}queue {queue_size}; Ctrl-C stops)")
             server = _uvicorn_server(worker, _uvicorn_config(app, limits))
             watch = threading.Thread(target=_watch, args=(worker, server), name="bmoe-watch", daemon=True)
             watch.start()
