@@ -168,6 +168,22 @@ def test_mtp_saves_decodes_when_the_head_agrees() -> None:
     assert not info["warning"]
 
 
+@pytest.mark.parametrize("arch", ["glm4moe", "step35"])
+def test_a_prompt_longer_than_a_batch_speculates_and_answers_as_plain_decoding(arch: str) -> None:
+    """A prompt decoded in several calls (here 64 tokens a call): only its last call asks for logits, so only
+    that one has a hidden state for the head (masked). The calls before it once failed the generation ("the
+    target context gave no hidden state")."""
+    model = mtp_rows.mtp_fixture(arch, "Q8_0", head="agree")
+    prompt = gates.LONG_PROMPTS[0]
+    with Engine(model, replace(gates.BASE, stream=False, speculative="off")) as engine:
+        plain = engine.run(prompt, 24)
+    with Engine(model, replace(gates.BASE, stream=True, overlap=True, speculative="mtp")) as engine:
+        assert len(engine.tokenize(prompt)) > 2 * gates.BASE.batch
+        gen = engine.run(prompt, 24)
+    assert gen.tokens == plain.tokens
+    assert sum(m.accepted for m in gen.metrics) > 0   # the head drafted from the prompt's last state
+
+
 def test_without_a_head_mtp_is_refused_and_auto_is_ngram() -> None:
     model = tinymoe.fixture("qwen3moe", "Q8_0")
     with pytest.raises(BmoeError, match="no MTP head"):

@@ -274,9 +274,11 @@ void MtpDraft::warm_up(llama_token token, const Decode & decode) {
     clear();
 }
 
-void MtpDraft::observe(const llama_token * tokens, int n, llama_pos first, bool every_row_out) {
+void MtpDraft::observe(const llama_token * tokens, int n, llama_pos first, bool every_row_out, bool last_row_out) {
     if (!every_state_ && !every_row_out) {  // the batch's last state is the one the next draft starts from
-        restart_after(first + n, target_state(n - 1));
+        if (last_row_out) {  // masked states exist only where logits were asked for
+            restart_after(first + n, target_state(n - 1));
+        }
         return;
     }
     const auto next = base_ + static_cast<llama_pos>(unfed_.size());

@@ -108,10 +108,11 @@ public:
     void warm_up(llama_token token, const Decode & decode);
 
     // The target just decoded `n` tokens from position `first` (`every_row_out`: with every logit
-    // asked for, a verify): their hidden states are kept until the head is fed. A gap (a loaded state,
-    // a failed decode) restarts the head's context there; before keep_every_state, every batch but a
-    // verify restarts it after the batch, from its last state.
-    void observe(const llama_token * tokens, int n, llama_pos first, bool every_row_out);
+    // asked for, a verify; `last_row_out`: the last one's): their hidden states are kept until the head is
+    // fed. A gap (a loaded state, a failed decode) restarts the head's context there; before
+    // keep_every_state, every batch but a verify restarts it after the batch, from its last state (a
+    // prompt's batch before its last has none: the last one restarts it).
+    void observe(const llama_token * tokens, int n, llama_pos first, bool every_row_out, bool last_row_out);
     // The target context now holds positions [0, n) only.
     void truncate(llama_pos n);
     void clear();

@@ -188,10 +188,11 @@ std::vector<llama_token> Drafter::draft(Slot & slot, llama_pos used, int room) {
 // The hidden states the head drafts from: kept only while it may draft (greedy, not given up, at most
 // kMtpResumeFeed decodes before a pause ends), else they would pile up to the context's length; it restarts
 // after such a gap.
-void Drafter::observe(const Slot & slot, const llama_token * tokens, int n, llama_pos first, bool every_row_out) {
+void Drafter::observe(const Slot & slot, const llama_token * tokens, int n, llama_pos first, bool every_row_out,
+                      bool last_row_out) {
     const DraftPolicy & policy = slot.draft_policy;
     if (mtp_ && slot.greedy && !policy.gave_up() && policy.paused() < DraftPolicy::kMtpResumeFeed) {
-        mtp_->observe(tokens, n, first, every_row_out);
+        mtp_->observe(tokens, n, first, every_row_out, last_row_out);
     }
 }
 

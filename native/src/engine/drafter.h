@@ -36,8 +36,10 @@ public:
     // Up to `room` drafts after the slot's one pending token at position `used` (none for a sampled generation,
     // a prompt, a paused or given-up policy). Inside the step's time: a head's drafts are decodes.
     std::vector<llama_token> draft(Slot & slot, llama_pos used, int room);
-    // The target decoded `n` of the slot's tokens from `first` (`every_row_out`: a verify): the head's states.
-    void observe(const Slot & slot, const llama_token * tokens, int n, llama_pos first, bool every_row_out);
+    // The target decoded `n` of the slot's tokens from `first` (`every_row_out`: a verify; `last_row_out`: the
+    // last token's logits asked for): the head's states.
+    void observe(const Slot & slot, const llama_token * tokens, int n, llama_pos first, bool every_row_out,
+                 bool last_row_out);
     // A verify's or a probe's outcome: the policy's next length, pause or give-up, and what the drafter holds.
     void learn(Slot & slot, int drafted, int accepted);
     // The target context now holds positions [0, n) of sequence 0 only (or nothing).

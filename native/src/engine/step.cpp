@@ -158,7 +158,8 @@ BatchStep Sequences::take_step() {
                 call_tokens.push_back(entries[k].token);
             }
             if (lone) {  // the MTP head follows sequence 0 alone (drafter.h)
-                drafter_.observe(slots_.front(), call_tokens.data(), n, entries[first].pos, verifying);
+                drafter_.observe(slots_.front(), call_tokens.data(), n, entries[first].pos, verifying,
+                                 entries[first + static_cast<size_t>(n) - 1].logits);
             }
         });
     }
