@@ -48,6 +48,28 @@ def test_a_cache_that_holds_every_expert_hits_after_warm_up(qwen3: Path) -> None
     assert lookups > 0 and hits / lookups > 0.9
 
 
+def test_once_every_expert_is_in_a_decode_runs_as_one_graph_and_gives_the_resident_answer(qwen3: Path) -> None:
+    """Streamer::holds_every_expert: the graph runs whole (no split per layer), its experts counted as hits
+    after it; the ids and every logit are the resident run's. A cache that cannot hold them all never does."""
+    with Engine(qwen3, replace(BASE, stream=False)) as engine:
+        resident = engine.run(PROMPT, 40, logits=True)
+    with Engine(qwen3, replace(BASE, cache_mb=64, overlap=True)) as engine:   # the hook notes the experts used
+        streamed = engine.run(PROMPT, 40, logits=True)
+        per_token = engine.run_info["n_layer"] * engine.run_info["n_expert_used"]
+    assert streamed.tokens == resident.tokens
+    assert streamed.logits == resident.logits and len(streamed.logits) == 40   # every step's float32 bytes
+    whole = [m for m in streamed.metrics if m.whole_graphs]
+    assert whole and streamed.metrics[-1].whole_graphs == 1, [m.whole_graphs for m in streamed.metrics]
+    assert all(m.bytes_read == 0 and m.stall_ms == 0 for m in whole)
+    # counted as the routers would have: each layer's distinct experts, all hits (top-k distinct for one token)
+    assert all(m.cache_lookups == m.cache_hits == per_token for m in whole)
+    assert all(m.routed_bytes > 0 for m in whole)
+    with Engine(qwen3, replace(BASE, cache_mb=0.25, overlap=True)) as engine:
+        small = engine.run(PROMPT, 40)
+    assert not any(m.whole_graphs for m in small.metrics)
+    assert small.tokens == resident.tokens
+
+
 def test_small_budget_bounds_resident_expert_bytes(qwen3: Path) -> None:
     budget_mb = 0.25
     with Engine(qwen3, replace(BASE, cache_mb=budget_mb)) as engine:

@@ -105,6 +105,18 @@ def test_a_corrupted_read_fails_the_gate(arch: str, quant: str) -> None:
         assert bad.first_difference is not None
 
 
+def test_a_corrupted_slice_kept_in_the_cache_fails_the_whole_graph_cell() -> None:
+    """The whole-graph case's decodes read nothing: the cache holds every expert and they compute on what it
+    holds. A slice corrupted as the prompt read it stays there, and the decodes computed whole on it differ."""
+    spec = gates.FixtureSpec("qwen3moe", "Q4_0")
+    good = gates.CASES["whole-graph"]
+    bad = replace(good, name="whole-graph-corrupt", overrides={**good.overrides, "fault": "corrupt:1"})
+    ok, corrupt = gates.run_gates([gates.GateCell(spec, good), gates.GateCell(spec, bad)],
+                                  gates.fixture_resolver(None), steps=12)
+    assert ok.passed and ok.whole_graphs > 0, ok
+    assert not corrupt.passed and not corrupt.equal_logits and corrupt.whole_graphs > 0, corrupt
+
+
 def test_a_failed_read_fails_the_cell_with_the_message() -> None:
     spec = gates.FixtureSpec("olmoe", "Q8_0")
     case = replace(gates.CASES["cache-off"], name="fail", overrides={"fault": "fail:5"})

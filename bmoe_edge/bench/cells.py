@@ -66,10 +66,10 @@ class BenchCell:
 
 
 TOKEN_COLUMNS = ("step", "n_tokens", "wall_ms", "io_ms", "stall_ms", "drain_ms", "compute_ms", "bytes_read",
-                 "slice_bytes", "copy_bytes", "cache_lookups", "cache_hits", "evictions", "major_faults",
-                 "rss_bytes", "resident_expert_bytes", "storage_bytes", "net_bytes", "read_ahead", "predicted",
-                 "predicted_correct", "ahead_bytes", "ahead_wasted_bytes", "guessed_bytes", "guessed_wasted_bytes",
-                 "routed_bytes", "released_bytes", "cache_budget_bytes")
+                 "slice_bytes", "copy_bytes", "cache_lookups", "cache_hits", "whole_graphs", "evictions",
+                 "major_faults", "rss_bytes", "resident_expert_bytes", "storage_bytes", "net_bytes", "read_ahead",
+                 "predicted", "predicted_correct", "ahead_bytes", "ahead_wasted_bytes", "guessed_bytes",
+                 "guessed_wasted_bytes", "routed_bytes", "released_bytes", "cache_budget_bytes")
 
 
 def _engine_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -62,6 +62,9 @@ class StreamCase:
     long_prompt: bool = False  # LONG_PROMPTS instead of PROMPTS
     # `repack: auto`: the kernels it must resolve to here ("all" or "dense"), and the resident run's.
     repack_resolves_to: str = ""
+    # The case is there for decodes that run whole (every expert resident, no router isolated): it fails unless
+    # some did.
+    whole_graphs: bool = False
 
 
 CASES: dict[str, StreamCase] = {c.name: c for c in (
@@ -99,6 +102,12 @@ CASES: dict[str, StreamCase] = {c.name: c for c in (
     # Flash attention (opt-in, --flash-attn on|auto: a different attention kernel, and llama.cpp's only way to run
     # minimax-m3's MSA sparse attention), against a resident run with it too.
     StreamCase("flash-attn-on", cache=0.3, overrides={"overlap": True, "flash_attn": True}),
+    # Once every expert is in (the long prompt routes to nearly all of them), decodes run as one graph: the hook
+    # only notes the experts used (Streaming::begin_graph).
+    StreamCase("whole-graph", cache=2.0, generations=2, long_prompt=True, overrides={"overlap": True},
+               whole_graphs=True),
+    StreamCase("whole-graph-2-threads", cache=2.0, long_prompt=True, overrides={"overlap": True, "threads": 2},
+               whole_graphs=True),
 )}
 
 
@@ -144,6 +153,7 @@ class CellResult:
     accepted: int = 0
     repack_layouts: str = ""  # the layout each streamed type computed in ("q4_K: q4_K_8x8, q6_K: file")
     flash_attn: bool = False  # as llama.cpp resolved it (an architecture may refuse it)
+    whole_graphs: int = 0  # decode calls computed in one piece (every expert resident)
     error: str = ""
 
 
@@ -350,12 +360,17 @@ def check_cell(cell: GateCell, model: Path, resident: list[Generation], all_expe
     # the same as the resident run's.
     same_drafts = [(m.drafted, m.accepted, m.probed) for g in resident[: len(streamed)] for m in g.metrics] == \
         [(m.drafted, m.accepted, m.probed) for m in metrics]
+    result.whole_graphs = sum(m.whole_graphs for m in metrics)
     as_declared = not cell.case.repack_resolves_to or resolved == cell.case.repack_resolves_to
-    result.passed = eq_tokens and eq_logits and same_drafts and result.bytes_read > 0 and as_declared
+    whole_as_declared = not cell.case.whole_graphs or result.whole_graphs > 0
+    result.passed = eq_tokens and eq_logits and same_drafts and result.bytes_read > 0 and as_declared and \
+        whole_as_declared
     if result.bytes_read == 0:
         result.error = "streamed run read nothing: the seam did not engage"
     elif not as_declared:
         result.error = f"repack auto resolved to {resolved}, not {cell.case.repack_resolves_to}"
+    elif not whole_as_declared:
+        result.error = "no decode ran as one graph, though the cache holds every expert"
     elif not same_drafts:
         result.error = "the drafts differ from the resident run's"
     return result

@@ -29,6 +29,9 @@ namespace bmoe {
     X(uint64_t, slice_bytes, 0, "Bytes of the expert slices made resident.")                                         \
     X(uint64_t, copy_bytes, 0, "Bytes that went through an intermediate buffer (0 = zero-copy).")                    \
     X(double, convert_ms, 0, "--repack: read lanes converting slices to the kernels' layout, summed over lanes.")     \
+    X(int, whole_graphs, 0,                                                                                           \
+      "Decode calls of this step computed in one piece: every streamed expert was resident, so no layer's router "   \
+      "was isolated (its experts count as hits after the call).")                                                     \
     X(uint64_t, cache_lookups, 0, "Expert cache lookups.")                                                            \
     X(uint64_t, cache_hits, 0, "... of which the expert was resident.")                                               \
     X(uint64_t, evictions, 0, "Experts evicted from the cache.")                                                      \

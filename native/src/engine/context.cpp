@@ -13,6 +13,20 @@ namespace bmoe::detail {
 
 namespace {
 
+// One call's graph run whole when Streaming::begin_graph says it can, the experts it used counted after it (a
+// failed call's too).
+class WholeGraph {
+public:
+    explicit WholeGraph(Streaming & streaming) : streaming_(streaming), whole_(streaming.begin_graph()) {}
+    ~WholeGraph() { streaming_.end_graph(whole_); }
+    WholeGraph(const WholeGraph &) = delete;
+    WholeGraph & operator=(const WholeGraph &) = delete;
+
+private:
+    Streaming & streaming_;
+    const bool whole_;
+};
+
 // A batch of `n` entries from `first`, freed with it.
 struct CallBatch {
     llama_batch batch;
@@ -165,6 +179,7 @@ void Context::run_decode(int first_pos, int n, const std::function<int()> & run)
     int rc = 0;
     {
         const RpcWorkers::Watch deadline(file_.rpc());  // a worker that stops answering: one line
+        const WholeGraph whole(streaming_);
         rc = run();
     }
     Seam * seam = streaming_.seam();

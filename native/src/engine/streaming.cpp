@@ -245,6 +245,7 @@ void Streaming::begin_step(TokenMetrics & m) {
     if (parts_.streamer) {
         parts_.streamer->take_counters();  // start this step's counters from zero
     }
+    whole_graphs_ = 0;
     if (prefetch_) {
         m.read_ahead = prefetch_->reads_ahead();
         seam_->set_ahead(m.read_ahead                 ? Seam::Ahead::Read
@@ -266,6 +267,7 @@ void Streaming::end_step(TokenMetrics & m, bool prompt, uint64_t faults0) {
     m.slice_bytes = c.slice_bytes;
     m.copy_bytes = c.copy_bytes;
     m.convert_ms = c.convert_ms;
+    m.whole_graphs = whole_graphs_;
     m.cache_lookups = c.lookups;
     m.cache_hits = c.hits;
     m.evictions = c.evictions;
@@ -294,6 +296,24 @@ void Streaming::end_step(TokenMetrics & m, bool prompt, uint64_t faults0) {
     }
     m.cache_budget_bytes = adapted;
     m.pool_bytes = streamer.pool_held_bytes();
+}
+
+bool Streaming::begin_graph() {
+    Streamer * streamer = parts_.streamer.get();
+    if (!hook_ || !streamer || route_trace_ || config_.drop_cold > 0 || !streamer->holds_every_expert()) {
+        return false;
+    }
+    ++whole_graphs_;
+    seam_->set_whole_graph(true);
+    streamer->begin_whole_graph();
+    return true;
+}
+
+void Streaming::end_graph(bool whole) {
+    if (whole) {
+        seam_->set_whole_graph(false);
+        parts_.streamer->end_whole_graph();
+    }
 }
 
 void Streaming::make_room_for_prompt(int n_tokens, int n_sequences, int prompt_ubatch) {

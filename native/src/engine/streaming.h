@@ -60,6 +60,11 @@ public:
     // budget adapted (not after a prompt: it was rebased just now) and the pool trimmed (after).
     void begin_step(TokenMetrics & m);
     void end_step(TokenMetrics & m, bool prompt, uint64_t faults0);
+    // Around each llama_decode (Context::run_decode): whether its graph runs whole, in one piece: every streamed
+    // expert resident (Streamer::holds_every_expert), the hook there to note the experts used, and nothing that
+    // must see the routing as it happens (the route trace, --drop-cold). end_graph counts what it used.
+    bool begin_graph();
+    void end_graph(bool whole);
     // Around a batch with prompt tokens: its compute buffers are made room for first and go back to the cache
     // after it (docs/memory.md). give_prompt_memory_back returns the bytes given back.
     void make_room_for_prompt(int n_tokens, int n_sequences, int prompt_ubatch);
@@ -73,6 +78,7 @@ private:
     const StreamConfig & config_;
     FaultInjection fault_;
     bool overlap_ = false;
+    int whole_graphs_ = 0;  // since the step began
     std::unique_ptr<RouteTrace> route_trace_;
     std::unique_ptr<Seam> seam_;
     StreamingParts parts_;  // after the seam: the seam's callbacks point into it

@@ -58,7 +58,7 @@ bool Seam::on_ask(ggml_tensor * t) {
         case Mode::Stream:
             if (starts_with(t->name, kTopkPrefix) && streams_layer(t->name)) {
                 note_scratch(t);
-                return true;
+                return !whole_graph_;
             }
             return false;
         case Mode::Off:

@@ -75,6 +75,9 @@ public:
     // and hand the guess over, in the decodes where set_ahead(Count or Read) is in force.
     void set_read_ahead(ReadAhead read_ahead);
     void set_ahead(Ahead ahead) { ahead_ = ahead; }
+    // A graph run whole (Streamer::holds_every_expert): no router isolated, so no split of the graph per layer
+    // (each split is a barrier of every compute thread: 4% of a 2-thread decode, bench-data/2026-12-05/whole-graph).
+    void set_whole_graph(bool whole) { whole_graph_ = whole; }
     // Guesses only for layers below `n` (the trunk: an MTP head's layer runs in another graph).
     void set_predicted_layers(int n) { predicted_layers_ = n; }
     bool can_read_ahead() const;
@@ -131,6 +134,7 @@ private:
     ReadAhead read_ahead_;
     std::unique_ptr<NextLayerPredictor> predictor_;
     Ahead ahead_ = Ahead::None;
+    bool whole_graph_ = false;
     int predicted_layers_ = 1 << 30;
     std::vector<int> guess_;
     std::unique_ptr<ColdDropper> dropper_;

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "policy/expert_cache.h"
+#include "stream/counters.h"
+#include "stream/used_experts.h"
 
 namespace bmoe::detail {
 
@@ -40,31 +42,6 @@ struct StreamedTensor {
     std::vector<uint32_t> sums; // CRC-32C per expert when slices are verified; empty = not checked
     // Not null: the slices are converted into this layout as they are read (--repack; read/slice_layout.h).
     std::shared_ptr<const SliceLayout> layout;
-};
-
-struct StreamCounters {
-    uint64_t storage_bytes = 0;
-    uint64_t slice_bytes = 0;
-    uint64_t copy_bytes = 0;
-    uint64_t lookups = 0;
-    uint64_t hits = 0;
-    uint64_t evictions = 0;
-    uint64_t rereads = 0;  // slices read twice because the first read failed its checksum
-    double io_ms = 0;
-    double convert_ms = 0;  // lanes converting slices to the kernels' layout (--repack), summed
-    double stall_ms = 0;  // serial: eval thread blocked; overlap: per compute thread, averaged
-    double drain_ms = 0;  // overlap: waiting for the previous layer's reads before publishing
-    // Read-ahead: experts guessed for a layer before its router ran, how many it chose, the bytes read for
-    // guesses (all / those it did not choose), and the guessed experts not cached (read ahead or only counted):
-    uint64_t predicted = 0;
-    uint64_t predicted_correct = 0;
-    uint64_t ahead_bytes = 0;
-    uint64_t ahead_wasted_bytes = 0;
-    uint64_t guessed_bytes = 0;
-    uint64_t guessed_wasted_bytes = 0;
-    // The bytes of the distinct experts routed since the last take (a prompt's ubatches route to
-    // the same experts again: what one read of each would cost).
-    uint64_t routed_bytes = 0;
 };
 
 // The lanes' view of one read-ahead batch: which (tensor, expert) each job fills, whether it
@@ -104,6 +81,12 @@ public:
     void prefetch(int layer, const std::vector<int> & experts);
     void count_guess(int layer, const std::vector<int> & experts);
 
+    // A graph that runs whole (seam.h: no layer's router isolated) where every streamed expert is resident and no
+    // read is in flight or staged: meanwhile the hook only notes the experts each layer uses, and afterwards they
+    // count as the router would have counted them (lookups that hit, routed bytes, the cache's use counts).
+    bool holds_every_expert() const;
+    void begin_whole_graph();
+    void end_whole_graph();
     // Wait for the batch in flight; rethrows its error after undoing its residency.
     void drain();
     bool failed() const { return fatal_.load(std::memory_order_acquire); }
@@ -228,6 +211,8 @@ private:
     int in_flight_layer_ = -1;
     std::vector<int> in_flight_missing_;
     std::atomic<bool> fatal_{false};
+    std::atomic<bool> whole_graph_{false};
+    UsedExperts used_;  // written by the hook during a whole graph
     std::atomic<uint64_t> stall_ns_{0};
     std::mutex wait_mutex_;
     std::condition_variable wait_cv_;

@@ -1,6 +1,7 @@
 // The streamer's waits (streamer.h): a compute thread waiting for its expert under overlap, the drains
-// before a layer's reads are published, and the I/O deadline's way out (a batch given up, its pages kept
-// until the kernel is done with them). Split from streamer.cpp, which admits and reads.
+// before a layer's reads are published, the I/O deadline's way out (a batch given up, its pages kept
+// until the kernel is done with them), and the whole graphs that wait for nothing. Split from streamer.cpp,
+// which admits and reads.
 #include "stream/streamer.h"
 
 #include <chrono>
@@ -148,6 +149,10 @@ void Streamer::wait_ready(const void * key, int expert) {
         mark_failed();
         return;
     }
+    if (whole_graph_.load(std::memory_order_relaxed)) {  // resident, all of them: only the use is noted
+        used_.mark(tensors_[t].layer, expert);
+        return;
+    }
     const uint64_t want = wanted_[t].load(std::memory_order_acquire);
     std::atomic<uint64_t> & flag = ready_[t][static_cast<size_t>(expert)];
     auto ready = [&] { return flag.load(std::memory_order_acquire) == want || fatal_.load(std::memory_order_acquire); };
@@ -174,6 +179,50 @@ void Streamer::wait_ready(const void * key, int expert) {
         }
     }
     stall_ns_ += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+bool Streamer::holds_every_expert() const {
+    if (in_flight_ || ahead_batch_ || settle_batch_ || !abandoned_.empty()) {
+        return false;
+    }
+    size_t all = 0;
+    for (const std::vector<size_t> & projections : by_layer_) {
+        all += projections.empty() ? 0 : static_cast<size_t>(tensors_[projections.front()].n_expert);
+    }
+    return all > 0 && cache_.size() == all;
+}
+
+void Streamer::begin_whole_graph() {
+    if (!used_.sized()) {
+        std::vector<int> n_expert;
+        for (const std::vector<size_t> & projections : by_layer_) {
+            n_expert.push_back(projections.empty() ? 0 : tensors_[projections.front()].n_expert);
+        }
+        used_.resize(n_expert);
+    }
+    used_.begin();
+    whole_graph_.store(true, std::memory_order_release);
+}
+
+// What admit() does for a layer whose experts are all cached: a lookup that hits per distinct expert (its use
+// counted once: a batch's tokens per expert are not known here), the layer's visit, the routed bytes.
+void Streamer::end_whole_graph() {
+    whole_graph_.store(false, std::memory_order_release);
+    for (int layer = 0; layer < n_layers(); ++layer) {
+        const std::vector<int> used = by_layer_[static_cast<size_t>(layer)].empty() ? std::vector<int>()
+                                                                                     : used_.used(layer);
+        if (used.empty()) {
+            continue;  // not computed in this graph (an MTP head's layer runs in its own)
+        }
+        cache_.visit(layer);
+        for (const int e : used) {
+            ++counters_.lookups;
+            counters_.hits += cache_.touch({layer, e}) ? 1 : 0;
+            if (routed_.insert((static_cast<uint64_t>(layer) << 32) | static_cast<uint32_t>(e)).second) {
+                counters_.routed_bytes += bytes_per_expert(layer);
+            }
+        }
+    }
 }
 
 }  // namespace bmoe::detail
