@@ -1,8 +1,10 @@
 """`bench kernels`: the compute side against the real anchor. With the experts in memory (uncapped, a fixed
 cache of every expert, warm), the engine's streamed decode and its prompt are set by llama.cpp's kernels, not
 by the drive; stock llama.cpp (the pin's own `llama-bench`, its defaults: resident, repacked kernels) is what
-a user compares us with. Per model and thread count, one engine per `--repack` setting is opened and warmed
-once, then each repeat measures it and llama-bench back to back (alternating which goes first): the ratio of
+a user compares us with. Both sides compute the same attention: each flash-attention setting measured runs the
+engine and llama-bench with it (`off`, the engine's default, against `llama-bench -fa 0`; `auto`, llama-bench's
+default, on both). Per model, thread count and flash-attention setting, one engine per `--repack` setting is opened
+and warmed once, then each repeat measures it and llama-bench back to back (alternating which goes first): the ratio of
 the two is taken within a repeat, minutes apart at most, as the shared machine's speed drifts.
 
 What one measurement is: `decode_tokens` tokens decoded after a short prompt (decode tok/s, the prompt step
@@ -36,9 +38,10 @@ class KernelRow:
     decode_tok_s: float
     prompt_tok_s: float
     prompt_reused: int
-    llama_bench_decode_tok_s: float  # llama.cpp's defaults: flash attention auto (on, on this CPU), as the engine here
+    llama_bench_decode_tok_s: float  # llama.cpp's defaults but -fa, set as the engine's flash attention
     llama_bench_prompt_tok_s: float
     hit_pct: float
+    flash_attn_setting: str  # both sides' (off, auto)
     flash_attn: bool  # the engine's, as llama.cpp resolved it
     repack_layouts: str
     first: str  # which ran first in this repeat: "engine" or "llama-bench"
@@ -80,42 +83,41 @@ def _measure_engine(engine: Any, decode_tokens: int, prompt_tokens: int, variant
 
 
 def run(models: Sequence[Path], base: Any, threads: Sequence[int], repacks: Sequence[str], *, repeats: int,
-        decode_tokens: int, prompt_tokens: int, say: Callable[[str], None] = print) -> list[KernelRow]:
-    """`base`: the StreamConfig every engine starts from (the machine's defaults); threads and --repack vary."""
+        decode_tokens: int, prompt_tokens: int, flash_attns: Sequence[str] = ("off", "auto"),
+        say: Callable[[str], None] = print) -> list[KernelRow]:
+    """`base`: the StreamConfig every engine starts from (the machine's defaults); threads, flash attention (both
+    sides) and --repack vary."""
     from bmoe_edge.engine import Engine, info
 
     rows: list[KernelRow] = []
     for model in models:
-        for t in threads:
-            for repack in repacks:
-                # A fixed cache of every expert: the kernels measured, not the adaptive budget's answer to
-                # llama-bench loading the same model beside it.
-                full_mb = math.ceil(info.model_summary(model).expert_bytes * 1.02 / 2**20 + 1)
-                # Flash attention as llama-bench runs it (llama.cpp's auto; the engine's default is off:
-                # docs/streaming.md says why), so the two compute the same attention.
-                config = replace(base, threads=t, repack=repack, ctx=max(base.ctx, prompt_tokens + 256),
-                                 cache_mb=float(full_mb), flash_attn="auto")
-                with Engine(model, config) as engine:
-                    engine.run(PROMPT, WARMUP_TOKENS)  # every expert cached, the pool's pages in place
-                    engine.run(_prompt_ids(engine.tokenize, prompt_tokens, -1), 1)
-                    for r in range(repeats):
-                        engine_first = r % 2 == 0
-                        got: dict[str, Any] = {}
-                        for which in (("engine", "llama-bench") if engine_first else ("llama-bench", "engine")):
-                            if which == "engine":
-                                got |= _measure_engine(engine, decode_tokens, prompt_tokens, r)
-                            else:
-                                lb = llama_bench.run(model, threads=t, decode_tokens=decode_tokens,
-                                                     prompt_tokens=prompt_tokens)
-                                got |= {"llama_bench_decode_tok_s": lb["decode_tok_s"],
-                                        "llama_bench_prompt_tok_s": lb["prompt_tok_s"]}
-                        row = KernelRow(model.name, t, repack, r, repack_layouts=str(engine.run_info["repack_layouts"]),
-                                        flash_attn=bool(engine.run_info["flash_attn"]),
-                                        first="engine" if engine_first else "llama-bench", **got)
-                        rows.append(row)
-                        say(f"{model.name} t={t} repack={repack} #{r}: decode {row.decode_tok_s:.2f} vs "
-                            f"{row.llama_bench_decode_tok_s:.2f} tok/s ({row.decode_ratio:.3f}x), prompt "
-                            f"{row.prompt_tok_s:.1f} vs {row.llama_bench_prompt_tok_s:.1f} ({row.prompt_ratio:.3f}x)")
+        for t, fa, repack in ((t, fa, repack) for t in threads for fa in flash_attns for repack in repacks):
+            # A fixed cache of every expert: the kernels measured, not the adaptive budget's answer to
+            # llama-bench loading the same model beside it.
+            full_mb = math.ceil(info.model_summary(model).expert_bytes * 1.02 / 2**20 + 1)
+            config = replace(base, threads=t, repack=repack, ctx=max(base.ctx, prompt_tokens + 256),
+                             cache_mb=float(full_mb), flash_attn=fa)
+            with Engine(model, config) as engine:
+                engine.run(PROMPT, WARMUP_TOKENS)  # every expert cached, the pool's pages in place
+                engine.run(_prompt_ids(engine.tokenize, prompt_tokens, -1), 1)
+                for r in range(repeats):
+                    engine_first = r % 2 == 0
+                    got: dict[str, Any] = {}
+                    for which in (("engine", "llama-bench") if engine_first else ("llama-bench", "engine")):
+                        if which == "engine":
+                            got |= _measure_engine(engine, decode_tokens, prompt_tokens, r)
+                        else:
+                            lb = llama_bench.run(model, threads=t, decode_tokens=decode_tokens,
+                                                 prompt_tokens=prompt_tokens, flash_attn=fa)
+                            got |= {"llama_bench_decode_tok_s": lb["decode_tok_s"],
+                                    "llama_bench_prompt_tok_s": lb["prompt_tok_s"]}
+                    row = KernelRow(model.name, t, repack, r, repack_layouts=str(engine.run_info["repack_layouts"]),
+                                    flash_attn_setting=fa, flash_attn=bool(engine.run_info["flash_attn"]),
+                                    first="engine" if engine_first else "llama-bench", **got)
+                    rows.append(row)
+                    say(f"{model.name} t={t} fa={fa} repack={repack} #{r}: decode {row.decode_tok_s:.2f} vs "
+                        f"{row.llama_bench_decode_tok_s:.2f} tok/s ({row.decode_ratio:.3f}x), prompt "
+                        f"{row.prompt_tok_s:.1f} vs {row.llama_bench_prompt_tok_s:.1f} ({row.prompt_ratio:.3f}x)")
     return rows
 
 
@@ -134,21 +136,21 @@ def summary(rows: Sequence[KernelRow]) -> str:
     """Medians per model, threads and --repack: the engine's tok/s, llama-bench's, and the paired ratios."""
     lines = [f"# bench kernels ({time.strftime('%Y-%m-%d')})", "",
              "Streamed with the cache warm (uncapped), the engine's defaults but --threads, --repack and flash "
-             "attention auto (as llama-bench's), against the pin's llama-bench (resident, its defaults: repacked "
-             "kernels, flash attention auto). Ratios are "
+             "attention, against the pin's llama-bench (resident, its defaults: repacked kernels) with the same "
+             "flash attention setting (`-fa`; `off` is the engine's default, `auto` llama-bench's). Ratios are "
              "medians of per-repeat ratios (engine / llama-bench, measured back to back).", "",
-             "| model | threads | --repack | layouts | flash attention | decode tok/s | llama-bench tg | "
+             "| model | threads | --repack | layouts | flash attention (resolved) | decode tok/s | llama-bench tg | "
              "decode ratio | prompt tok/s | llama-bench pp | prompt ratio | repeats |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    keys = sorted({(r.model, r.threads, r.repack) for r in rows})
-    for model, t, repack in keys:
-        group = [r for r in rows if (r.model, r.threads, r.repack) == (model, t, repack)]
+    keys = sorted({(r.model, r.threads, r.flash_attn_setting, r.repack) for r in rows})
+    for model, t, fa, repack in keys:
+        group = [r for r in rows if (r.model, r.threads, r.flash_attn_setting, r.repack) == (model, t, fa, repack)]
 
         def med(values: list[float]) -> float:
             return statistics.median(values) if values else 0.0
         lines.append(
             f"| {model} | {t} | {repack} | {group[0].repack_layouts or '-'} | "
-            f"{'on' if group[0].flash_attn else 'off'} | "
+            f"{fa} ({'on' if group[0].flash_attn else 'off'}) | "
             f"{med([r.decode_tok_s for r in group]):.2f} | {med([r.llama_bench_decode_tok_s for r in group]):.2f} | "
             f"{med([r.decode_ratio for r in group]):.3f} | "
             f"{med([r.prompt_tok_s for r in group]):.1f} | {med([r.llama_bench_prompt_tok_s for r in group]):.1f} | "

@@ -62,12 +62,12 @@ def binary(say: Any = print) -> Path:
 
 
 def run(model: Path, *, threads: int, decode_tokens: int, prompt_tokens: int, repetitions: int = 1,
-        repack: bool = True, timeout: float = 3600) -> dict[str, float]:
+        repack: bool = True, flash_attn: str = "auto", timeout: float = 3600) -> dict[str, float]:
     """llama-bench's tg<decode_tokens> and pp<prompt_tokens> (0: skipped) on `model`: tok/s of each (mean over
-    its repetitions), with llama.cpp's defaults (flash attention auto: `bench kernels` runs the engine so) but
-    the thread count and, for a comparison, `repack`."""
+    its repetitions), with llama.cpp's defaults but the thread count and, for a comparison, `repack` and
+    `flash_attn` (off, on, auto: llama-bench's default)."""
     cmd = [str(binary()), "-m", str(model), "-t", str(threads), "-r", str(repetitions), "-o", "json",
-           "--repack", "1" if repack else "0", "-n", str(decode_tokens), "-p", str(prompt_tokens)]
+           "--repack", "1" if repack else "0", "-fa", flash_attn, "-n", str(decode_tokens), "-p", str(prompt_tokens)]
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:

@@ -333,10 +333,13 @@ def bench_kernels_cmd(
     repeats: Annotated[int, typer.Option("--repeats", min=1)] = 3,
     tokens: Annotated[int, typer.Option("--tokens", min=2, help="Decoded tokens per measurement.")] = 32,
     prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=1, help="The cached prompt's length.")] = 512,
+    flash_attn: Annotated[str, typer.Option("--flash-attn-settings", help="Flash attention settings to measure, each "
+                                            "on both sides (comma list of off, on, auto).")] = "off,auto",
     out: Annotated[Path, typer.Option("--out")] = Path("bench-out/kernels"),
 ) -> None:
     """The engine's kernels against stock llama.cpp's: streamed with the cache warm, uncapped, beside the pin's
-    llama-bench (its defaults: resident, repacked), decode and a cached prompt, paired per repeat."""
+    llama-bench (its defaults: resident, repacked; flash attention set as the engine's), decode and a cached
+    prompt, paired per repeat."""
     from bmoe_edge.bench import kernels
     from bmoe_edge.boards import profiles
     from bmoe_edge.engine import settings
@@ -346,8 +349,12 @@ def bench_kernels_cmd(
         counts = [int(x) for x in threads.split(",") if x.strip()]
     except ValueError:
         fail(f"--thread-counts {threads!r}: a comma list of thread counts")
+    settings_fa = [f.strip() for f in flash_attn.split(",") if f.strip()]
+    if not settings_fa or any(f not in ("off", "on", "auto") for f in settings_fa):
+        fail(f"--flash-attn-settings {flash_attn!r}: a comma list of off, on, auto")
     rows = kernels.run(model, base, counts, [r.strip() for r in repack.split(",") if r.strip()],
-                       repeats=repeats, decode_tokens=tokens, prompt_tokens=prompt_tokens, say=typer.echo)
+                       repeats=repeats, decode_tokens=tokens, prompt_tokens=prompt_tokens, flash_attns=settings_fa,
+                       say=typer.echo)
     kernels.write(rows, out)
     typer.echo(kernels.summary(rows), nl=False)
 

@@ -68,6 +68,7 @@ public:
     // back: its entries leave (returned, to be released) and every other layer's share grows by its
     // part of the slot. Reversible; a layer is active from the start.
     std::vector<ExpertKey> set_active(int layer, bool active);
+    bool active(int layer) const { return !inactive_[static_cast<size_t>(layer)]; }
 
     uint64_t budget() const { return budget_; }
     // Experts every layer may keep beyond the one being computed (0: the cache is off); share(layer)

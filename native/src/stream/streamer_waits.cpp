@@ -185,9 +185,12 @@ bool Streamer::holds_every_expert() const {
     if (in_flight_ || ahead_batch_ || settle_batch_ || !abandoned_.empty()) {
         return false;
     }
-    size_t all = 0;
-    for (const std::vector<size_t> & projections : by_layer_) {
-        all += projections.empty() ? 0 : static_cast<size_t>(tensors_[projections.front()].n_expert);
+    size_t all = 0;  // an inactive layer (an MTP head given up on) holds nothing and is not computed
+    for (int layer = 0; layer < n_layers(); ++layer) {
+        const std::vector<size_t> & projections = by_layer_[static_cast<size_t>(layer)];
+        if (!projections.empty() && cache_.active(layer)) {
+            all += static_cast<size_t>(tensors_[projections.front()].n_expert);
+        }
     }
     return all > 0 && cache_.size() == all;
 }
