@@ -26,6 +26,8 @@ from typing import Any
 from bmoe_edge.bench import llama_bench
 from bmoe_edge.bench.machine import LONG_TEXT, PROMPT
 
+# A flash-attention setting as llama-bench's -fa takes it, and as the engine's settings row does.
+ENGINE_FLASH_ATTN: dict[str, bool | str] = {"off": False, "on": True, "auto": "auto"}
 WARMUP_TOKENS = 96  # a uniform router's 8 of 64 experts a token: every expert of every layer routed (p > 1 - 1e-5)
 
 
@@ -96,7 +98,7 @@ def run(models: Sequence[Path], base: Any, threads: Sequence[int], repacks: Sequ
             # llama-bench loading the same model beside it.
             full_mb = math.ceil(info.model_summary(model).expert_bytes * 1.02 / 2**20 + 1)
             config = replace(base, threads=t, repack=repack, ctx=max(base.ctx, prompt_tokens + 256),
-                             cache_mb=float(full_mb), flash_attn=fa)
+                             cache_mb=float(full_mb), flash_attn=ENGINE_FLASH_ATTN[fa])
             with Engine(model, config) as engine:
                 engine.run(PROMPT, WARMUP_TOKENS)  # every expert cached, the pool's pages in place
                 engine.run(_prompt_ids(engine.tokenize, prompt_tokens, -1), 1)

@@ -350,7 +350,7 @@ def bench_kernels_cmd(
     except ValueError:
         fail(f"--thread-counts {threads!r}: a comma list of thread counts")
     settings_fa = [f.strip() for f in flash_attn.split(",") if f.strip()]
-    if not settings_fa or any(f not in ("off", "on", "auto") for f in settings_fa):
+    if not settings_fa or any(f not in kernels.ENGINE_FLASH_ATTN for f in settings_fa):
         fail(f"--flash-attn-settings {flash_attn!r}: a comma list of off, on, auto")
     rows = kernels.run(model, base, counts, [r.strip() for r in repack.split(",") if r.strip()],
                        repeats=repeats, decode_tokens=tokens, prompt_tokens=prompt_tokens, flash_attns=settings_fa,
