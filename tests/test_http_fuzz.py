@@ -27,6 +27,35 @@ def test_the_mutator_is_seeded_and_covers_every_layer() -> None:
     assert any(b is not None and b"\\ud800" in b for _, b, _ in a)   # a lone surrogate, escaped as JSON allows
 
 
+def test_every_routed_path_is_requested_and_mutated_from_the_server_s_own_tables() -> None:
+    """The requests' paths are app.paths(): the routes create_app makes (the same set, checked against a real app),
+    each one requested, and paths next to them (a traversal, an encoded or doubled character, ...) besides."""
+    from types import SimpleNamespace
+
+    from bmoe_edge.serve import app, ui
+
+    made = {r.path: "GET" if "GET" in r.methods else "POST"
+            for r in app.create_app(SimpleNamespace(), "m").routes}   # type: ignore[arg-type]
+    assert app.paths() == made and {"/", "/ui/app.js", "/health", "/v1/chat/completions"} <= set(made)
+    cases = list(http_fuzz.cases(3000, seed=9))
+    requested = {c.path for c in cases}
+    assert set(made) <= requested, set(made) - requested
+    assert all(c.body is None for c in cases if c.method in ("GET", "HEAD"))
+    gets = [c for c in cases if c.method == "GET" and c.path in made and made[c.path] == "GET"]
+    assert any(c.path.startswith(ui.PREFIX) for c in gets) and any(c.method == "HEAD" for c in cases)
+    near = {c.path for c in cases if c.path not in made and c.path not in http_fuzz.UNROUTED}
+    assert len(near) > 100 and any("/../" in p for p in near) and any("%2F" in p for p in near), sorted(near)
+
+
+def test_a_route_added_to_the_server_is_fuzzed_with_no_change_to_the_fuzzer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bmoe_edge.serve import app
+
+    monkeypatch.setattr(app, "OWN_ROUTES", {**app.OWN_ROUTES, "/v1/brand-new": ("models", False)})
+    assert "/v1/brand-new" in {r.path for r in app.create_app(object(), "m").routes}   # type: ignore[arg-type]
+    names = [c.name for c in http_fuzz.cases(600, seed=2)]
+    assert any(n.split(":")[1] == "/v1/brand-new" for n in names)
+
+
 def _bodies(count: int, seed: int) -> list[dict]:
     out = []
     for c in http_fuzz.cases(count, seed):

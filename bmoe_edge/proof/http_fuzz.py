@@ -6,12 +6,15 @@ source when it is there, so tools and forced calls are rendered and grammar-cons
 come from a seeded mutator (the same seed, the same requests): valid seed requests of every route
 (params.PATHS: Chat Completions, Completions, Anthropic's Messages and count_tokens, the Responses API) and
 feature (streaming, usage, stop strings, logprobs, echo, logit_bias, penalties, response_format, tools,
-forced calls, earlier tool calls, reasoning switches), then one to three
+forced calls, earlier tool calls, reasoning switches), and a GET of every other path the server routes
+(app.paths(): /health, /metrics, /v1/models, the chat page and each of its files), then one to three
 mutations each: at the JSON level (a value replaced by a hostile one — lone surrogates, control-token
 text, deep nesting, huge or negative numbers, wrong types —, a key dropped or added, the body wrapped),
-at the byte level (cut, flipped, invalid UTF-8, garbage), or at the HTTP level (another route, method
-or Content-Type, no or a wrong key, a web Origin, a rebound Host, a declared length the body never
-reaches).
+at the byte level (cut, flipped, invalid UTF-8, garbage), or at the HTTP level (another routed path, a
+path next to one — a slash, a dot segment or traversal, an encoded or doubled character, a query, a NUL,
+8,000 characters more — or one no route has, another method or Content-Type, no or a wrong key, a web
+Origin, a rebound Host, a declared length the body never reaches). The paths come from the server's own
+tables, so a route added there is in the campaign with no change here.
 
 After each request the campaign checks:
 - it was answered within the timeout (`hang` otherwise);
@@ -46,7 +49,7 @@ from typing import Any
 
 from bmoe_edge.proof import conn_fuzz, request_space
 from bmoe_edge.proof.http_checks import good_success, is_error_object
-from bmoe_edge.serve import params
+from bmoe_edge.serve import app, params
 
 OUTCOMES = ("ok", "refused", "protocol", "server-error", "bad-body", "hang", "probe", "health", "dead")
 PASSING = ("ok", "refused", "protocol")
@@ -227,18 +230,31 @@ def _encode(body: Any) -> bytes:
     return json.dumps(body).encode()
 
 
+GET_SHARE = 0.15   # of the cases: a GET of a routed path (app.paths()), its headers, method or path then mutated
+# Paths no route has, each one a way past a router: another API's, the test hooks', encoded dots.
+UNROUTED = ("/v1/embeddings", "/_test/kill-worker", "/%2e%2e/etc", "/v1/messages/batches", "/v1/responses/resp-1",
+            "/ui/", "/ui/..%2fapp.py", "/ui/%2e%2e/%2e%2e/pyproject.toml")
+
+
 def cases(count: int, seed: int) -> Iterator[Case]:
     """`count` generated requests (the same for the same seed)."""
     rng = random.Random(seed)
+    # Every path the server routes (its own, the APIs', the chat page's files) and its method. The POST routes'
+    # requests start from SEEDS; a GET route's is the path itself.
+    routed = app.paths()
+    gets = tuple(path for path, method in routed.items() if method == "GET")
     for n in range(count):
-        path, seed_body = rng.choice(SEEDS)
+        if rng.random() < GET_SHARE:
+            path, seed_body, method = rng.choice(gets), None, "GET"
+            path = _near(path, rng) if rng.random() < 0.3 else path   # a page's file next to where it is
+        else:
+            (path, seed_body), method = rng.choice(SEEDS), "POST"
         body: Any = copy.deepcopy(seed_body)
         steps: list[str] = []
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
-        method = "POST"
         raw: bytes | None = None
         for _ in range(rng.choice((0, 1, 1, 1, 2, 3))):   # a sixth go unchanged: the valid path is fuzzed too
-            layer = rng.random()
+            layer = rng.random() if body is not None else 0.8 + 0.2 * rng.random()   # a GET: its HTTP only
             if layer < 0.15 and isinstance(body, dict):   # schemas, tools, tool calls (request_space.py)
                 body, step = request_space.with_structure(route_of(path), body, rng)
             elif layer < 0.4 and isinstance(body, dict):   # the parameter table's own values (request_space.py)
@@ -249,14 +265,14 @@ def cases(count: int, seed: int) -> Iterator[Case]:
                 raw = _encode(body) if raw is None else raw
                 raw, step = _mutate_bytes(raw, rng)
             else:
-                step = _mutate_http(headers, rng)
+                step = _mutate_http(headers, rng, tuple(routed))
                 if step.startswith("method:"):
                     method = step.split(":", 1)[1]
                 elif step.startswith("path:"):
                     path = step.split(":", 1)[1]
             steps.append(step)
-        data = raw if raw is not None else _encode(body)
-        if method in ("GET", "OPTIONS"):
+        data = raw if raw is not None else _encode(body) if body is not None else None
+        if method in ("GET", "HEAD", "OPTIONS"):
             data = None
         hangup = rng.choice((0, 40, 400, 4000)) if rng.random() < 0.1 else None
         if hangup is not None:
@@ -288,7 +304,7 @@ def _mutate_bytes(raw: bytes, rng: random.Random) -> tuple[bytes, str]:
     return raw + raw, "twice"
 
 
-def _mutate_http(headers: dict[str, str], rng: random.Random) -> str:
+def _mutate_http(headers: dict[str, str], rng: random.Random, routed: tuple[str, ...]) -> str:
     kind = rng.randrange(9)
     if kind == 0:
         headers["Content-Type"] = rng.choice(("text/plain", "application/x-www-form-urlencoded", "",
@@ -308,17 +324,24 @@ def _mutate_http(headers: dict[str, str], rng: random.Random) -> str:
         headers["Host"] = rng.choice(("evil.example", "localhost.evil.example", "127.0.0.1.nip.io", "[::1]:1", ""))
         return f"host:{headers['Host']}"
     if kind == 5:
-        return "method:" + rng.choice(("GET", "PUT", "DELETE", "OPTIONS", "PATCH"))
+        return "method:" + rng.choice(("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH"))
     if kind == 6:
-        return "path:" + rng.choice(("/v1/models", "/health", "/metrics", "/v1/embeddings", "/", "/v1/completions/",
-                                     "/v1/chat/completions?x=%00", "/_test/kill-worker", "/%2e%2e/etc",
-                                     *params.PATHS.values(), "/v1/messages/", "/v1/messages/batches",
-                                     "/v1/responses/resp-1"))
+        path = rng.choice(routed)
+        return "path:" + rng.choice((path, _near(path, rng), rng.choice(UNROUTED)))
     if kind == 7:
         headers["Content-Length"] = str(rng.choice((0, 1, 1 << 30, 4 << 20)))
         return f"length:{headers['Content-Length']}"
     headers["Transfer-Encoding"] = "chunked"
     return "chunked-claim"
+
+
+def _near(path: str, rng: random.Random) -> str:
+    """A path next to a routed one: a slash, a dot segment or a traversal after it, a query, an encoded or doubled
+    character, another case, a NUL, a path past any sane length."""
+    at = rng.randrange(1, len(path) + 1)
+    return rng.choice((path + "/", path + "/.", path + "/../app.py", path + "?x=%00&y=" + "z" * 64, "/" + path,
+                       path[:at] + "%2F" + path[at:], path[:at] + "%" + path[at:], path.upper(), path + "%00",
+                       path + ";x", path[:at] + "//" + path[at:], path + "/" + "a" * 8000))
 
 
 @dataclass(frozen=True)

@@ -448,6 +448,21 @@ class Server:
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
+# The server's own routes besides the APIs' (params.PATHS, POST) and the chat page's files (ui.routes(), GET):
+# path -> the Server method answering GET there, and whether it is public (no key needed).
+OWN_ROUTES: dict[str, tuple[str, bool]] = {"/health": ("health", True), "/metrics": ("metrics", False),
+                                           "/v1/models": ("models", False)}
+
+
+def paths(with_ui: bool = True) -> dict[str, str]:
+    """Every path create_app routes and its method: the HTTP fuzz campaign draws its requests from these, so a
+    route added to any of the three tables is fuzzed the day it lands (the test hooks' route aside)."""
+    own = dict.fromkeys(OWN_ROUTES, "GET")
+    apis = {params.PATHS[route]: "POST" for route in params.ROUTES}
+    page = {route.path: "GET" for route in ui.routes()} if with_ui else {}
+    return own | apis | page
+
+
 def create_app(worker: Worker, model_id: str, api_keys: Sequence[str] = (), *, bind: str = "127.0.0.1",
                allowed_hosts: Sequence[str] = (), cors_origins: Sequence[str] = (),
                body_timeout_s: float = limits.BODY_TIMEOUT_S, with_ui: bool = True) -> Starlette:
@@ -470,11 +485,8 @@ def create_app(worker: Worker, model_id: str, api_keys: Sequence[str] = (), *, b
                                        type="server_error"), path)
         return endpoint
 
-    routes = [
-        Route("/health", guarded(server.health, public=True), methods=["GET"]),
-        Route("/metrics", guarded(server.metrics), methods=["GET"]),
-        Route("/v1/models", guarded(server.models), methods=["GET"]),
-    ]
+    routes = [Route(path, guarded(getattr(server, name), public=public), methods=["GET"])
+              for path, (name, public) in OWN_ROUTES.items()]
     handlers = {"chat": server.chat_completions, "completions": server.completions, "messages": server.messages,
                 "count_tokens": server.count_tokens, "responses": server.responses}
     routes += [Route(params.PATHS[route], guarded(handlers[route]), methods=["POST"]) for route in params.ROUTES]
