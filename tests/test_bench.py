@@ -12,6 +12,7 @@ import os
 import platform
 import re
 import socket
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -202,10 +203,19 @@ def _check_the_campaign_s_card(out: Path, model: Path, labels: set[str]) -> None
     assert_clean_error(run_cli("bench", "report", str(out / "missing")), "not a")
 
 
+def _noting_python(tmp_path: Path) -> tuple[list[str], Path]:
+    """A Python started through a wrapper, as an emulated board's cells start theirs (its exec wrapper first): a
+    program that notes its arguments and runs them."""
+    log = tmp_path / "wrapper.log"
+    return ["sh", "-c", f'echo "$*" >> {log}; exec "$@"', "wrapper", sys.executable], log
+
+
 @needs_native
 def test_routing_trace_shows_the_shaped_router(small_models: dict[str, Path], tmp_path: Path) -> None:
+    python, log = _noting_python(tmp_path)
     uniform = routing.routing_report(small_models["uniform"], 60, tmp_path / "u")
-    skewed = routing.routing_report(small_models["skewed"], 60, tmp_path / "s")
+    skewed = routing.routing_report(small_models["skewed"], 60, tmp_path / "s", python=python)
+    assert "-m bmoe_edge bench cell" in log.read_text()   # the trace's Python started as the campaign's cells
     assert uniform["tokens"] == 59 and (tmp_path / "u" / "routing.csv").is_file()
     assert uniform["prev_token_reuse"] < 0.2 < skewed["prev_token_reuse"]
     assert skewed["top_eighth_share_median"] > uniform["top_eighth_share_median"]
@@ -332,3 +342,11 @@ def test_the_held_out_check_takes_the_best_one_knob_rival_and_the_fewest_bytes()
     # The I/O limit from the fewest bytes any of them read (230 MB, the prefetch-off cell's): 430 / 230 tok/s.
     assert t["io_ratio"] == pytest.approx((1.70 + 1.80) / 2 / (430 / 230))
     assert summary.one_knob_targets(cells[:2], summary.aggregate(cells[:2]), {}) == {}  # no rival, no verdict
+
+
+def test_the_balloon_starts_its_python_as_the_campaign_s_cells(tmp_path: Path) -> None:
+    python, log = _noting_python(tmp_path)
+    cap = ramcap.make_cap(machine.mem_info()["MemAvailable"] - 32 * 2**20, "balloon", python=python)
+    cap.prepare()
+    result = cap.finish()
+    assert result.note.startswith("balloon ") and "-m bmoe_edge.bench.ramcap balloon" in log.read_text()

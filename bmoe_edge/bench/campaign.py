@@ -217,7 +217,7 @@ def stream_campaign(c: Campaign) -> dict[str, Any]:
     (c.out / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     if c.routing_tokens:
         say(f"routing trace ({c.routing_tokens} tokens)")
-        stats = routing_report(c.model, c.routing_tokens, c.out)
+        stats = routing_report(c.model, c.routing_tokens, c.out, python=c.python)
         say(f"  reuse {stats['prev_token_reuse']:.3f} (chance {stats['chance_reuse']}), zipf median "
             f"{stats['zipf_per_layer_median']}")
     cells_csv = c.out / "cells.csv"
@@ -246,7 +246,7 @@ def stream_campaign(c: Campaign) -> dict[str, Any]:
             order = list(c.cells)
             random.Random(c.seed * 7919 + rep).shuffle(order)
             for cell in order:
-                cap = make_cap(c.cap_bytes if cell.capped else 0, c.cap_method, limit)
+                cap = make_cap(c.cap_bytes if cell.capped else 0, c.cap_method, limit, python=c.python)
                 timeout = 120 + cell.warmup * 2 + cell.tokens * (30 if cell.kind == "mmap" else 8) + cell.prompt_tokens
                 tokens_csv = raw / f"{cell.label}-r{rep}.csv"
                 record = spawn_cell(cell, c.model, cap, tokens_csv, timeout, python=c.python)

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,13 +179,18 @@ class BalloonCap(MemCap):
 
     method = "balloon"
 
+    def __init__(self, limit_bytes: int, python: tuple[str, ...] = ()) -> None:
+        super().__init__(limit_bytes)
+        self.python = python
+
     def prepare(self) -> None:
         available = mem_info().get("MemAvailable", 0)
         self.size = available - self.limit
         if self.size <= 0:
             self.proc = None
             return
-        self.proc = subprocess.Popen([sys.executable, "-m", "bmoe_edge.bench.ramcap", "balloon", str(self.size)],
+        self.proc = subprocess.Popen([*(self.python or [sys.executable]), "-m", "bmoe_edge.bench.ramcap", "balloon",
+                                      str(self.size)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -329,14 +335,16 @@ class ThrottledCap(MemCap):
         return result
 
 
-def make_cap(limit_bytes: int, method: str = "auto", read_limit: ReadLimit | None = None) -> MemCap:
+def make_cap(limit_bytes: int, method: str = "auto", read_limit: ReadLimit | None = None,
+             python: Sequence[str] = ()) -> MemCap:
     """`auto`: a cgroup v1 child, else cgroup v2, else refuse (the balloon caps the whole machine and
-    must be asked for explicitly). With `read_limit`, the cell's reads are throttled as well."""
-    cap = _memory_cap(limit_bytes, method)
+    must be asked for explicitly). With `read_limit`, the cell's reads are throttled as well. `python`: how the
+    balloon's Python starts, as a campaign's cells do (an emulated board's exec wrapper; () = sys.executable)."""
+    cap = _memory_cap(limit_bytes, method, python)
     return ThrottledCap(cap, read_limit) if read_limit is not None else cap
 
 
-def _memory_cap(limit_bytes: int, method: str) -> MemCap:
+def _memory_cap(limit_bytes: int, method: str, python: Sequence[str] = ()) -> MemCap:
     if limit_bytes <= 0:
         return NoCap()
     if method in ("auto", "cgroup-v1"):
@@ -352,7 +360,7 @@ def _memory_cap(limit_bytes: int, method: str) -> MemCap:
         if method == "cgroup-v2":
             raise BmoeError("no writable cgroup v2 with the memory controller for this process")
     if method == "balloon":
-        return BalloonCap(limit_bytes)
+        return BalloonCap(limit_bytes, python=tuple(python))
     raise BmoeError("no memory cgroup is usable here: pass --cap-method balloon to lock memory instead "
                     "(it limits the whole machine)")
 

@@ -23,16 +23,18 @@ from bmoe_edge.errors import BmoeError
 from bmoe_edge.units import MiB
 
 
-def trace_routing(model: Path, tokens: int, workdir: Path, prompt: str = PROMPT) -> list[list[list[int]]]:
+def trace_routing(model: Path, tokens: int, workdir: Path, prompt: str = PROMPT,
+                  python: Sequence[str] = ()) -> list[list[list[int]]]:
     """Per decoded token, per layer, the experts the router chose: the engine's own route trace of a
-    serial, one-lane, cache-off run (`--route-trace`)."""
+    serial, one-lane, cache-off run (`--route-trace`), in a Python started as `python` says (a campaign's cells:
+    an emulated board's exec wrapper first; () = sys.executable)."""
     workdir.mkdir(parents=True, exist_ok=True)
     trace = workdir / "route-trace.csv"
     spec = BenchCell("routing-trace", "stream", {"cache_mb": 0, "io_threads": 1, "overlap": False, "threads": 1,
                                             "ctx": ctx_for(tokens), "route_trace": str(trace)},
                      tokens=tokens).spec(model, None)
     spec["prompt"] = prompt
-    cmd = [sys.executable, "-m", "bmoe_edge", "bench", "cell", json.dumps(spec)]
+    cmd = [*(python or [sys.executable]), "-m", "bmoe_edge", "bench", "cell", json.dumps(spec)]
     try:
         subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=3600)
     except subprocess.CalledProcessError as exc:
@@ -119,9 +121,10 @@ def _zipf_slope(freq: Sequence[float]) -> float:
     return round(-sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx, 4) if sxx else 0.0
 
 
-def routing_report(model: Path, tokens: int, out: Path, budgets_mb: Sequence[float] = ()) -> dict[str, Any]:
+def routing_report(model: Path, tokens: int, out: Path, budgets_mb: Sequence[float] = (),
+                   python: Sequence[str] = ()) -> dict[str, Any]:
     layout = gguf_layout(model)
-    trace = trace_routing(model, tokens, out)
+    trace = trace_routing(model, tokens, out, python=python)
     stats = routing_stats(trace, layout.n_expert, layout.n_expert_used)
     per_layer = [layout.bytes_per_expert(il) for il in sorted(layout.layers())]
     budgets = list(budgets_mb) or [0, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048,
