@@ -3,13 +3,17 @@ cache of every expert, warm), the engine's streamed decode and its prompt are se
 by the drive; stock llama.cpp (the pin's own `llama-bench`, its defaults: resident, repacked kernels) is what
 a user compares us with. Both sides compute the same attention: each flash-attention setting measured runs the
 engine and llama-bench with it (`off`, the engine's default, against `llama-bench -fa 0`; `auto`, llama-bench's
-default, on both). Per model, thread count and flash-attention setting, one engine per `--repack` setting is opened
-and warmed once, then each repeat measures it and llama-bench back to back (alternating which goes first): the ratio of
-the two is taken within a repeat, minutes apart at most, as the shared machine's speed drifts.
+default, on both), in a context of the same size (llama-bench's test sizes its own: `llama_bench.context_cells`).
 
-What one measurement is: `decode_tokens` tokens decoded after a short prompt (decode tok/s, the prompt step
-left out), and a `prompt_tokens` prompt decoded with every routed expert cached (prompt tok/s: the prompt's
-step), a prompt the engine has not seen (no prefix reuse) against llama-bench's tg and pp of the same sizes.
+Per model, thread count, flash-attention setting and `--repack` setting, two phases, each with its own engine
+opened in its test's context and warmed once: decode (`decode_tokens` tokens after a short prompt, the prompt step
+left out, against llama-bench's tg), then the prompt (a `prompt_tokens` prompt the engine has not seen, no prefix
+reuse, every routed expert cached, against its pp). In each, every repeat measures the engine and llama-bench back
+to back (alternating which goes first): the ratio of the two is taken within a repeat, seconds apart, as the
+shared machine's speed drifts. A repeat's decode on each side is the median of `decode_runs` runs (the engine's
+runs one after another, llama-bench's repetitions of one process): a single run of a second or two is at the
+mercy of one hiccup of the shared machine, which at two threads on two cores moved one run by up to 25%
+(bench-data/2026-12-05/kernels-context).
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from typing import Any
 from bmoe_edge.bench import llama_bench
 from bmoe_edge.bench.machine import LONG_TEXT, PROMPT
 
-# A flash-attention setting as llama-bench's -fa takes it, and as the engine's settings row does.
-ENGINE_FLASH_ATTN: dict[str, bool | str] = {"off": False, "on": True, "auto": "auto"}
+FLASH_ATTN_SETTINGS = ("off", "on", "auto")  # llama-bench's -fa values, the engine's flash_attn row's natively
+PROMPT_ROOM = 16  # the decode's short prompt (PROMPT) in tokens, at most
 WARMUP_TOKENS = 96  # a uniform router's 8 of 64 experts a token: every expert of every layer routed (p > 1 - 1e-5)
 
 
@@ -37,16 +41,20 @@ class KernelRow:
     threads: int
     repack: str
     repeat: int
-    decode_tok_s: float
+    decode_tok_s: float  # the median of decode_runs runs (llama-bench's: of as many repetitions)
     prompt_tok_s: float
-    prompt_reused: int
+    prompt_reused: int  # tokens the prompt measured reused (0: none)
     llama_bench_decode_tok_s: float  # llama.cpp's defaults but -fa, set as the engine's flash attention
     llama_bench_prompt_tok_s: float
-    hit_pct: float
+    hit_pct: float  # the measured prompt's lookups that hit
     flash_attn_setting: str  # both sides' (off, auto)
     flash_attn: bool  # the engine's, as llama.cpp resolved it
     repack_layouts: str
     first: str  # which ran first in this repeat: "engine" or "llama-bench"
+    decode_ctx: int  # the engines' contexts (cells): llama-bench's test's, room for the short prompt besides
+    prompt_ctx: int
+    decode_runs: str  # each run's decode tok/s, space separated (decode_tok_s is their median)
+    llama_bench_decode_runs: str  # each of llama-bench's repetitions
 
     @property
     def decode_ratio(self) -> float:
@@ -74,53 +82,94 @@ def _prompt_ids(tokenize: Callable[[str], list[int]], n_tokens: int, variant: in
     return ids[:n_tokens]
 
 
-def _measure_engine(engine: Any, decode_tokens: int, prompt_tokens: int, variant: int) -> dict[str, float]:
+def _measure_decode(engine: Any, decode_tokens: int, runs: int) -> list[float]:
+    """The decode tok/s of `runs` runs."""
     from bmoe_edge.engine import report
 
-    decode = report.summary(engine.run(PROMPT, decode_tokens + 1), engine.run_info)
+    return [float(report.summary(engine.run(PROMPT, decode_tokens + 1), engine.run_info)["decode_tok_s"])
+            for _ in range(runs)]
+
+
+def _measure_prompt(engine: Any, prompt_tokens: int, variant: int) -> tuple[float, int, float]:
+    """Prompt tok/s, the tokens it reused (0: a prompt not seen before) and the share of its lookups that hit."""
+    from bmoe_edge.engine import report
+
     prompt = report.summary(engine.run(_prompt_ids(engine.tokenize, prompt_tokens, variant), 1), engine.run_info)
-    return {"decode_tok_s": float(decode["decode_tok_s"]), "prompt_tok_s": float(prompt["prompt_tok_s"]),
-            "prompt_reused": int(prompt.get("prompt_reused_tokens", 0)),
-            "hit_pct": float(decode["cache_hit_pct"])}
+    return (float(prompt["prompt_tok_s"]), int(prompt.get("prompt_reused_tokens", 0)),
+            float(prompt["cache_hit_pct"]))
+
+
+def _pairs(repeats: int, measure_engine: Callable[[int], Any],
+           measure_anchor: Callable[[], Any]) -> list[tuple[Any, Any, str]]:
+    """Per repeat: the engine's measurement, llama-bench's and which went first (alternating)."""
+    out = []
+    for r in range(repeats):
+        engine_first = r % 2 == 0
+        if engine_first:
+            mine = measure_engine(r)
+            anchor = measure_anchor()
+        else:
+            anchor = measure_anchor()
+            mine = measure_engine(r)
+        out.append((mine, anchor, "engine" if engine_first else "llama-bench"))
+    return out
 
 
 def run(models: Sequence[Path], base: Any, threads: Sequence[int], repacks: Sequence[str], *, repeats: int,
-        decode_tokens: int, prompt_tokens: int, flash_attns: Sequence[str] = ("off", "auto"),
+        decode_tokens: int, prompt_tokens: int, decode_runs: int = 5, flash_attns: Sequence[str] = ("off", "auto"),
         say: Callable[[str], None] = print) -> list[KernelRow]:
     """`base`: the StreamConfig every engine starts from (the machine's defaults); threads, flash attention (both
-    sides) and --repack vary."""
-    from bmoe_edge.engine import Engine, info
+    sides), --repack and the context vary."""
+    from bmoe_edge.engine import info, settings
 
     rows: list[KernelRow] = []
     for model in models:
+        # A fixed cache of every expert: the kernels measured, not the adaptive budget's answer to llama-bench
+        # loading the same model beside it.
+        full_mb = math.ceil(info.model_summary(model).expert_bytes * 1.02 / 2**20 + 1)
         for t, fa, repack in ((t, fa, repack) for t in threads for fa in flash_attns for repack in repacks):
-            # A fixed cache of every expert: the kernels measured, not the adaptive budget's answer to
-            # llama-bench loading the same model beside it.
-            full_mb = math.ceil(info.model_summary(model).expert_bytes * 1.02 / 2**20 + 1)
-            config = replace(base, threads=t, repack=repack, ctx=max(base.ctx, prompt_tokens + 256),
-                             cache_mb=float(full_mb), flash_attn=ENGINE_FLASH_ATTN[fa])
-            with Engine(model, config) as engine:
-                engine.run(PROMPT, WARMUP_TOKENS)  # every expert cached, the pool's pages in place
-                engine.run(_prompt_ids(engine.tokenize, prompt_tokens, -1), 1)
-                for r in range(repeats):
-                    engine_first = r % 2 == 0
-                    got: dict[str, Any] = {}
-                    for which in (("engine", "llama-bench") if engine_first else ("llama-bench", "engine")):
-                        if which == "engine":
-                            got |= _measure_engine(engine, decode_tokens, prompt_tokens, r)
-                        else:
-                            lb = llama_bench.run(model, threads=t, decode_tokens=decode_tokens,
-                                                 prompt_tokens=prompt_tokens, flash_attn=fa)
-                            got |= {"llama_bench_decode_tok_s": lb["decode_tok_s"],
-                                    "llama_bench_prompt_tok_s": lb["prompt_tok_s"]}
-                    row = KernelRow(model.name, t, repack, r, repack_layouts=str(engine.run_info["repack_layouts"]),
-                                    flash_attn_setting=fa, flash_attn=bool(engine.run_info["flash_attn"]),
-                                    first="engine" if engine_first else "llama-bench", **got)
-                    rows.append(row)
-                    say(f"{model.name} t={t} fa={fa} repack={repack} #{r}: decode {row.decode_tok_s:.2f} vs "
-                        f"{row.llama_bench_decode_tok_s:.2f} tok/s ({row.decode_ratio:.3f}x), prompt "
-                        f"{row.prompt_tok_s:.1f} vs {row.llama_bench_prompt_tok_s:.1f} ({row.prompt_ratio:.3f}x)")
+            config = replace(base, threads=t, repack=repack, cache_mb=float(full_mb),
+                             flash_attn=settings.BY_NAME["flash_attn"].from_native(fa))
+            for row in _measure_setting(model, config, fa, repeats, decode_tokens, decode_runs, prompt_tokens):
+                rows.append(row)
+                say(f"{model.name} t={t} fa={fa} repack={repack} #{row.repeat}: decode {row.decode_tok_s:.2f} vs "
+                    f"{row.llama_bench_decode_tok_s:.2f} tok/s ({row.decode_ratio:.3f}x), prompt "
+                    f"{row.prompt_tok_s:.1f} vs {row.llama_bench_prompt_tok_s:.1f} ({row.prompt_ratio:.3f}x)")
     return rows
+
+
+def _measure_setting(model: Path, config: Any, fa: str, repeats: int, decode_tokens: int, decode_runs: int,
+                     prompt_tokens: int) -> list[KernelRow]:
+    """The two phases of one setting: an engine each, in the context of llama-bench's test it is paired with."""
+    from bmoe_edge.engine import Engine
+
+    def anchor(decode: int, prompt: int, repetitions: int = 1) -> dict[str, Any]:
+        return llama_bench.run(model, threads=config.threads, decode_tokens=decode, prompt_tokens=prompt,
+                               flash_attn=fa, repetitions=repetitions)
+
+    # The decode's engine holds the short prompt besides (llama-bench's tg starts from an empty context).
+    decode_ctx = llama_bench.context_cells(0, decode_tokens + PROMPT_ROOM)
+    with Engine(model, replace(config, ctx=decode_ctx)) as engine:
+        engine.run(PROMPT, WARMUP_TOKENS)  # every expert cached, the pool's pages in place
+        layouts, resolved_fa = str(engine.run_info["repack_layouts"]), bool(engine.run_info["flash_attn"])
+        decodes = _pairs(repeats, lambda r: _measure_decode(engine, decode_tokens, decode_runs),
+                         lambda: anchor(decode_tokens, 0, decode_runs)["decode_samples"])
+    prompt_ctx = llama_bench.context_cells(prompt_tokens, 0)
+    prompts: list[tuple[Any, Any, str]] = [((0.0, 0, 0.0), 0.0, "")] * repeats   # --prompt-tokens 0: decode only
+    if prompt_tokens > 0:
+        with Engine(model, replace(config, ctx=prompt_ctx)) as engine:
+            engine.run(PROMPT, WARMUP_TOKENS)
+            engine.run(_prompt_ids(engine.tokenize, prompt_tokens, -1), 1)
+            prompts = _pairs(repeats, lambda r: _measure_prompt(engine, prompt_tokens, r),
+                             lambda: anchor(0, prompt_tokens)["prompt_tok_s"])
+    return [KernelRow(model.name, config.threads, config.repack, r, decode_tok_s=statistics.median(decode),
+                      prompt_tok_s=prompt, prompt_reused=reused, llama_bench_decode_tok_s=statistics.median(lb_decode),
+                      llama_bench_prompt_tok_s=lb_prompt, hit_pct=hit, flash_attn_setting=fa, flash_attn=resolved_fa,
+                      repack_layouts=layouts, first=first, decode_ctx=decode_ctx, prompt_ctx=prompt_ctx,
+                      decode_runs=" ".join(f"{x:.2f}" for x in decode),
+                      llama_bench_decode_runs=" ".join(f"{x:.2f}" for x in lb_decode))
+            for r, ((decode, lb_decode, first), ((prompt, reused, hit), lb_prompt, _)) in enumerate(
+                zip(decodes, prompts, strict=True))]
 
 
 def write(rows: Sequence[KernelRow], out: Path) -> None:
@@ -134,27 +183,40 @@ def write(rows: Sequence[KernelRow], out: Path) -> None:
     (out / "summary.md").write_text(summary(rows))
 
 
+def _best(runs: Sequence[str]) -> float:
+    """The fastest of every run of a group (space-separated tok/s per row)."""
+    return max((float(x) for text in runs for x in text.split()), default=0.0)
+
+
 def summary(rows: Sequence[KernelRow]) -> str:
-    """Medians per model, threads and --repack: the engine's tok/s, llama-bench's, and the paired ratios."""
+    """Medians per model, threads and --repack: the engine's tok/s, llama-bench's, and the paired ratios; and
+    the fastest run of each side."""
     lines = [f"# bench kernels ({time.strftime('%Y-%m-%d')})", "",
-             "Streamed with the cache warm (uncapped), the engine's defaults but --threads, --repack and flash "
-             "attention, against the pin's llama-bench (resident, its defaults: repacked kernels) with the same "
-             "flash attention setting (`-fa`; `off` is the engine's default, `auto` llama-bench's). Ratios are "
-             "medians of per-repeat ratios (engine / llama-bench, measured back to back).", "",
-             "| model | threads | --repack | layouts | flash attention (resolved) | decode tok/s | llama-bench tg | "
-             "decode ratio | prompt tok/s | llama-bench pp | prompt ratio | repeats |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Streamed with the cache warm (uncapped), the engine's defaults but --threads, --repack, flash attention "
+             "and the context, against the pin's llama-bench (resident, its defaults: repacked kernels) with the same "
+             "flash attention setting (`-fa`; `off` is the engine's default, `auto` llama-bench's) in a context of "
+             "the same size (cells: decode's, prompt's). Ratios are medians of per-repeat ratios (engine / "
+             "llama-bench, measured back to back; a repeat's decode on each side: the median of its runs). "
+             "Best: the fastest decode run of each side over all repeats, and their ratio (the shared machine only "
+             "ever slows a run down: the fastest is the nearest to the kernels' own speed).", "",
+             "| model | threads | --repack | layouts | flash attention (resolved) | cells | decode tok/s | "
+             "llama-bench tg | decode ratio | best: engine / llama-bench | prompt tok/s | llama-bench pp | "
+             "prompt ratio | repeats |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(r.model, r.threads, r.flash_attn_setting, r.repack) for r in rows})
     for model, t, fa, repack in keys:
         group = [r for r in rows if (r.model, r.threads, r.flash_attn_setting, r.repack) == (model, t, fa, repack)]
 
         def med(values: list[float]) -> float:
             return statistics.median(values) if values else 0.0
+        best = _best([r.decode_runs for r in group])
+        best_anchor = _best([r.llama_bench_decode_runs for r in group])
         lines.append(
             f"| {model} | {t} | {repack} | {group[0].repack_layouts or '-'} | "
-            f"{fa} ({'on' if group[0].flash_attn else 'off'}) | "
+            f"{fa} ({'on' if group[0].flash_attn else 'off'}) | {group[0].decode_ctx}, {group[0].prompt_ctx} | "
             f"{med([r.decode_tok_s for r in group]):.2f} | {med([r.llama_bench_decode_tok_s for r in group]):.2f} | "
             f"{med([r.decode_ratio for r in group]):.3f} | "
+            f"{best:.2f} / {best_anchor:.2f}: {_ratio(best, best_anchor):.3f} | "
             f"{med([r.prompt_tok_s for r in group]):.1f} | {med([r.llama_bench_prompt_tok_s for r in group]):.1f} | "
             f"{med([r.prompt_ratio for r in group]):.3f} | "
             f"{len(group)} |")

@@ -61,11 +61,24 @@ def binary(say: Any = print) -> Path:
     return exe
 
 
+# llama.cpp pads a context to this many cells (llama-context.cpp: GGML_PAD(n_ctx, 256)).
+CONTEXT_PAD = 256
+
+
+def context_cells(prompt_tokens: int, decode_tokens: int) -> int:
+    """The context one llama-bench test runs in: its prompt and generated tokens (n_ctx = n_prompt + n_gen), padded
+    as llama.cpp pads it. An engine compared with it runs in the same: with flash attention off llama.cpp keeps the V
+    cache transposed, one row per channel as long as the context, so the same 256 cells decode slower in a longer
+    context (5% at 768 against 256 cells on the Q4_K preset; bench-data/2026-12-05/kernels-context)."""
+    return -(-(prompt_tokens + decode_tokens) // CONTEXT_PAD) * CONTEXT_PAD
+
+
 def run(model: Path, *, threads: int, decode_tokens: int, prompt_tokens: int, repetitions: int = 1,
-        repack: bool = True, flash_attn: str = "auto", timeout: float = 3600) -> dict[str, float]:
-    """llama-bench's tg<decode_tokens> and pp<prompt_tokens> (0: skipped) on `model`: tok/s of each (mean over
-    its repetitions), with llama.cpp's defaults but the thread count and, for a comparison, `repack` and
-    `flash_attn` (off, on, auto: llama-bench's default)."""
+        repack: bool = True, flash_attn: str = "auto", timeout: float = 3600) -> dict[str, Any]:
+    """llama-bench's tg<decode_tokens> and pp<prompt_tokens> (0: skipped) on `model`: tok/s of each (`decode_tok_s`,
+    `prompt_tok_s`: the mean over its repetitions; `decode_samples`, `prompt_samples`: each repetition's), with
+    llama.cpp's defaults but the thread count and, for a comparison, `repack` and `flash_attn` (off, on, auto:
+    llama-bench's default)."""
     cmd = [str(binary()), "-m", str(model), "-t", str(threads), "-r", str(repetitions), "-o", "json",
            "--repack", "1" if repack else "0", "-fa", flash_attn, "-n", str(decode_tokens), "-p", str(prompt_tokens)]
     try:
@@ -74,8 +87,9 @@ def run(model: Path, *, threads: int, decode_tokens: int, prompt_tokens: int, re
         raise BmoeError(f"llama-bench ran over {timeout:.0f} s on {model}") from exc
     if result.returncode != 0:
         raise BmoeError(f"llama-bench failed on {model}: {result.stderr.strip().splitlines()[-1:]}")
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     for test in json.loads(result.stdout):
-        kind = "prompt_tok_s" if test["n_prompt"] > 0 and test["n_gen"] == 0 else "decode_tok_s"
-        out[kind] = float(test["avg_ts"])
+        kind = "prompt" if test["n_prompt"] > 0 and test["n_gen"] == 0 else "decode"
+        out[f"{kind}_tok_s"] = float(test["avg_ts"])
+        out[f"{kind}_samples"] = [float(ts) for ts in test["samples_ts"]]   # tok/s of each repetition
     return out

@@ -331,8 +331,11 @@ def bench_kernels_cmd(
     repack: Annotated[str, typer.Option("--repack-settings", help="The engine's --repack values to measure (comma "
                                         "list).")] = "auto,off",
     repeats: Annotated[int, typer.Option("--repeats", min=1)] = 3,
-    tokens: Annotated[int, typer.Option("--tokens", min=2, help="Decoded tokens per measurement.")] = 32,
-    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=1, help="The cached prompt's length.")] = 512,
+    tokens: Annotated[int, typer.Option("--tokens", min=2, help="Decoded tokens per run.")] = 32,
+    decode_runs: Annotated[int, typer.Option("--decode-runs", min=1, help="Decode runs per side in each repeat "
+                                             "(their median).")] = 5,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=0, help="The cached prompt's length (0: decode "
+                                               "only).")] = 512,
     flash_attn: Annotated[str, typer.Option("--flash-attn-settings", help="Flash attention settings to measure, each "
                                             "on both sides (comma list of off, on, auto).")] = "off,auto",
     out: Annotated[Path, typer.Option("--out")] = Path("bench-out/kernels"),
@@ -350,11 +353,11 @@ def bench_kernels_cmd(
     except ValueError:
         fail(f"--thread-counts {threads!r}: a comma list of thread counts")
     settings_fa = [f.strip() for f in flash_attn.split(",") if f.strip()]
-    if not settings_fa or any(f not in kernels.ENGINE_FLASH_ATTN for f in settings_fa):
+    if not settings_fa or any(f not in kernels.FLASH_ATTN_SETTINGS for f in settings_fa):
         fail(f"--flash-attn-settings {flash_attn!r}: a comma list of off, on, auto")
     rows = kernels.run(model, base, counts, [r.strip() for r in repack.split(",") if r.strip()],
-                       repeats=repeats, decode_tokens=tokens, prompt_tokens=prompt_tokens, flash_attns=settings_fa,
-                       say=typer.echo)
+                       repeats=repeats, decode_tokens=tokens, prompt_tokens=prompt_tokens, decode_runs=decode_runs,
+                       flash_attns=settings_fa, say=typer.echo)
     kernels.write(rows, out)
     typer.echo(kernels.summary(rows), nl=False)
 
