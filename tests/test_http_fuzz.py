@@ -116,14 +116,13 @@ def test_streams_and_errors_are_checked_in_their_apis_shapes() -> None:
 
 def test_an_answer_to_head_is_judged_by_its_headers() -> None:
     """HEAD's answers carry no body (RFC 9110): a refusal is one by its JSON content type; a body is a finding."""
-    head = http_fuzz.Case("x", "HEAD", "/v1/completions", None, {})
     json_type = {"content-type": "application/json"}
-    assert http_fuzz.outcome_of(head, 405, json_type, b"")[0] == "refused"
-    assert http_fuzz.outcome_of(head, 405, {"content-type": "text/html"}, b"")[0] == "bad-body"
-    assert http_fuzz.outcome_of(head, 405, json_type, b'{"error": 1}')[0] == "bad-body"
-    assert http_fuzz.outcome_of(head, 500, json_type, b"")[0] == "server-error"
-    get = http_fuzz.Case("x", "GET", "/v1/completions", None, {})
-    assert http_fuzz.outcome_of(get, 405, json_type, b"")[0] == "bad-body"   # a GET's refusal is the error object
+    assert http_checks.outcome_of("HEAD", "/v1/completions", 405, json_type, b"")[0] == "refused"
+    assert http_checks.outcome_of("HEAD", "/v1/completions", 405, {"content-type": "text/html"}, b"")[0] == "bad-body"
+    assert http_checks.outcome_of("HEAD", "/v1/completions", 405, json_type, b'{"error": 1}')[0] == "bad-body"
+    assert http_checks.outcome_of("HEAD", "/v1/completions", 500, json_type, b"")[0] == "server-error"
+    # a GET's refusal is the error object
+    assert http_checks.outcome_of("GET", "/v1/completions", 405, json_type, b"")[0] == "bad-body"
 
 
 def test_a_sample_of_the_campaign_finds_nothing(tmp_path: Path) -> None:

@@ -73,3 +73,28 @@ def good_success(headers: dict[str, str], data: bytes) -> str:
     except ValueError:
         return f"a body that is not JSON: {data[:80]!r}"
     return ""
+
+
+def outcome_of(method: str, path: str, status: int, headers: dict[str, str], data: bytes) -> tuple[str, str]:
+    """What the answer to a `method` request of `path` is (http_fuzz.OUTCOMES) and why, from its status, headers and
+    body (status -1: the connection closed)."""
+    if status >= 500:
+        return "server-error", data[:300].decode("utf-8", "replace")
+    if headers.get("x-hung-up"):   # the client left mid-answer: only the server's health counts
+        return ("ok" if status < 300 else "refused"), "hung up"
+    if 200 <= status < 300:
+        problem = good_success(headers, data)
+        return ("bad-body", problem) if problem else ("ok", "")
+    if status == 400 and data.startswith(b"Invalid HTTP request"):   # uvicorn's parser, before any route
+        return "protocol", data[:80].decode("utf-8", "replace")
+    if 400 <= status < 500 and method == "HEAD":   # an answer to HEAD has no body (RFC 9110): its headers
+        if not data and headers.get("content-type", "").startswith("application/json"):
+            return "refused", "HEAD"
+        return "bad-body", f"HEAD: {headers.get('content-type')!r}, {len(data)} bytes of body"
+    if 400 <= status < 500:
+        if is_error_object(data, path):
+            return "refused", json.loads(data)["error"]["message"][:160]
+        return "bad-body", data[:300].decode("utf-8", "replace")
+    if status == -1:
+        return "protocol", f"connection closed: {data[:120].decode()}"
+    return "bad-body", f"status {status}"

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bmoe_edge.proof import conn_fuzz, request_space
-from bmoe_edge.proof.http_checks import good_success, is_error_object
+from bmoe_edge.proof.http_checks import outcome_of
 from bmoe_edge.serve import app, params
 
 OUTCOMES = ("ok", "refused", "protocol", "server-error", "bad-body", "hang", "probe", "health", "dead")
@@ -534,30 +534,6 @@ def run_campaign(model: Path, workdir: Path, count: int, seed: int = 0, timeout:
         vitals.tracebacks = server.tracebacks
 
 
-def outcome_of(case: Case, status: int, headers: dict[str, str], data: bytes) -> tuple[str, str]:
-    """What one answer is (OUTCOMES) and why, from its status, headers and body (status -1: the connection closed)."""
-    if status >= 500:
-        return "server-error", data[:300].decode("utf-8", "replace")
-    if headers.get("x-hung-up"):   # the client left mid-answer: only the server's health counts
-        return ("ok" if status < 300 else "refused"), "hung up"
-    if 200 <= status < 300:
-        problem = good_success(headers, data)
-        return ("bad-body", problem) if problem else ("ok", "")
-    if status == 400 and data.startswith(b"Invalid HTTP request"):   # uvicorn's parser, before any route
-        return "protocol", data[:80].decode("utf-8", "replace")
-    if 400 <= status < 500 and case.method == "HEAD":   # an answer to HEAD has no body (RFC 9110): its headers
-        if not data and headers.get("content-type", "").startswith("application/json"):
-            return "refused", "HEAD"
-        return "bad-body", f"HEAD: {headers.get('content-type')!r}, {len(data)} bytes of body"
-    if 400 <= status < 500:
-        if is_error_object(data, case.path):
-            return "refused", json.loads(data)["error"]["message"][:160]
-        return "bad-body", data[:300].decode("utf-8", "replace")
-    if status == -1:
-        return "protocol", f"connection closed: {data[:120].decode()}"
-    return "bad-body", f"status {status}"
-
-
 def _one(server: Server, case: Case, timeout: float, probe: Any, expected: str) -> HttpResult:
     try:
         status, headers, data = server.request(case.method, case.path, case.body, case.headers, timeout,
@@ -570,7 +546,7 @@ def _one(server: Server, case: Case, timeout: float, probe: Any, expected: str) 
             return HttpResult(case.name, "dead", 0, f"the server exited {code}: " + " | ".join(server.log[-3:]))
         # the server may close a connection it will not read (a body it refused before reading it)
         status, headers, data = -1, {}, str(exc).encode()
-    outcome, detail = outcome_of(case, status, headers, data)
+    outcome, detail = outcome_of(case.method, case.path, status, headers, data)
     if outcome not in PASSING:
         return HttpResult(case.name, outcome, status, detail)
     if not server.alive():
