@@ -282,13 +282,19 @@ def cell_main(spec_json: str) -> int:
     return 0 if record["status"] == "ok" else 1
 
 
+def cell_command(spec: dict[str, Any], python: Sequence[str] = ()) -> list[str]:
+    """The command that runs one cell's `spec` in a Python of its own, started as `python` says (an emulated
+    board's exec wrapper first; () = sys.executable)."""
+    return [*(python or [sys.executable]), "-m", "bmoe_edge", "bench", "cell", json.dumps(spec)]
+
+
 def spawn_cell(cell: BenchCell, model: Path, cap: MemCap, tokens_csv: Path | None, timeout: float,
                env: dict[str, str] | None = None, python: Sequence[str] = ()) -> dict[str, Any]:
     """Run a cell in a fresh process (inside the cap), cold: the model's pages dropped first. `python`: how
     this machine starts its Python (an emulated board's exec wrapper first; default: sys.executable)."""
     drop_page_cache(model)
     cap.prepare()
-    cmd = [*(python or [sys.executable]), "-m", "bmoe_edge", "bench", "cell", json.dumps(cell.spec(model, tokens_csv))]
+    cmd = cell_command(cell.spec(model, tokens_csv), python)
     t0 = time.perf_counter()
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -10,12 +10,11 @@ import json
 import math
 import statistics
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bmoe_edge.bench.cells import BenchCell
+from bmoe_edge.bench.cells import BenchCell, cell_command
 from bmoe_edge.bench.layout import gguf_layout
 from bmoe_edge.bench.machine import PROMPT, ctx_for
 from bmoe_edge.engine import native
@@ -34,9 +33,8 @@ def trace_routing(model: Path, tokens: int, workdir: Path, prompt: str = PROMPT,
                                             "ctx": ctx_for(tokens), "route_trace": str(trace)},
                      tokens=tokens).spec(model, None)
     spec["prompt"] = prompt
-    cmd = [*(python or [sys.executable]), "-m", "bmoe_edge", "bench", "cell", json.dumps(spec)]
     try:
-        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=3600)
+        subprocess.run(cell_command(spec, python), check=True, capture_output=True, text=True, timeout=3600)
     except subprocess.CalledProcessError as exc:
         raise BmoeError(f"the traced run failed: {exc.stderr.strip()[-400:]}") from None
     steps = read_route_trace(trace)
