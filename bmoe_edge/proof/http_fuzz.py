@@ -242,6 +242,7 @@ def cases(count: int, seed: int) -> Iterator[Case]:
     # Every path the server routes (its own, the APIs', the chat page's files) and its method. The POST routes'
     # requests start from SEEDS; a GET route's is the path itself.
     routed = app.paths()
+    routed_paths = tuple(routed)
     gets = tuple(path for path, method in routed.items() if method == "GET")
     for n in range(count):
         if rng.random() < GET_SHARE:
@@ -265,7 +266,7 @@ def cases(count: int, seed: int) -> Iterator[Case]:
                 raw = _encode(body) if raw is None else raw
                 raw, step = _mutate_bytes(raw, rng)
             else:
-                step = _mutate_http(headers, rng, tuple(routed))
+                step = _mutate_http(headers, rng, routed_paths)
                 if step.startswith("method:"):
                     method = step.split(":", 1)[1]
                 elif step.startswith("path:"):
