@@ -14,6 +14,12 @@ shared machine's speed drifts. A repeat's decode on each side is the median of `
 runs one after another, llama-bench's repetitions of one process): a single run of a second or two is at the
 mercy of one hiccup of the shared machine, which at two threads on two cores moved one run by up to 25%
 (bench-data/2026-12-05/kernels-context).
+
+Per token besides: the host's stalls land on a few tokens of a run, so a run's mean carries them where a low
+quantile of its tokens does not. Each repeat also compares the 10th percentile of the engine's per-step decode
+times (every run's, its first decode after the prompt step left out) with that of llama-bench's `-n 1 -r
+TOKEN_SAMPLES` (each repetition one 1-token decode in the same cells; llama.cpp pads the attended cells to 256, so
+its position does not change the work): `token_ratio` (bench-data/2026-12-05/two-threads-streamed).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from bmoe_edge.bench.machine import LONG_TEXT, PROMPT
 
 FLASH_ATTN_SETTINGS = ("off", "on", "auto")  # llama-bench's -fa values, the engine's flash_attn row's natively
 PROMPT_ROOM = 16  # the decode's short prompt (PROMPT) in tokens, at most
+TOKEN_SAMPLES = 150  # llama-bench's 1-token decodes per repeat, for the per-token comparison
+TOKEN_QUANTILE = 0.10
 WARMUP_TOKENS = 96  # a uniform router's 8 of 64 experts a token: every expert of every layer routed (p > 1 - 1e-5)
 
 
@@ -55,10 +63,17 @@ class KernelRow:
     prompt_ctx: int
     decode_runs: str  # each run's decode tok/s, space separated (decode_tok_s is their median)
     llama_bench_decode_runs: str  # each of llama-bench's repetitions
+    decode_token_ms: float  # TOKEN_QUANTILE of the engine's per-step decode times over the repeat's runs
+    llama_bench_token_ms: float  # the same of llama-bench's TOKEN_SAMPLES 1-token decodes
 
     @property
     def decode_ratio(self) -> float:
         return _ratio(self.decode_tok_s, self.llama_bench_decode_tok_s)
+
+    @property
+    def token_ratio(self) -> float:
+        """Per token, as a speed: llama-bench's time over the engine's (0 where either measured nothing)."""
+        return _ratio(self.llama_bench_token_ms, self.decode_token_ms)
 
     @property
     def prompt_ratio(self) -> float:
@@ -82,12 +97,24 @@ def _prompt_ids(tokenize: Callable[[str], list[int]], n_tokens: int, variant: in
     return ids[:n_tokens]
 
 
-def _measure_decode(engine: Any, decode_tokens: int, runs: int) -> list[float]:
-    """The decode tok/s of `runs` runs."""
+def quantile(values: Sequence[float], q: float) -> float:
+    """The value at fraction `q` of the sorted values (nearest rank below; 0 for none)."""
+    ordered = sorted(values)
+    return ordered[int(q * (len(ordered) - 1))] if ordered else 0.0
+
+
+def _measure_decode(engine: Any, decode_tokens: int, runs: int) -> tuple[list[float], list[float]]:
+    """The decode tok/s of `runs` runs, and every decode step's time but each run's first (the switch from the
+    prompt step's threads and graph)."""
     from bmoe_edge.engine import report
 
-    return [float(report.summary(engine.run(PROMPT, decode_tokens + 1), engine.run_info)["decode_tok_s"])
-            for _ in range(runs)]
+    tok_s: list[float] = []
+    step_ms: list[float] = []
+    for _ in range(runs):
+        gen = engine.run(PROMPT, decode_tokens + 1)
+        tok_s.append(float(report.summary(gen, engine.run_info)["decode_tok_s"]))
+        step_ms += [m.wall_ms for m in gen.metrics[2:]]
+    return tok_s, step_ms
 
 
 def _measure_prompt(engine: Any, prompt_tokens: int, variant: int) -> tuple[float, int, float]:
@@ -133,7 +160,8 @@ def run(models: Sequence[Path], base: Any, threads: Sequence[int], repacks: Sequ
             for row in _measure_setting(model, config, fa, repeats, decode_tokens, decode_runs, prompt_tokens):
                 rows.append(row)
                 say(f"{model.name} t={t} fa={fa} repack={repack} #{row.repeat}: decode {row.decode_tok_s:.2f} vs "
-                    f"{row.llama_bench_decode_tok_s:.2f} tok/s ({row.decode_ratio:.3f}x), prompt "
+                    f"{row.llama_bench_decode_tok_s:.2f} tok/s ({row.decode_ratio:.3f}x; per token p10 "
+                    f"{row.decode_token_ms:.2f} vs {row.llama_bench_token_ms:.2f} ms, {row.token_ratio:.3f}x), prompt "
                     f"{row.prompt_tok_s:.1f} vs {row.llama_bench_prompt_tok_s:.1f} ({row.prompt_ratio:.3f}x)")
     return rows
 
@@ -149,11 +177,19 @@ def _measure_setting(model: Path, config: Any, fa: str, repeats: int, decode_tok
 
     # The decode's engine holds the short prompt besides (llama-bench's tg starts from an empty context).
     decode_ctx = llama_bench.context_cells(0, decode_tokens + PROMPT_ROOM)
+
+    def anchor_decode() -> tuple[list[float], list[float]]:
+        """llama-bench's tg runs (tok/s), and its 1-token decodes' times (ms): those only where they run in the
+        engine's context (a longer decode's context attends more cells than one token's)."""
+        runs = anchor(decode_tokens, 0, decode_runs)["decode_samples"]
+        if decode_ctx != llama_bench.context_cells(0, 1):
+            return runs, []
+        return runs, [1000.0 / x for x in anchor(1, 0, TOKEN_SAMPLES)["decode_samples"] if x > 0]
+
     with Engine(model, replace(config, ctx=decode_ctx)) as engine:
         engine.run(PROMPT, WARMUP_TOKENS)  # every expert cached, the pool's pages in place
         layouts, resolved_fa = str(engine.run_info["repack_layouts"]), bool(engine.run_info["flash_attn"])
-        decodes = _pairs(repeats, lambda r: _measure_decode(engine, decode_tokens, decode_runs),
-                         lambda: anchor(decode_tokens, 0, decode_runs)["decode_samples"])
+        decodes = _pairs(repeats, lambda r: _measure_decode(engine, decode_tokens, decode_runs), anchor_decode)
     prompt_ctx = llama_bench.context_cells(prompt_tokens, 0)
     prompts: list[tuple[Any, Any, str]] = [((0.0, 0, 0.0), 0.0, "")] * repeats   # --prompt-tokens 0: decode only
     if prompt_tokens > 0:
@@ -164,18 +200,20 @@ def _measure_setting(model: Path, config: Any, fa: str, repeats: int, decode_tok
                              lambda: anchor(0, prompt_tokens)["prompt_tok_s"])
     return [KernelRow(model.name, config.threads, config.repack, r, decode_tok_s=statistics.median(decode),
                       prompt_tok_s=prompt, prompt_reused=reused, llama_bench_decode_tok_s=statistics.median(lb_decode),
+                      decode_token_ms=quantile(steps, TOKEN_QUANTILE),
+                      llama_bench_token_ms=quantile(lb_steps, TOKEN_QUANTILE),
                       llama_bench_prompt_tok_s=lb_prompt, hit_pct=hit, flash_attn_setting=fa, flash_attn=resolved_fa,
                       repack_layouts=layouts, first=first, decode_ctx=decode_ctx, prompt_ctx=prompt_ctx,
                       decode_runs=" ".join(f"{x:.2f}" for x in decode),
                       llama_bench_decode_runs=" ".join(f"{x:.2f}" for x in lb_decode))
-            for r, ((decode, lb_decode, first), ((prompt, reused, hit), lb_prompt, _)) in enumerate(
-                zip(decodes, prompts, strict=True))]
+            for r, (((decode, steps), (lb_decode, lb_steps), first), ((prompt, reused, hit), lb_prompt, _))
+            in enumerate(zip(decodes, prompts, strict=True))]
 
 
 def write(rows: Sequence[KernelRow], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "kernels.csv", "w", newline="") as f:
-        ratios = ("decode_ratio", "prompt_ratio")
+        ratios = ("decode_ratio", "token_ratio", "prompt_ratio")
         w = csv.DictWriter(f, fieldnames=[*asdict(rows[0]).keys(), *ratios])
         w.writeheader()
         for r in rows:
@@ -188,6 +226,16 @@ def _best(runs: Sequence[str]) -> float:
     return max((float(x) for text in runs for x in text.split()), default=0.0)
 
 
+def _per_token(group: Sequence[KernelRow]) -> str:
+    """The group's per-token cell: the median p10 of each side and the median of the per-repeat ratios."""
+    measured = [r for r in group if r.token_ratio > 0]
+    if not measured:
+        return "-"
+    return (f"{statistics.median(r.decode_token_ms for r in measured):.2f} / "
+            f"{statistics.median(r.llama_bench_token_ms for r in measured):.2f}: "
+            f"{statistics.median(r.token_ratio for r in measured):.3f}")
+
+
 def summary(rows: Sequence[KernelRow]) -> str:
     """Medians per model, threads and --repack: the engine's tok/s, llama-bench's, and the paired ratios; and
     the fastest run of each side."""
@@ -198,11 +246,14 @@ def summary(rows: Sequence[KernelRow]) -> str:
              "the same size (cells: decode's, prompt's). Ratios are medians of per-repeat ratios (engine / "
              "llama-bench, measured back to back; a repeat's decode on each side: the median of its runs). "
              "Best: the fastest decode run of each side over all repeats, and their ratio (the shared machine only "
-             "ever slows a run down: the fastest is the nearest to the kernels' own speed).", "",
+             "ever slows a run down: the fastest is the nearest to the kernels' own speed). Per token: the 10th "
+             "percentile of each side's 1-token decode times in a repeat (the engine's steps, llama-bench's "
+             f"`-n 1 -r {TOKEN_SAMPLES}`), engine / llama-bench as a speed, the median over repeats (a host's "
+             "stalls land on a few tokens: out of the low quantile).", "",
              "| model | threads | --repack | layouts | flash attention (resolved) | cells | decode tok/s | "
-             "llama-bench tg | decode ratio | best: engine / llama-bench | prompt tok/s | llama-bench pp | "
-             "prompt ratio | repeats |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "llama-bench tg | decode ratio | best: engine / llama-bench | per token p10 ms: engine / llama-bench | "
+             "prompt tok/s | llama-bench pp | prompt ratio | repeats |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(r.model, r.threads, r.flash_attn_setting, r.repack) for r in rows})
     for model, t, fa, repack in keys:
         group = [r for r in rows if (r.model, r.threads, r.flash_attn_setting, r.repack) == (model, t, fa, repack)]
@@ -217,6 +268,7 @@ def summary(rows: Sequence[KernelRow]) -> str:
             f"{med([r.decode_tok_s for r in group]):.2f} | {med([r.llama_bench_decode_tok_s for r in group]):.2f} | "
             f"{med([r.decode_ratio for r in group]):.3f} | "
             f"{best:.2f} / {best_anchor:.2f}: {_ratio(best, best_anchor):.3f} | "
+            f"{_per_token(group)} | "
             f"{med([r.prompt_tok_s for r in group]):.1f} | {med([r.llama_bench_prompt_tok_s for r in group]):.1f} | "
             f"{med([r.prompt_ratio for r in group]):.3f} | "
             f"{len(group)} |")
