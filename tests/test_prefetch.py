@@ -10,7 +10,7 @@ import pytest
 
 from bmoe_edge.engine import Engine, StreamConfig
 from bmoe_edge.errors import BmoeError
-from bmoe_edge.proof import gates
+from bmoe_edge.proof import faults, gates
 from bmoe_edge.synthetic import tinymoe
 
 from conftest import run_cli
@@ -44,10 +44,10 @@ def test_read_ahead_guesses_mostly_right_and_changes_nothing(overlap: bool) -> N
     assert ahead_bytes > 0
     # Waste is what a wrong guess read: at most its expert's three slices, none if the router cancelled its
     # reads while they were still queued (the lanes' timing decides which, so 0 is a right answer too).
-    slice_bytes = int(info["routed_bytes_per_token"]) // (int(info["n_expert_used"]) * int(info["streamed_tensors"]))
+    one_slice = faults.slice_bytes(info)
     wasted = sum(m.ahead_wasted_bytes for m in decodes)
-    assert wasted % slice_bytes == 0
-    assert wasted <= min(ahead_bytes, (predicted - right) * 3 * slice_bytes)
+    assert wasted % one_slice == 0
+    assert wasted <= min(ahead_bytes, (predicted - right) * 3 * one_slice)
 
 
 @pytest.mark.parametrize("nth", [130, 140])

@@ -67,12 +67,16 @@ def config_for(case: FaultCase, all_expert_bytes: int) -> StreamConfig:
                    cache_mb=share * all_expert_bytes / 2**20, fault=f"{case.kind}:{case.nth}")
 
 
+def slice_bytes(run_info: dict[str, object]) -> int:
+    """One expert slice's bytes, from a run's info (all projections are one size in the fixtures): a token's
+    routed bytes over its routed experts' slices."""
+    return int(run_info["routed_bytes_per_token"]) // (int(run_info["n_expert_used"]) *
+                                                        int(run_info["streamed_tensors"]))
+
+
 def _reads(gen: Generation, run_info: dict[str, object]) -> int:
-    """Slice reads a run made: its slice bytes over one slice's bytes (all projections are one size
-    in the fixtures)."""
-    slice_bytes = int(run_info["routed_bytes_per_token"]) // (int(run_info["n_expert_used"]) *
-                                                                int(run_info["streamed_tensors"]))
-    return sum(m.slice_bytes for m in gen.metrics) // max(1, slice_bytes)
+    """Slice reads a run made: its slice bytes over one slice's bytes."""
+    return sum(m.slice_bytes for m in gen.metrics) // max(1, slice_bytes(run_info))
 
 
 def reads_per_config(model: Path, all_expert_bytes: int, case: FaultCase) -> int:
