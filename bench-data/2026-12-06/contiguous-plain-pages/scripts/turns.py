@@ -1,0 +1,31 @@
+"""Two engine processes taking turns: python turns.py MODEL THREADS MODE NAME OTHER ROUNDS [key=val ...]"""
+import math, os, sys, time
+from dataclasses import replace
+from pathlib import Path
+from bmoe_edge.boards import profiles
+from bmoe_edge.engine import Engine, info, report, settings
+from bmoe_edge.bench.kernels import PROMPT, WARMUP_TOKENS
+model = Path(os.path.expanduser(sys.argv[1])); t = int(sys.argv[2]); mode = sys.argv[3]; me, other = sys.argv[4], sys.argv[5]; rounds = int(sys.argv[6])
+extra = dict(a.split("=", 1) for a in sys.argv[7:] if ":" not in a.split("=")[0])
+extra.update(dict(a.split(":", 1)[1].split("=", 1) for a in sys.argv[7:] if a.split("=")[0].startswith(sys.argv[4] + ":")))
+base = settings.resolve(profiles.load_profile(profiles.machine_board()).engine, {})
+full_mb = math.ceil(info.model_summary(model).expert_bytes * 1.02 / 2**20 + 1)
+cfg = replace(base, threads=t, repack="auto", ctx=256, flash_attn=False, cache_mb=float(full_mb))
+if mode == "resident": cfg = replace(cfg, stream=False)
+for k, v in extra.items(): cfg = replace(cfg, **{k: type(getattr(cfg, k))(v) if not isinstance(getattr(cfg, k), bool) else v == "1"})
+turn = Path("/tmp/diag/turn")
+# ENV_A / ENV_B: "NAME=value" set in that process before its engine opens (the experiments of diag.patch)
+if os.environ.get(f"ENV_{me}"):
+    name, value = os.environ[f"ENV_{me}"].split("=", 1)
+    os.environ[name] = value
+print(me, "pid", os.getpid(), mode, os.environ.get(f"ENV_{me}", ""), flush=True)
+with Engine(model, cfg) as e:
+    e.run(PROMPT, WARMUP_TOKENS)
+    Path(f"/tmp/diag/ready-{me}").write_text("1")
+    for r in range(rounds):
+        while turn.read_text() != me: time.sleep(0.05)
+        for _ in range(4):
+            g = e.run(PROMPT, 129)
+            ms = sorted(m.wall_ms for m in g.metrics[2:])
+            print(me, r, round(report.summary(g, e.run_info)["decode_tok_s"], 2), "p10", round(ms[len(ms)//10], 2), "med", round(ms[len(ms)//2], 2), flush=True)
+        turn.write_text(other)
