@@ -35,8 +35,10 @@ from typing import Any
 
 from bmoe_edge.bench import llama_bench
 from bmoe_edge.bench.machine import LONG_TEXT, PROMPT
+from bmoe_edge.engine import settings
 
-FLASH_ATTN_SETTINGS = ("off", "on", "auto")  # llama-bench's -fa values, the engine's flash_attn row's natively
+# llama-bench's -fa values are the spellings of the engine's flash_attn toggle.
+FLASH_ATTN_SETTINGS: tuple[str, ...] = settings.BY_NAME["flash_attn"].native_choices
 PROMPT_ROOM = 16  # the decode's short prompt (PROMPT) in tokens, at most
 TOKEN_SAMPLES = 150  # llama-bench's 1-token decodes per repeat, for the per-token comparison
 TOKEN_QUANTILE = 0.10
@@ -147,7 +149,7 @@ def run(models: Sequence[Path], base: Any, threads: Sequence[int], repacks: Sequ
         say: Callable[[str], None] = print) -> list[KernelRow]:
     """`base`: the StreamConfig every engine starts from (the machine's defaults); threads, flash attention (both
     sides), --repack and the context vary."""
-    from bmoe_edge.engine import info, settings
+    from bmoe_edge.engine import info
 
     rows: list[KernelRow] = []
     for model in models:

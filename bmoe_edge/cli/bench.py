@@ -354,7 +354,7 @@ def bench_kernels_cmd(
         fail(f"--thread-counts {threads!r}: a comma list of thread counts")
     settings_fa = [f.strip() for f in flash_attn.split(",") if f.strip()]
     if not settings_fa or any(f not in kernels.FLASH_ATTN_SETTINGS for f in settings_fa):
-        fail(f"--flash-attn-settings {flash_attn!r}: a comma list of off, on, auto")
+        fail(f"--flash-attn-settings {flash_attn!r}: a comma list of {', '.join(kernels.FLASH_ATTN_SETTINGS)}")
     rows = kernels.run(model, base, counts, [r.strip() for r in repack.split(",") if r.strip()],
                        repeats=repeats, decode_tokens=tokens, prompt_tokens=prompt_tokens, decode_runs=decode_runs,
                        flash_attns=settings_fa, say=typer.echo)

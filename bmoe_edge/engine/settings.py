@@ -44,6 +44,7 @@ class Setting:
     profile: Literal["required", "optional", None] = None   # key under a board profile's `engine:`
     auto: bool = False                  # "auto" is a value too (the engine decides where it runs)
     toggle: bool = False                # natively a switch: off, on or auto
+    native_choices: tuple[str, ...] = ()  # the native declaration's spellings (a toggle's too)
     lossy: bool = False                 # a value other than the default makes the output differ from the model's
 
     @property
@@ -135,7 +136,10 @@ def _row(info: Any, defaults: Mapping[str, Any]) -> Setting:
         choices=() if info.kind == "toggle" else tuple(info.choices),
         minimum=None if info.minimum == float("-inf") else info.minimum,
         maximum=None if info.maximum == float("inf") else info.maximum, below_max=info.below_max,
-        profile=info.profile or None, auto=info.auto_value, toggle=info.kind == "toggle", lossy=info.lossy)
+        profile=info.profile or None, auto=info.auto_value, toggle=info.kind == "toggle", lossy=info.lossy,
+        native_choices=tuple(info.choices))
+    if partial.toggle and set(partial.native_choices) != set(_TOGGLE_TO_NATIVE.values()):
+        raise BmoeError(f"internal error: the native toggle {info.name} is spelled {partial.native_choices}")
     return replace(partial, default=partial.from_native(defaults[info.name]))
 
 
