@@ -13,6 +13,8 @@ import pytest
 
 from bmoe_edge.engine import native
 
+from conftest import pool_chunk_bytes
+
 T = native.load().parts
 PAGE = os.sysconf("SC_PAGESIZE")
 
@@ -176,7 +178,7 @@ def test_trim_keeps_the_pages_the_budget_has_room_for_and_reserve_faults_them_in
     for a VM's fresh memory: bench-data/2026-12-02/ttft-warm). reserve() faults pages in ahead, in
     steps, up to a target, reusing trimmed free units before it grows the pool (a chunk at a time)."""
     m = T.Mirror(file_size=64 << 20, unit=PAGE)
-    chunk = _pool_chunk_units(PAGE)
+    chunk = pool_chunk_bytes(PAGE) // PAGE
     m.acquire(0, 40 * PAGE)
     m.release(0, 40 * PAGE)
     grown = m.pool_size_units
@@ -212,7 +214,7 @@ def test_a_pool_without_huge_pages_splits_each_chunk_into_contiguous_plain_pages
     m.acquire(3 * PAGE, slice_bytes)
     if _vmstat("thp_fault_alloc") == before:
         pytest.skip("the kernel had no huge page to give")
-    assert m.pool_size_units == _pool_chunk_units(PAGE)   # a whole chunk, as with huge pages
+    assert m.pool_size_units == pool_chunk_bytes(PAGE) // PAGE   # a whole chunk, as with huge pages
     m.write(3 * PAGE, bytes(range(256)) * (slice_bytes // 256))
     frames = _frames(m.base_address + 3 * PAGE, slice_bytes // PAGE)
     assert all(frames)
@@ -268,15 +270,7 @@ def test_random_admit_and_evict_keeps_every_resident_byte() -> None:
         for i, data in resident.items():
             assert m.read(*slices[i]) == data
     # Free units are reused before the pool grows, and it grows a huge page's worth at a time.
-    assert peak <= m.pool_size_units < peak + _pool_chunk_units(unit)
-
-
-def _pool_chunk_units(unit: int) -> int:
-    try:
-        huge = int(Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").read_text())
-    except (OSError, ValueError):
-        return 1
-    return huge // unit if huge > unit and huge <= 32 << 20 else 1
+    assert peak <= m.pool_size_units < peak + pool_chunk_bytes(unit) // unit
 
 
 # --- expert names ---------------------------------------------------------------------------------

@@ -70,13 +70,15 @@ void PagePool::split_into_plain_pages(PoolExtent e) {
     // page (Linux 6.12+), and their next write would fault in a scattered page after all.
     const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     const uint64_t chunk = huge_units_ * unit_;
-    for (uint64_t at = 0; at < e.count * unit_; at += page) {
+    const uint64_t bytes = e.count * unit_;
+    for (uint64_t at = 0; at < bytes; at += page) {
         static_cast<volatile uint8_t *>(address(e.first))[at] = 1;
     }
     // MADV_COLD splits a huge page it covers only in part (all of it but its first page); its pages
-    // stay where they are, physically contiguous, only marked cold until the slices read them.
-    for (uint64_t at = 0; at + chunk <= e.count * unit_; at += chunk) {
-        madvise(address(e.first) + at + page, chunk - page, MADV_COLD);
+    // stay where they are, physically contiguous, only marked cold until the slices read them. The
+    // pool's last chunk may be short (the mirrors' size), its huge page reaching past it.
+    for (uint64_t at = 0; at + page < bytes; at += chunk) {
+        madvise(address(e.first) + at + page, std::min(chunk, bytes - at) - page, MADV_COLD);
     }
 }
 
