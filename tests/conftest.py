@@ -20,16 +20,6 @@ LLAMA_SRC = REPO / "third_party" / "llama.cpp" / "src"
 FULL_CAMPAIGNS = os.environ.get("BMOE_EDGE_FULL_CAMPAIGNS") == "1"
 
 
-def pool_chunk_bytes(unit: int) -> int:
-    """The expert page pool's growth step for `unit`-sized units (read/page_pool.cpp): a transparent huge page
-    of at most 32 MiB where the kernel has one larger than a unit, else one unit."""
-    try:
-        huge = int(Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").read_text())
-    except (OSError, ValueError):
-        return unit
-    return huge if unit < huge <= 32 << 20 and huge % unit == 0 else unit
-
-
 def campaign_size(sample: int, full: int) -> int:
     """How many rounds a bounded campaign runs: `sample` in the default suite, `full` with
     BMOE_EDGE_FULL_CAMPAIGNS=1."""

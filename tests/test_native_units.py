@@ -13,8 +13,6 @@ import pytest
 
 from bmoe_edge.engine import native
 
-from conftest import pool_chunk_bytes
-
 T = native.load().parts
 PAGE = os.sysconf("SC_PAGESIZE")
 
@@ -166,7 +164,12 @@ def test_trim_frees_the_pages_of_a_huge_page_whose_other_pages_hold_a_slice() ->
     assert all(frames)
     m.release(*spare)  # its pages go home to the pool, free units beside the kept slice's
     m.trim()
-    still = _huge_page_frames(frames)
+    in_a_huge_page = (1 << 15) | (1 << 16) | (1 << 22)   # KPF_COMPOUND_HEAD, KPF_COMPOUND_TAIL, KPF_THP
+    with open("/proc/kpageflags", "rb") as f:
+        still = 0
+        for frame in frames:
+            f.seek(frame * 8)
+            still += bool(struct.unpack("<Q", f.read(8))[0] & in_a_huge_page)
     assert still == 0, f"{still} of {len(frames)} trimmed pages are still part of a huge page"
     assert m.read(*kept) == b"K" * kept[1]   # the split moved nothing under the kept slice
     m.release(*kept)
@@ -176,64 +179,35 @@ def test_trim_keeps_the_pages_the_budget_has_room_for_and_reserve_faults_them_in
     """A budget moved for a prompt's compute buffer trims the pool down to the new budget, not to nothing:
     trimming every free unit made the same prompt fault its pages in again on the eval thread (at 420 MB/s
     for a VM's fresh memory: bench-data/2026-12-02/ttft-warm). reserve() faults pages in ahead, in
-    steps, up to a target, reusing trimmed free units before it grows the pool (a chunk at a time)."""
-    m = T.Mirror(file_size=64 << 20, unit=PAGE)
-    chunk = pool_chunk_bytes(PAGE) // PAGE
-    m.acquire(0, 40 * PAGE)
-    m.release(0, 40 * PAGE)
-    grown = m.pool_size_units
-    assert grown == -(-40 // chunk) * chunk
-    assert m.pool_held_units == grown and m.pool_units_in_use == 0
-    assert m.trim(keep_units=25) == grown - 25 and m.pool_held_units == 25
-    assert m.trim(keep_units=30) == 0 and m.pool_held_units == 25   # below the target already: nothing
-    target = grown + 20
-    left = m.reserve(target_units=target, step_units=10)             # the trimmed units first, in steps
-    assert (left, m.pool_held_units, m.pool_size_units) == (target - 35, 35, grown)
-    while m.reserve(target_units=target, step_units=10):
-        pass
-    held = m.pool_held_units                                         # then growth, to the target's chunk
-    assert m.pool_size_units == held and target <= held < target + chunk
-    m.acquire(0, target * PAGE)                                      # taken without growing the pool
-    assert (m.pool_size_units, m.pool_held_units, m.pool_units_in_use) == (held, held, target)
-    m.release(0, target * PAGE)
-    assert m.trim() == held and m.pool_held_units == 0               # keep 0: every free unit, as before
-
-
-def test_a_pool_without_huge_pages_splits_each_chunk_into_contiguous_plain_pages() -> None:
-    """A cache that holds every expert keeps no huge page (a reclaimer splits those under the readers:
-    docs/memory.md), but its pages must stay physically contiguous: the compute reads slower from
-    scattered ones (two threads streaming 4 KiB pages in random physical order ran 0.80-0.88 of the
-    same bytes in runs of ~130 pages; the engine's mirror grown a unit at a time from a fragmented
-    machine came in runs of 9.4: bench-data/2026-12-06/contiguous-plain-pages)."""
-    if "[never]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text() or os.geteuid() != 0:
-        pytest.skip("needs transparent huge pages and root (physical page numbers, /proc/kpageflags)")
-    slice_bytes = 648 * 1024
+    steps, up to a target, reusing trimmed free units before it grows the pool."""
     m = T.Mirror(file_size=64 << 20, unit=PAGE)
     m.set_huge_pages(False)
-    before = _vmstat("thp_fault_alloc")
-    m.acquire(3 * PAGE, slice_bytes)
-    if _vmstat("thp_fault_alloc") == before:
-        pytest.skip("the kernel had no huge page to give")
-    assert m.pool_size_units == pool_chunk_bytes(PAGE) // PAGE   # a whole chunk, as with huge pages
-    m.write(3 * PAGE, bytes(range(256)) * (slice_bytes // 256))
-    frames = _frames(m.base_address + 3 * PAGE, slice_bytes // PAGE)
-    assert all(frames)
-    runs = 1 + sum(1 for a, b in pairwise(frames) if b != a + 1)
-    assert runs <= 2, runs  # one chunk, or the boundary of two
-    assert _huge_page_frames(frames) == 0
-    assert m.read(3 * PAGE, slice_bytes) == bytes(range(256)) * (slice_bytes // 256)
-    m.release(3 * PAGE, slice_bytes)
+    m.acquire(0, 40 * PAGE)
+    m.release(0, 40 * PAGE)
+    assert m.pool_held_units == 40 and m.pool_units_in_use == 0
+    assert m.trim(keep_units=25) == 15 and m.pool_held_units == 25
+    assert m.trim(keep_units=30) == 0 and m.pool_held_units == 25   # below the target already: nothing
+    left = m.reserve(target_units=60, step_units=10)                 # the 15 trimmed units first, in steps
+    assert (left, m.pool_held_units, m.pool_size_units) == (25, 35, 40)
+    while m.reserve(target_units=60, step_units=10):
+        pass
+    assert (m.pool_held_units, m.pool_size_units) == (60, 60)        # then growth, to the target exactly
+    m.acquire(0, 60 * PAGE)                                          # taken without growing the pool
+    assert (m.pool_size_units, m.pool_held_units, m.pool_units_in_use) == (60, 60, 60)
+    m.release(0, 60 * PAGE)
+    assert m.trim() == 60 and m.pool_held_units == 0                 # keep 0: every free unit, as before
 
 
-def _huge_page_frames(frames: list[int]) -> int:
-    """How many of the physical pages are part of a huge page (/proc/kpageflags)."""
-    in_a_huge_page = (1 << 15) | (1 << 16) | (1 << 22)   # KPF_COMPOUND_HEAD, KPF_COMPOUND_TAIL, KPF_THP
-    with open("/proc/kpageflags", "rb") as f:
-        count = 0
-        for frame in frames:
-            f.seek(frame * 8)
-            count += bool(struct.unpack("<Q", f.read(8))[0] & in_a_huge_page)
-    return count
+def test_a_pool_without_huge_pages_grows_a_unit_at_a_time() -> None:
+    """A cache that holds every expert (the engine's choice) needs no contiguity: no overshoot."""
+    m = T.Mirror(file_size=64 << 20, unit=PAGE)
+    m.set_huge_pages(False)
+    m.acquire(PAGE, 5 * PAGE)
+    assert m.pool_size_units == 5 and m.pool_held_units == 5
+    m.set_huge_pages(True)  # growth rounds up to a whole huge page again
+    m.acquire(10 * PAGE, PAGE)
+    chunk = _pool_chunk_units(PAGE)
+    assert m.pool_size_units == (chunk if chunk > 1 else 6)
 
 
 def test_mirror_refuses_to_release_what_it_never_held() -> None:
@@ -270,7 +244,15 @@ def test_random_admit_and_evict_keeps_every_resident_byte() -> None:
         for i, data in resident.items():
             assert m.read(*slices[i]) == data
     # Free units are reused before the pool grows, and it grows a huge page's worth at a time.
-    assert peak <= m.pool_size_units < peak + pool_chunk_bytes(unit) // unit
+    assert peak <= m.pool_size_units < peak + _pool_chunk_units(unit)
+
+
+def _pool_chunk_units(unit: int) -> int:
+    try:
+        huge = int(Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").read_text())
+    except (OSError, ValueError):
+        return 1
+    return huge // unit if huge > unit and huge <= 32 << 20 else 1
 
 
 # --- expert names ---------------------------------------------------------------------------------

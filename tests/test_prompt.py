@@ -6,7 +6,6 @@ restart, another model's cache refused with one line)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from itertools import pairwise
 from pathlib import Path
@@ -20,7 +19,7 @@ from bmoe_edge.engine.settings import StreamConfig
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.synthetic import tinymoe
 
-from conftest import assert_clean_error, pool_chunk_bytes, run_cli
+from conftest import assert_clean_error, run_cli
 from test_serve import start, stop
 
 # ~600 tokens on the fixtures' vocabulary: longer than the prompt cache's 256-token minimum
@@ -61,16 +60,11 @@ def test_the_pool_warmed_between_requests_changes_no_token_and_the_prompt_adds_n
     a VM's fresh memory ran at 420 MB/s: bench-data/2026-12-02/ttft-warm). The tokens and logits are a
     cold engine's, and the warmed prompt's reads land in pages the pool already held."""
     config = StreamConfig(threads=1, ctx=1024, batch=512, ubatch=512, cache_mb=4)
-    # A step populates at most its bytes, or the one chunk the pool grows by (a huge page's worth: it must be
-    # populated at once to be one).
-    step = 256 << 10
-    bound = max(step, pool_chunk_bytes(os.sysconf("SC_PAGESIZE")))
     with Engine(model, config) as warmed, Engine(model, config) as cold:
-        left = [warmed.warm_cache_memory(step)]
+        left = [warmed.warm_cache_memory(256 << 10)]
         while left[-1]:
-            left.append(warmed.warm_cache_memory(step))
-        assert all(a - b <= bound for a, b in pairwise(left))                      # bounded steps
-        assert len(left) > 2 or bound > step   # several of them, unless one chunk holds this tiny model's budget
+            left.append(warmed.warm_cache_memory(256 << 10))
+        assert len(left) > 2 and all(a - b <= 256 << 10 for a, b in pairwise(left))   # bounded steps
         assert warmed.warm_cache_memory() == 0                                               # warm stays warm
         a = warmed.run(LONG, 8, logits=True)
         b = cold.run(LONG, 8, logits=True)

@@ -32,7 +32,7 @@ uint64_t mappings_cap_bytes(uint64_t maps_free, uint64_t projections, int n_laye
 // Huge pages make a slice's read a few DMA segments; they pay where slices are read every token. A cache
 // that holds every expert reads nothing once full, and a reclaimer working through physical memory (this
 // VM's DAMON pageout) splits huge pages: 0.63 of resident against 0.98 in plain pages (docs/memory.md).
-// There, plain pages: each huge page split as the pool grows, so they stay physically contiguous.
+// There, plain pages.
 inline bool pool_wants_huge_pages(uint64_t budget, uint64_t all_experts_bytes) { return budget < all_experts_bytes; }
 
 }  // namespace bmoe::detail

@@ -38,7 +38,7 @@ PagePool::PagePool(uint64_t unit_bytes, uint64_t capacity_bytes) : unit_(unit_by
     const uint64_t huge = huge_page_bytes();
     const uint64_t align = huge > unit_ && huge % unit_ == 0 ? huge : unit_;
     if (align > unit_ && align <= kMaxChunkBytes) {
-        huge_units_ = align / unit_;
+        huge_units_ = chunk_units_ = align / unit_;
     }
     capacity_units_ = std::max<uint64_t>(1, (capacity_bytes + unit_ - 1) / unit_);
     reserved_bytes_ = capacity_units_ * unit_ + align;
@@ -63,22 +63,12 @@ PagePool::~PagePool() {
     }
 }
 
-void PagePool::set_huge_pages(bool on) { keep_huge_ = on; }
-
-void PagePool::split_into_plain_pages(PoolExtent e) {
-    // Each page gets a byte first: a split remaps a huge page's zero-filled pages to the shared zero
-    // page (Linux 6.12+), and their next write would fault in a scattered page after all.
-    const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-    const uint64_t chunk = huge_units_ * unit_;
-    const uint64_t bytes = e.count * unit_;
-    for (uint64_t at = 0; at < bytes; at += page) {
-        static_cast<volatile uint8_t *>(address(e.first))[at] = 1;
-    }
-    // MADV_COLD splits a huge page it covers only in part (all of it but its first page); its pages
-    // stay where they are, physically contiguous, only marked cold until the slices read them. The
-    // pool's last chunk may be short (the mirrors' size), its huge page reaching past it.
-    for (uint64_t at = 0; at + page < bytes; at += chunk) {
-        madvise(address(e.first) + at + page, std::min(chunk, bytes - at) - page, MADV_COLD);
+void PagePool::set_huge_pages(bool on) {
+    chunk_units_ = on ? huge_units_ : 1;
+    // With THP "always" even plain growth would get huge pages: say no for the rest of the region.
+    const uint64_t rest = capacity_units_ - size_units_;
+    if (rest > 0) {
+        madvise(address(size_units_), rest * unit_, on ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     }
 }
 
@@ -118,15 +108,12 @@ bool PagePool::all_populated(PoolExtent e) const {
 void PagePool::grow_by(uint64_t units) {
     // A whole chunk at once: while it is one untouched, aligned range the kernel can back it
     // with one huge page.
-    const uint64_t grown = std::min(capacity_units_, (size_units_ + units + huge_units_ - 1) / huge_units_ * huge_units_);
+    const uint64_t grown = std::min(capacity_units_, (size_units_ + units + chunk_units_ - 1) / chunk_units_ * chunk_units_);
     if (grown < size_units_ + units) {
         throw Error("internal error: the expert page pool is asked for more than the mirrors hold");
     }
     const PoolExtent fresh{size_units_, grown - size_units_};
     populate(fresh);
-    if (!keep_huge_ && huge_units_ > 1) {
-        split_into_plain_pages(fresh);
-    }
     // The huge pages are in; now keep khugepaged off these ranges: wherever they are moved, it
     // would only copy them, and fill a slice's neighbouring holes with zeroed memory.
     madvise(address(fresh.first), fresh.count * unit_, MADV_NOHUGEPAGE);

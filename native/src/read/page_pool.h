@@ -6,9 +6,8 @@
 // (bench-data/2026-11-29). The region grows in transparent-huge-page sized chunks, populated
 // at once, so a slice's pages are physically contiguous where the kernel has huge pages: an
 // O_DIRECT read is then a few DMA segments, not one per 4 KiB page (a virtualized disk pays per
-// segment: bench-data/2026-12-01/contiguity), and the matmuls stream them faster than scattered
-// pages (bench-data/2026-12-06/contiguous-plain-pages). Pure mechanism: which units back which
-// mirror range is the mirror's business. Used from the eval thread only.
+// segment: bench-data/2026-12-01/contiguity). Pure mechanism: which units back which mirror
+// range is the mirror's business. Used from the eval thread only.
 #pragma once
 
 #include <cstdint>
@@ -34,9 +33,8 @@ public:
     PagePool & operator=(const PagePool &) = delete;
 
     uint64_t unit() const { return unit_; }
-    // Keep the huge pages the pool grows in (the default), or split each into plain pages as it comes
-    // (still physically contiguous: a huge folio is what a reclaimer splits under a reader's feet, and
-    // scattered pages read slower). Takes effect for growth from now on.
+    // Grow in huge pages (the default, where the kernel has them) or a unit at a time. Takes effect
+    // for growth from now on; pages already in the pool stay as they are.
     void set_huge_pages(bool on);
 
     // `units` units, in as few extents as the free list allows (each extent is one move), their
@@ -63,7 +61,6 @@ public:
 private:
     void grow_by(uint64_t units);
     void populate(PoolExtent extent);
-    void split_into_plain_pages(PoolExtent extent);
     // Record the extent's pages as present or gone; returns how many units changed.
     uint64_t mark_populated(PoolExtent extent, bool present);
     bool all_populated(PoolExtent extent) const;
@@ -71,8 +68,8 @@ private:
     void erase_free(std::map<uint64_t, uint64_t>::iterator it);
 
     uint64_t unit_;
-    uint64_t huge_units_ = 1;   // the growth step: one huge page in units, or 1 where the kernel has none to give
-    bool keep_huge_ = true;     // false: each chunk split into plain pages when it is populated
+    uint64_t huge_units_ = 1;   // one huge page in units, or 1 where the kernel has none to give
+    uint64_t chunk_units_ = 1;  // growth step: huge_units_, or 1 with huge pages off
     uint8_t * reserved_ = nullptr;
     uint64_t reserved_bytes_ = 0;
     uint8_t * base_ = nullptr;  // reserved_, aligned to the huge page size
