@@ -1,4 +1,5 @@
-"""Two engine processes taking turns: python turns.py MODEL THREADS MODE NAME OTHER ROUNDS [key=val ...]"""
+"""Two engine processes taking turns: python turns.py MODEL THREADS MODE NAME OTHER ROUNDS [key=val ...] [NAME:key=val ...]
+(NAME:key=val: for that process only; added 2026-12-06, the runs above used plain key=val alone)"""
 import math, os, sys, time
 from dataclasses import replace
 from pathlib import Path
@@ -6,7 +7,8 @@ from bmoe_edge.boards import profiles
 from bmoe_edge.engine import Engine, info, report, settings
 from bmoe_edge.bench.kernels import PROMPT, WARMUP_TOKENS
 model = Path(os.path.expanduser(sys.argv[1])); t = int(sys.argv[2]); mode = sys.argv[3]; me, other = sys.argv[4], sys.argv[5]; rounds = int(sys.argv[6])
-extra = dict(a.split("=", 1) for a in sys.argv[7:])
+extra = dict(a.split("=", 1) for a in sys.argv[7:] if ":" not in a.split("=")[0])
+extra.update(dict(a.split(":", 1)[1].split("=", 1) for a in sys.argv[7:] if a.split("=")[0].startswith(sys.argv[4] + ":")))
 base = settings.resolve(profiles.load_profile(profiles.machine_board()).engine, {})
 full_mb = math.ceil(info.model_summary(model).expert_bytes * 1.02 / 2**20 + 1)
 cfg = replace(base, threads=t, repack="auto", ctx=256, flash_attn=False, cache_mb=float(full_mb))
