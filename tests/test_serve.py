@@ -317,6 +317,34 @@ def test_the_server_stops_cleanly_on_sigterm(model: Path) -> None:
     s.process.terminate()
     # uvicorn shuts down gracefully; serve then closes the engine and exits 0 (the signal is not raised again)
     assert s.process.wait(timeout=30) == 0
+    time.sleep(0.2)   # the drain thread reads the rest
+    # nothing of the engine's outlives it: the native fatal listener kept the worker and its chat templates,
+    # and every stop wrote nanobind's "leaked ... a reference counting issue" lines into the service's log
+    assert "leaked" not in s.stderr, s.stderr
+
+
+def test_the_fatal_listener_reaches_the_worker_while_it_lives_and_keeps_nothing_alive() -> None:
+    import gc
+    import weakref
+
+    from bmoe_edge.serve.server import _weak_listener
+
+    class Worker:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def fatal(self, line: str) -> None:
+            self.lines.append(line)
+
+    worker = Worker()
+    listener = _weak_listener(worker.fatal)
+    listener("disk gone")
+    assert worker.lines == ["disk gone"]
+    gone = weakref.ref(worker)
+    del worker
+    gc.collect()
+    assert gone() is None
+    listener("after the server")   # the native side may still call it: nothing happens
 
 
 # ---------------------------------------------------------------------------------------------------

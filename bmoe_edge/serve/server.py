@@ -8,6 +8,7 @@ import ipaddress
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,19 @@ def _watch(worker: Any, server: Any) -> None:
         time.sleep(WATCH_S)
 
 
+def _weak_listener(method: Callable[[str], None]) -> Callable[[str], None]:
+    """The native side keeps a fatal listener for the process's life (native/python/module.cpp): given the bound
+    method itself, the worker, and the chat templates it holds, outlived the engine and nanobind reported them
+    leaked at every stop. This one reaches the worker through a weak reference."""
+    ref = weakref.WeakMethod(method)
+
+    def listener(line: str) -> None:
+        target = ref()
+        if target is not None:
+            target(line)
+    return listener
+
+
 def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: int = DEFAULT_PORT,
           api_keys: Sequence[str] = (), no_auth: bool = False, allowed_hosts: Sequence[str] = (),
           cors_origins: Sequence[str] = (), max_connections: int = MAX_CONNECTIONS,
@@ -145,7 +159,7 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
         budget = Budget(prompt_cache_mb, tenants=max(1, len(api_keys)))
         with Engine(model, config, prompt_cache_kind="dir", prompt_cache_budget=budget) as engine:
             worker = Worker(engine, queue_size=queue_size, template=template, parse_special=parse_special)
-            native.load().set_fatal_listener(worker.fatal)
+            native.load().set_fatal_listener(_weak_listener(worker.fatal))
             if worker.template.note:
                 say(f"note: {worker.template.note}")
             app = create_app(worker, name, api_keys, bind=bind, allowed_hosts=allowed_hosts,
