@@ -175,6 +175,10 @@ def serve(model: Path, config: StreamConfig, *, bind: str = "127.0.0.1", port: i
             finally:
                 native.load().set_fatal_listener(None)
                 worker.close(timeout=0 if worker.failure else 30)
+                # The watch's frame holds the worker: a daemon thread still asleep at exit would keep it (and
+                # the chat templates it holds) past the engine (nanobind's "leaked" lines on a slow board).
+                server.should_exit = True
+                watch.join(timeout=EXIT_AFTER_S + 2 * WATCH_S)
             if worker.failure is not None:   # a server that cannot serve exits non-zero: systemd restarts it
                 raise BmoeError(f"the server stopped: {worker.failure}")
     finally:
