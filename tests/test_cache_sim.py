@@ -88,6 +88,7 @@ def test_the_cache_ab_twins_every_serve_cell_and_compares_each_with_its_own_one_
     assert [c.label for c in cells] == ["p1-c1", "p1-c1-lru", "p4-c1", "p4-c1-lru", "p4-c4", "p4-c4-lru",
                                         "p1-c4", "p1-c4-lru"]
     assert dict(cells[1].env) == {"BMOE_CACHE_POLICY": "lru"} and cells[0].env == ()
+    assert [c.label for c in sb.default_cells([1], 0, 128)] == ["p1-c1"]   # one client: one cell, not two
 
     def cell(label: str, tok_s: float) -> dict[str, str]:
         return {"model": "m", "repeat": "0", "cell": label, "aggregate_tok_s": str(tok_s), "long_prompt": "0",

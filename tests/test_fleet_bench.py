@@ -1,4 +1,4 @@
-"""`bench stream --host` / `bench io --host` (issue #48): the campaign runs on the emulated board (a real sshd in
+"""`bench stream|io|serve --host` (issue #48): the campaign runs on the emulated board (a real sshd in
 front of the deployed qemu-arm64 bundle) through its release, detached; its files come back and look like a
 local run's; a lost connection is one line and the same command picks the run up; the card made from the
 fetched run names no host, user or path.
@@ -67,15 +67,21 @@ def test_only_the_options_given_are_passed_on(monkeypatch: pytest.MonkeyPatch, t
     result = runner.invoke(app, ["bench", "io", "-m", "models/x y.gguf", "--host", "pi@board", "--seconds", "0.5",
                                  "--install-dir", "/opt/b", "--ssh-config", str(tmp_path / "cfg")])
     assert result.exit_code == 0, result.output
-    assert calls[-1] == ("board", ["io"], "models/x y.gguf", ["--seconds", "0.5"], None, "/opt/b")
+    assert calls[-1] == ("board", ["io"], ["models/x y.gguf"], ["--seconds", "0.5"], None, "/opt/b")
     assert result.stdout == "measured\n"
     result = runner.invoke(app, ["bench", "stream", "--host", "pi@board", "-m", "/m/a.gguf", "--ram-cap", "none",
                                  "--cells", "defaults", "--out", str(tmp_path / "o"), "--long-prompts", "",
                                  "--accept-new-host-key"])
     assert result.exit_code == 3 and result.stdout == "", result.output
-    assert calls[-1][:4] == ("board", ["stream"], "/m/a.gguf",
+    assert calls[-1][:4] == ("board", ["stream"], ["/m/a.gguf"],
                              ["--ram-cap", "none", "--cells", "defaults", "--long-prompts", ""])
     assert calls[-1][4] == tmp_path / "o"
+    # bench serve: every -m goes, in order, as a board path
+    result = runner.invoke(app, ["bench", "serve", "--host", "pi@board", "-m", "/m/a.gguf", "-m", "/m/b c.gguf",
+                                 "--ram-cap", "none", "--clients", "2", "--out", str(tmp_path / "s")])
+    assert result.exit_code == 3 and result.stdout == "", result.output
+    assert calls[-1][:4] == ("board", ["serve"], ["/m/a.gguf", "/m/b c.gguf"],
+                             ["--ram-cap", "none", "--clients", "2"])
 
 
 def test_ram_cap_none_is_no_cap() -> None:
@@ -141,7 +147,7 @@ def test_bench_stream_host_looks_like_a_local_run_survives_a_lost_connection_and
     args = CAMPAIGN[:]
     sink = _DropsTheConnection(remote.Watch())
     with remote.watched(sink.watch), pytest.raises(BmoeError) as lost:
-        bench_run.run_bench(parse_target(b.target), ["stream"], board_model, args, there,
+        bench_run.run_bench(parse_target(b.target), ["stream"], [board_model], args, there,
                             options=remote.SshOptions(), install_dir=str(b.install_dir), progress=sink)
     message = str(lost.value)
     assert "\n" not in message and "the connection was lost" in message, message
@@ -189,6 +195,44 @@ def test_bench_stream_host_looks_like_a_local_run_survives_a_lost_connection_and
                  env=env, timeout=600)
     assert io.returncode == 0, io.stderr[-3000:]
     assert _files(io_out) == {"io.csv", "io.md"} and "pread" in io.stdout
+
+
+# The smallest serve campaign: one cell, one client, a few tokens, no cap (a board needs no root for it).
+SERVE_CAMPAIGN = ["--ram-cap", "none", "--clients", "1", "--tokens", "3", "--long-prompt", "0", "--repeats", "1",
+                  "--ctx", "512"]
+
+
+@pytest.mark.slow
+@pytest.mark.emulated
+def test_bench_serve_host_runs_the_real_server_on_the_board_and_looks_like_a_local_run(
+        deployed_plain: emulated_board.EmulatedBoard, lab: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Its servers are the board's own `serve` (through the emulated board's exec wrapper), its clients stream
+    from them there; cells.csv, clients.csv, summary.md and the servers' logs come back as a local run's."""
+    b = deployed_plain
+    env = dict(os.environ, BMOE_EDGE_SSH_CONFIG=str(lab / "ssh_config"))
+    board_model = f"{b.install_dir}/current/fixtures/{TINY}"
+    here, there = tmp_path / "here", tmp_path / "there"
+    local = run_cli("bench", "serve", "-m", str(tinymoe.fixture("qwen3moe", "Q8_0")), *SERVE_CAMPAIGN, "--out",
+                    str(here), env=env, timeout=600)
+    assert local.returncode == 0, local.stderr[-3000:]
+    assert "r0 p1-c1: " in local.stderr and local.stdout == (here / "summary.md").read_text()
+    board = run_cli("bench", "serve", "--host", b.target, "--install-dir", str(b.install_dir), "-m", board_model,
+                    *SERVE_CAMPAIGN, "--out", str(there), env=env, timeout=900)
+    assert board.returncode == 0, board.stderr[-3000:]
+    assert "r0 p1-c1: " in board.stderr and board.stdout == (there / "summary.md").read_text()
+    def outputs(model_stem: str) -> set[str]:
+        return {"cells.csv", "clients.csv", "summary.md", f"servers/{model_stem}-r0-p1-c1.log"}
+
+    assert _files(here) == outputs(tinymoe.fixture("qwen3moe", "Q8_0").stem), _files(here)
+    assert _files(there) == outputs(Path(TINY).stem), _files(there)
+    for name in ("cells.csv", "clients.csv"):
+        assert _csv(there / name)[0] == _csv(here / name)[0], name
+    (cell,), (client,) = _csv(there / "cells.csv")[1], _csv(there / "clients.csv")[1]
+    assert float(cell["aggregate_tok_s"]) > 0 and int(client["tokens"]) == 3, (cell, client)
+    assert cell["model"] == Path(TINY).stem   # the board's file (this machine's fixture has another name)
+    log = (there / "servers" / f"{Path(TINY).stem}-r0-p1-c1.log").read_text()
+    assert f"serving {TINY} on http://127.0.0.1:" in log and "leaked" not in log, log[-2000:]   # stopped clean
+    assert not (there / bench_run.RUN_MARKER).exists()
 
 
 @pytest.mark.slow

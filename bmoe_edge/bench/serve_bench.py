@@ -10,12 +10,16 @@ Cells are interleaved within each repeat (the machine is shared and noisy: compa
 from __future__ import annotations
 
 import csv
+import http.client
+import json
 import os
 import re
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+import urllib.request
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -98,7 +102,7 @@ def default_cells(clients: list[int], long_prompt: int, chunk: int) -> list[Serv
     count; a gap cell chunked, and one at the largest chunk a step of serve's batch takes."""
     top = max(clients)
     cells = [ServeCell("p1-c1", 1, 1, chunk=chunk)]
-    cells += [ServeCell(f"p{top}-c{n}", top, n, chunk=chunk) for n in sorted(set(clients))]
+    cells += [ServeCell(f"p{top}-c{n}", top, n, chunk=chunk) for n in sorted(set(clients)) if top > 1]
     if top > 1:
         cells.append(ServeCell(f"p1-c{top}", 1, top, chunk=chunk))
     if long_prompt:
@@ -117,11 +121,10 @@ def with_ab(cells: list[ServeCell], suffix: str, env: tuple[tuple[str, str], ...
     return [c for cell in cells for c in (cell, replace(cell, label=cell.label + suffix, env=cell.env + env))]
 
 
-def _start(model: Path, cell: ServeCell, cap: ramcap.MemCap, threads: int, ctx: int,
-           log: Path) -> tuple[subprocess.Popen, str, str]:
-    args = [sys.executable, "-m", "bmoe_edge", "serve", "-m", str(model), "--port", "0", "-t", str(threads),
-            "--ctx", str(ctx), "--parallel", str(cell.parallel), "--prefill-chunk", str(cell.chunk),
-            "--queue", "16"]
+def _start(model: Path, cell: ServeCell, cap: ramcap.MemCap, threads: int, ctx: int, log: Path,
+           python: list[str]) -> tuple[subprocess.Popen, str, str]:
+    args = [*python, "-m", "bmoe_edge", "serve", "-m", str(model), "--port", "0", "-t", str(threads), "--ctx", str(ctx),
+            "--parallel", str(cell.parallel), "--prefill-chunk", str(cell.chunk), "--queue", "16"]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                preexec_fn=cap.preexec, env={**os.environ, **dict(cell.env)})
     assert process.stderr is not None
@@ -146,8 +149,6 @@ def _start(model: Path, cell: ServeCell, cap: ramcap.MemCap, threads: int, ctx: 
 
 
 def _metrics(url: str) -> dict[str, float]:
-    import urllib.request
-
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
         text = r.read().decode()
     return {name: float(value) for name, value in re.findall(r"^(\w+) (\S+)$", text, re.M)}
@@ -155,29 +156,47 @@ def _metrics(url: str) -> dict[str, float]:
 
 def _stream(url: str, model: str, prompt: str | list[int], max_tokens: int, out: _Client,
             start: threading.Barrier | None, after: threading.Event | None = None) -> None:
-    import openai
-
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
+    """One streaming completion, each token's arrival timed. The standard library's HTTP, not OpenAI's client:
+    `bench serve` runs on a board, whose bundle does not carry the client the tests speak with."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=600)
     if start is not None:
         start.wait()
     if after is not None:
         after.wait()
     try:
-        chunks = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                           stream=True)
-        for c in chunks:   # a chunk a token (no stop strings hold text back)
-            if c.choices and c.choices[0].text:
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                           "stream": True})
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            raise BmoeError(f"HTTP {response.status}: {response.read(300).decode(errors='replace')}")
+        for line in response:   # server-sent events: a "data: {chunk}" line a token (no stop strings hold text back)
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise BmoeError(f"the stream failed: {chunk['error']}")
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
                 out.times.append(time.perf_counter())
                 out.tokens += 1
     except Exception as exc:  # a failed client is recorded, the cell goes on
         out.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
 
 
 def run_cell(model: Path, label: str, cell: ServeCell, repeat: int, *, cap_bytes: int, cap_method: str,
-             tokens: int, threads: int, ctx: int, log: Path) -> tuple[CellRow, list[ClientRow]]:
+             tokens: int, threads: int, ctx: int, log: Path,
+             python: list[str] | None = None) -> tuple[CellRow, list[ClientRow]]:
+    """One cell: a server started with `python` (default this Python; an emulated board's goes through its exec
+    wrapper), warmed, its clients run together, its metrics before and after."""
     cap = ramcap.make_cap(cap_bytes, cap_method)
     cap.prepare()
-    process, url, model_id = _start(model, cell, cap, threads, ctx, log)
+    process, url, model_id = _start(model, cell, cap, threads, ctx, log, python or [sys.executable])
     try:
         warm = _Client()
         _stream(url, model_id, "Warm up", 4, warm, None)   # the dense weights' first reads are not a client's
@@ -261,7 +280,7 @@ def write_rows(path: Path, rows: list[Any]) -> None:
 
 
 def campaign(models: dict[str, Path], out: Path, cells: list[ServeCell], *, cap: str, cap_method: str,
-             tokens: int, repeats: int, threads: int, ctx: int,
+             tokens: int, repeats: int, threads: int, ctx: int, python: list[str] | None = None,
              say: Any = print) -> tuple[list[CellRow], list[ClientRow]]:
     """Every cell of every model, interleaved, `repeats` times; the CSVs rewritten after each cell."""
     out.mkdir(parents=True, exist_ok=True)
@@ -275,7 +294,7 @@ def campaign(models: dict[str, Path], out: Path, cells: list[ServeCell], *, cap:
                 log = out / "servers" / f"{label}-r{repeat}-{cell.label}.log"
                 log.parent.mkdir(exist_ok=True)
                 row, rows = run_cell(model, label, cell, repeat, cap_bytes=cap_bytes, cap_method=cap_method,
-                                     tokens=tokens, threads=threads, ctx=cell_ctx, log=log)
+                                     tokens=tokens, threads=threads, ctx=cell_ctx, log=log, python=python)
                 cell_rows.append(row)
                 client_rows += rows
                 say(f"{label} r{repeat} {cell.label}: {row.aggregate_tok_s:.2f} tok/s aggregate, ttft "

@@ -47,7 +47,7 @@ def _given_args(ctx: typer.Context) -> list[str]:
     return args
 
 
-def _on_board(ctx: typer.Context, host: str, command: list[str], model: str, out: Path | None,
+def _on_board(ctx: typer.Context, host: str, command: list[str], models: list[str], out: Path | None,
               install_dir: str | None, ssh_config: Path | None, accept_new_host_key: bool) -> Any:
     """`bench COMMAND` on the board (fleet.bench_run): its progress streams to stderr, its files come into `out`."""
     # fleet reaches boards with fabric, which a board does not have: imported only when a board is reached
@@ -55,7 +55,7 @@ def _on_board(ctx: typer.Context, host: str, command: list[str], model: str, out
     from bmoe_edge.fleet.targets import parse_target
 
     options = remote.SshOptions(ssh_config=ssh_config, accept_new_host_key=accept_new_host_key)
-    return bench_run.run_bench(parse_target(host), command, model, _given_args(ctx), out, options=options,
+    return bench_run.run_bench(parse_target(host), command, models, _given_args(ctx), out, options=options,
                                install_dir=install_dir)
 
 
@@ -82,7 +82,7 @@ def bench_io_cmd(
     from bmoe_edge.bench import io
 
     if host:
-        run = _on_board(ctx, host, ["io"], str(model), out, install_dir, ssh_config, accept_new_host_key)
+        run = _on_board(ctx, host, ["io"], [str(model)], out, install_dir, ssh_config, accept_new_host_key)
         typer.echo(run.stdout, nl=False)
         raise typer.Exit(run.exited)
     rows = io.bench_io(model, out, sizes=list(io.iter_sizes(sizes, model)),
@@ -191,7 +191,7 @@ def bench_stream_cmd(
     from bmoe_edge.boards import profiles
 
     if host:
-        run = _on_board(ctx, host, ["stream"], str(model), out, install_dir, ssh_config, accept_new_host_key)
+        run = _on_board(ctx, host, ["stream"], [str(model)], out, install_dir, ssh_config, accept_new_host_key)
         if run.exited == 0:
             typer.echo(results.write_summary(out).read_text(), nl=False)
         raise typer.Exit(run.exited)
@@ -241,9 +241,21 @@ def bench_serve_cmd(
     out: Annotated[Path, typer.Option("--out", help="Output directory (cells.csv, clients.csv).")] = Path("bench-out"),
     cache_ab: Annotated[bool, typer.Option("--cache-ab", hidden=True,
                                            help="Each cell also with the LRU expert cache (label -lru).")] = False,
+    host: Annotated[str | None, typer.Option("--host", help=BOARD_HELP)] = None,
+    install_dir: InstallDirOpt = None,
+    ssh_config: SshConfigOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
+    *,
+    context: typer.Context,
 ) -> None:
-    """Concurrent streaming clients against a real `serve --parallel` under a RAM cap: tok/s, TTFT, union bytes."""
+    """Concurrent streaming clients against a real `serve --parallel` under a RAM cap: tok/s, TTFT, union bytes.
+    Each cell's line as it ends on stderr, the findings table (summary.md) on stdout.
+
+    With --host, the campaign runs on the board through its current release (-m: paths there; its profile; only
+    the options given here are passed on), detached: its progress streams here and its files come back into
+    --out; a lost connection leaves it running, and the same command with the same --out follows it."""
     from bmoe_edge.bench import serve_bench
+    from bmoe_edge.boards import profiles
 
     try:
         counts = [int(x) for x in clients.split(",") if x.strip()]
@@ -251,13 +263,22 @@ def bench_serve_cmd(
         fail(f"--clients {clients!r}: a comma list of client counts")
     if not counts or min(counts) < 1:
         fail(f"--clients {clients!r}: at least one client")
+    if host:
+        run = _on_board(context, host, ["serve"], [str(m) for m in model], out, install_dir, ssh_config,
+                        accept_new_host_key)
+        if run.exited == 0:
+            typer.echo((out / "summary.md").read_text(), nl=False)
+        raise typer.Exit(run.exited)
     matrix = serve_bench.default_cells(counts, long_prompt, chunk)
     if cache_ab:
         matrix = serve_bench.with_ab(matrix, *serve_bench.CACHE_AB)
     matrix = _only_cells(matrix, cells)
     models = {m.stem: m for m in model}
+    # Each server is a Python of its own: on an emulated board (a release under qemu-user) through its exec wrapper.
+    python = [*profiles.exec_prefix_here(), sys.executable]
     serve_bench.campaign(models, out, matrix, cap=ram_cap, cap_method=cap_method, tokens=tokens, repeats=repeats,
-                         threads=threads, ctx=ctx, say=typer.echo)
+                         threads=threads, ctx=ctx, python=python, say=lambda line: typer.echo(line, err=True))
+    typer.echo((out / "summary.md").read_text(), nl=False)
 
 
 @bench_app.command("cache-sim")

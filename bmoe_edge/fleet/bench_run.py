@@ -1,4 +1,4 @@
-"""`bench stream --host` / `bench io --host`: a benchmark run on the board by its current release, detached
+"""`bench stream|io|serve --host`: a benchmark run on the board by its current release, detached
 there (a campaign takes hours; a lost connection must not stop it), its progress lines streamed here as they
 come, and every file it wrote fetched into the local --out, so the directory looks like a local run's.
 
@@ -38,9 +38,9 @@ class BoardRun:
     stdout: str
 
 
-def run_bench(target: Target, command: Sequence[str], model: str, args: Sequence[str], out: Path | None, *,
-              options: SshOptions, install_dir: str | None = None, progress: IO[str] | None = None) -> BoardRun:
-    """`bmoe-edge bench COMMAND -m MODEL ARGS… --out RUN/out` on the board through its current release,
+def run_bench(target: Target, command: Sequence[str], models: Sequence[str], args: Sequence[str], out: Path | None,
+              *, options: SshOptions, install_dir: str | None = None, progress: IO[str] | None = None) -> BoardRun:
+    """`bmoe-edge bench COMMAND -m MODEL… ARGS… --out RUN/out` on the board through its current release,
     detached; its stderr streams to `progress` as it comes; then RUN/out is fetched into `out` (None: not
     fetched) and the run's directory on the board removed. With an unfetched run of this board recorded in
     `out`, that run is followed instead of a new one started."""
@@ -51,9 +51,11 @@ def run_bench(target: Target, command: Sequence[str], model: str, args: Sequence
         run = _recorded_run(marker, board.label)
         if run is None:
             _rid, rel, _manifest = current_release(board, layout)
-            if board.sh('[ -f "$1" ] && [ -r "$1" ]', model, what="checking the model", check=False).exited != 0:
-                raise BmoeError(f"{board.label}: {model}: no such readable file on the board (-m is a path there)")
-            argv = env_argv(release_env(rel), [f"{rel}/{bundle.LAUNCHER_SCRIPT}", "bench", *command, "-m", model,
+            for model in models:
+                if board.sh('[ -f "$1" ] && [ -r "$1" ]', model, what="checking the model", check=False).exited != 0:
+                    raise BmoeError(f"{board.label}: {model}: no such readable file on the board (-m is a path there)")
+            model_args = [arg for model in models for arg in ("-m", model)]
+            argv = env_argv(release_env(rel), [f"{rel}/{bundle.LAUNCHER_SCRIPT}", "bench", *command, *model_args,
                                                *args])
             run_id = time.strftime("%Y%m%dT%H%M%S-") + secrets.token_hex(4)
             run = board.sh(BENCH_START, run_id, *argv, what="starting the benchmark", timeout=60).stdout.strip()
