@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from bmoe_edge.bench import kernels
+from bmoe_edge.bench import kernels, llama_bench
 
 ROW = kernels.KernelRow(
     model="m.gguf", threads=2, repack="auto", repeat=0, decode_tok_s=55.0, prompt_tok_s=0.0, prompt_reused=0,
@@ -46,3 +46,22 @@ def test_write_keeps_the_per_token_columns(tmp_path) -> None:
     kernels.write([ROW], tmp_path)
     header = (tmp_path / "kernels.csv").read_text().splitlines()[0].split(",")
     assert {"decode_token_ms", "llama_bench_token_ms", "token_ratio"} <= set(header)
+
+
+def test_llama_bench_tokens_sit_at_the_engine_s_positions() -> None:
+    """Flash attention's CPU kernel skips masked cells, so a token's cost grows with the cells before it: llama-bench's
+    1-token decodes are spread over the positions of the engine's measured steps (a run's steps but its first two)."""
+    assert kernels.token_depths(10, 64) == [11, 20, 29, 38, 46, 55, 64, 73]
+    assert kernels.token_depths(10, 64)[-1] == 10 + 64 - 1 and kernels.token_depths(0, 2) == [1]
+    assert kernels.token_depths(5, 64, n=1) == [6]
+    # the per-token anchor runs in the engine's context only while the deepest one fits it
+    assert llama_bench.context_cells(0, 1, max(kernels.token_depths(16, 64))) == llama_bench.context_cells(0, 64 + 16)
+
+
+def test_llama_bench_s_tests_of_several_depths_are_one_sample_set() -> None:
+    tests = [{"n_prompt": 0, "n_gen": 1, "n_depth": d, "avg_ts": 60.0 + d, "samples_ts": [59.0 + d, 61.0 + d]}
+             for d in (10, 20)]
+    tests.append({"n_prompt": 512, "n_gen": 0, "n_depth": 0, "avg_ts": 90.0, "samples_ts": [90.0]})
+    out = llama_bench.parse_tests(tests)
+    assert out["decode_samples"] == [69.0, 71.0, 79.0, 81.0] and out["decode_tok_s"] == 75.0
+    assert out["prompt_samples"] == [90.0] and out["prompt_tok_s"] == 90.0

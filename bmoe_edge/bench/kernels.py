@@ -3,7 +3,13 @@ cache of every expert, warm), the engine's streamed decode and its prompt are se
 by the drive; stock llama.cpp (the pin's own `llama-bench`, its defaults: resident, repacked kernels) is what
 a user compares us with. Both sides compute the same attention: each flash-attention setting measured runs the
 engine and llama-bench with it (`off`, the engine's default, against `llama-bench -fa 0`; `auto`, llama-bench's
-default, on both), in a context of the same size (llama-bench's test sizes its own: `llama_bench.context_cells`).
+default, on both), in a context of the same size (llama-bench's test sizes its own: `llama_bench.context_cells`),
+with its tokens at the engine's positions. A token costs more the more cells precede it (flash attention's CPU
+kernel skips the masked ones; without it too: llama-bench's 1-token decode at two threads took 2.2 ms more after
+200 cells with it, 1.4 ms without, bench-data/2026-12-06/host-not-compaction), and llama-bench's 1-token decodes at
+position 0 measured ~2-3.5% less work than the engine's steps after its prompt. So llama-bench's tg runs after the
+engine's prompt length (`-d`), its 1-token decodes spread over the positions of the engine's measured steps
+(`token_depths`).
 
 Per model, thread count, flash-attention setting and `--repack` setting, two phases, each with its own engine
 opened in its test's context and warmed once: decode (`decode_tokens` tokens after a short prompt, the prompt step
@@ -18,8 +24,8 @@ mercy of one hiccup of the shared machine, which at two threads on two cores mov
 Per token besides: the host's stalls land on a few tokens of a run, so a run's mean carries them where a low
 quantile of its tokens does not. Each repeat also compares the 10th percentile of the engine's per-step decode
 times (every run's, its first decode after the prompt step left out) with that of llama-bench's `-n 1 -r
-TOKEN_SAMPLES` (each repetition one 1-token decode in the same cells; llama.cpp pads the attended cells to 256, so
-its position does not change the work): `token_ratio` (bench-data/2026-12-05/two-threads-streamed).
+TOKEN_SAMPLES` (each repetition one 1-token decode in the same cells, at the engine's positions): `token_ratio`
+(bench-data/2026-12-05/two-threads-streamed).
 """
 
 from __future__ import annotations
@@ -36,12 +42,14 @@ from typing import Any
 from bmoe_edge.bench import llama_bench
 from bmoe_edge.bench.machine import LONG_TEXT, PROMPT
 from bmoe_edge.engine import settings
+from bmoe_edge.errors import BmoeError
 
 # llama-bench's -fa values are the spellings of the engine's flash_attn toggle.
 FLASH_ATTN_SETTINGS: tuple[str, ...] = settings.BY_NAME["flash_attn"].native_choices
 PROMPT_ROOM = 16  # the decode's short prompt (PROMPT) in tokens, at most
 TOKEN_SAMPLES = 150  # llama-bench's 1-token decodes per repeat, for the per-token comparison
 TOKEN_QUANTILE = 0.10
+TOKEN_DEPTHS = 8  # the positions llama-bench's 1-token decodes are spread over (token_depths)
 WARMUP_TOKENS = 96  # a uniform router's 8 of 64 experts a token: every expert of every layer routed (p > 1 - 1e-5)
 
 
@@ -97,6 +105,16 @@ def _prompt_ids(tokenize: Callable[[str], list[int]], n_tokens: int, variant: in
         text += " " + text
         ids = tokenize(text)
     return ids[:n_tokens]
+
+
+def token_depths(prompt_len: int, decode_tokens: int, n: int = TOKEN_DEPTHS) -> list[int]:
+    """Where llama-bench's 1-token decodes start: `n` depths spread evenly over the positions of the engine's
+    measured steps (every step of a run but its first two: prompt_len + 1 .. prompt_len + decode_tokens - 1), so
+    both sides' tokens attend as many cells (flash attention's cost grows with them)."""
+    first, last = prompt_len + 1, prompt_len + max(1, decode_tokens - 1)
+    if n <= 1 or last == first:
+        return [first]
+    return sorted({first + round(i * (last - first) / (n - 1)) for i in range(n)})
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -173,23 +191,31 @@ def _measure_setting(model: Path, config: Any, fa: str, repeats: int, decode_tok
     """The two phases of one setting: an engine each, in the context of llama-bench's test it is paired with."""
     from bmoe_edge.engine import Engine
 
-    def anchor(decode: int, prompt: int, repetitions: int = 1) -> dict[str, Any]:
+    def anchor(decode: int, prompt: int, repetitions: int = 1, depths: Sequence[int] = (0,)) -> dict[str, Any]:
         return llama_bench.run(model, threads=config.threads, decode_tokens=decode, prompt_tokens=prompt,
-                               flash_attn=fa, repetitions=repetitions)
+                               flash_attn=fa, repetitions=repetitions, depths=depths)
 
-    # The decode's engine holds the short prompt besides (llama-bench's tg starts from an empty context).
+    # The decode's engine holds the short prompt besides: llama-bench's tokens sit at the same positions (-d).
     decode_ctx = llama_bench.context_cells(0, decode_tokens + PROMPT_ROOM)
+    prompt_len = 0
 
     def anchor_decode() -> tuple[list[float], list[float]]:
-        """llama-bench's tg runs (tok/s), and its 1-token decodes' times (ms): those only where they run in the
-        engine's context (a longer decode's context attends more cells than one token's)."""
-        runs = anchor(decode_tokens, 0, decode_runs)["decode_samples"]
-        if decode_ctx != llama_bench.context_cells(0, 1):
+        """llama-bench's tg runs (tok/s) after the engine's prompt, and its 1-token decodes' times (ms) at the
+        positions of the engine's measured steps: those only where they run in the engine's context (a longer
+        context's decode computes more cells)."""
+        runs = anchor(decode_tokens, 0, decode_runs, (prompt_len,))["decode_samples"]
+        depths = token_depths(prompt_len, decode_tokens)
+        if decode_ctx != llama_bench.context_cells(0, 1, max(depths)):
             return runs, []
-        return runs, [1000.0 / x for x in anchor(1, 0, TOKEN_SAMPLES)["decode_samples"] if x > 0]
+        samples = anchor(1, 0, -(-TOKEN_SAMPLES // len(depths)), depths)["decode_samples"]
+        return runs, [1000.0 / x for x in samples if x > 0]
 
     with Engine(model, replace(config, ctx=decode_ctx)) as engine:
-        engine.run(PROMPT, WARMUP_TOKENS)  # every expert cached, the pool's pages in place
+        # every expert cached, the pool's pages in place; the prompt's length places llama-bench's tokens
+        prompt_len = len(engine.run(PROMPT, WARMUP_TOKENS).prompt_tokens)
+        if prompt_len > PROMPT_ROOM:
+            raise BmoeError(f"bench kernels: the decode's prompt is {prompt_len} tokens, more than the {PROMPT_ROOM} "
+                            "its context leaves room for")
         layouts, resolved_fa = str(engine.run_info["repack_layouts"]), bool(engine.run_info["flash_attn"])
         decodes = _pairs(repeats, lambda r: _measure_decode(engine, decode_tokens, decode_runs), anchor_decode)
     prompt_ctx = llama_bench.context_cells(prompt_tokens, 0)
@@ -250,7 +276,9 @@ def summary(rows: Sequence[KernelRow]) -> str:
              "Best: the fastest decode run of each side over all repeats, and their ratio (the shared machine only "
              "ever slows a run down: the fastest is the nearest to the kernels' own speed). Per token: the 10th "
              "percentile of each side's 1-token decode times in a repeat (the engine's steps, llama-bench's "
-             f"`-n 1 -r {TOKEN_SAMPLES}`), engine / llama-bench as a speed, the median over repeats (a host's "
+             f"`-n 1` ~{TOKEN_SAMPLES} times at {TOKEN_DEPTHS} depths over the engine's positions; its tg after the "
+             "engine's prompt: flash attention's cost grows with the cells before a token), engine / llama-bench "
+             "as a speed, the median over repeats (a host's "
              "stalls land on a few tokens: out of the low quantile).", "",
              "| model | threads | --repack | layouts | flash attention (resolved) | cells | decode tok/s | "
              "llama-bench tg | decode ratio | best: engine / llama-bench | per token p10 ms: engine / llama-bench | "

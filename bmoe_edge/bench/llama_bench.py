@@ -13,8 +13,10 @@ import hashlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,31 +67,45 @@ def binary(say: Any = print) -> Path:
 CONTEXT_PAD = 256
 
 
-def context_cells(prompt_tokens: int, decode_tokens: int) -> int:
-    """The context one llama-bench test runs in: its prompt and generated tokens (n_ctx = n_prompt + n_gen), padded
-    as llama.cpp pads it. An engine compared with it runs in the same: with flash attention off llama.cpp keeps the V
-    cache transposed, one row per channel as long as the context, so the same 256 cells decode slower in a longer
-    context (5% at 768 against 256 cells on the Q4_K preset; bench-data/2026-12-05/kernels-context)."""
-    return -(-(prompt_tokens + decode_tokens) // CONTEXT_PAD) * CONTEXT_PAD
+def context_cells(prompt_tokens: int, decode_tokens: int, depth: int = 0) -> int:
+    """The context one llama-bench test runs in: its depth, prompt and generated tokens (n_ctx = n_prompt + n_gen +
+    n_depth), padded as llama.cpp pads it. An engine compared with it runs in the same: with flash attention off
+    llama.cpp keeps the V cache transposed, one row per channel as long as the context, so the same 256 cells decode
+    slower in a longer context (5% at 768 against 256 cells on the Q4_K preset;
+    bench-data/2026-12-05/kernels-context)."""
+    return -(-(prompt_tokens + decode_tokens + depth) // CONTEXT_PAD) * CONTEXT_PAD
 
 
 def run(model: Path, *, threads: int, decode_tokens: int, prompt_tokens: int, repetitions: int = 1,
-        repack: bool = True, flash_attn: str = "auto", timeout: float = 3600) -> dict[str, Any]:
-    """llama-bench's tg<decode_tokens> and pp<prompt_tokens> (0: skipped) on `model`: tok/s of each (`decode_tok_s`,
-    `prompt_tok_s`: the mean over its repetitions; `decode_samples`, `prompt_samples`: each repetition's), with
+        repack: bool = True, flash_attn: str = "auto", depths: Sequence[int] = (0,),
+        timeout: float = 3600) -> dict[str, Any]:
+    """llama-bench's tg<decode_tokens> and pp<prompt_tokens> (0: skipped) on `model`, each after each of `depths`
+    tokens already in the context (`-d`: untimed, processed once per depth): tok/s of each (`decode_tok_s`,
+    `prompt_tok_s`: the mean over every depth's repetitions; `decode_samples`, `prompt_samples`: each one's), with
     llama.cpp's defaults but the thread count and, for a comparison, `repack` and `flash_attn` (off, on, auto:
-    llama-bench's default)."""
+    llama-bench's default). The depth matters with flash attention: its CPU kernel skips the masked cells, so a
+    token attends as many cells as precede it (without it every cell of the context is computed)."""
     cmd = [str(binary()), "-m", str(model), "-t", str(threads), "-r", str(repetitions), "-o", "json",
-           "--repack", "1" if repack else "0", "-fa", flash_attn, "-n", str(decode_tokens), "-p", str(prompt_tokens)]
+           "--repack", "1" if repack else "0", "-fa", flash_attn, "-n", str(decode_tokens), "-p", str(prompt_tokens),
+           "-d", ",".join(str(d) for d in depths)]
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise BmoeError(f"llama-bench ran over {timeout:.0f} s on {model}") from exc
     if result.returncode != 0:
         raise BmoeError(f"llama-bench failed on {model}: {result.stderr.strip().splitlines()[-1:]}")
-    out: dict[str, Any] = {}
-    for test in json.loads(result.stdout):
+    return parse_tests(json.loads(result.stdout))
+
+
+def parse_tests(tests: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """llama-bench's JSON tests by kind: `decode_samples`/`prompt_samples` every repetition's tok/s over all
+    depths, `decode_tok_s`/`prompt_tok_s` their mean (a single test's: its `avg_ts`)."""
+    samples: dict[str, list[float]] = {}
+    for test in tests:
         kind = "prompt" if test["n_prompt"] > 0 and test["n_gen"] == 0 else "decode"
-        out[f"{kind}_tok_s"] = float(test["avg_ts"])
-        out[f"{kind}_samples"] = [float(ts) for ts in test["samples_ts"]]   # tok/s of each repetition
+        samples.setdefault(kind, []).extend(float(ts) for ts in test["samples_ts"])
+    out: dict[str, Any] = {}
+    for kind, values in samples.items():
+        out[f"{kind}_tok_s"] = statistics.mean(values)
+        out[f"{kind}_samples"] = values
     return out
