@@ -107,6 +107,13 @@ def _prompt_ids(tokenize: Callable[[str], list[int]], n_tokens: int, variant: in
     return ids[:n_tokens]
 
 
+def full_cache_mb(model: Path) -> float:
+    """A fixed expert cache (`cache_mb`) that holds every expert of `model`, with a little room to spare."""
+    from bmoe_edge.engine import info
+
+    return float(math.ceil(info.model_summary(model).expert_bytes * 1.02 / 2**20 + 1))
+
+
 def token_depths(prompt_len: int, decode_tokens: int, n: int = TOKEN_DEPTHS) -> list[int]:
     """Where llama-bench's 1-token decodes start: `n` depths spread evenly over the positions of the engine's
     measured steps (every step of a run but its first two: prompt_len + 1 .. prompt_len + decode_tokens - 1), so
@@ -167,15 +174,13 @@ def run(models: Sequence[Path], base: Any, threads: Sequence[int], repacks: Sequ
         say: Callable[[str], None] = print) -> list[KernelRow]:
     """`base`: the StreamConfig every engine starts from (the machine's defaults); threads, flash attention (both
     sides), --repack and the context vary."""
-    from bmoe_edge.engine import info
-
     rows: list[KernelRow] = []
     for model in models:
         # A fixed cache of every expert: the kernels measured, not the adaptive budget's answer to llama-bench
         # loading the same model beside it.
-        full_mb = math.ceil(info.model_summary(model).expert_bytes * 1.02 / 2**20 + 1)
+        full_mb = full_cache_mb(model)
         for t, fa, repack in ((t, fa, repack) for t in threads for fa in flash_attns for repack in repacks):
-            config = replace(base, threads=t, repack=repack, cache_mb=float(full_mb),
+            config = replace(base, threads=t, repack=repack, cache_mb=full_mb,
                              flash_attn=settings.BY_NAME["flash_attn"].from_native(fa))
             for row in _measure_setting(model, config, fa, repeats, decode_tokens, decode_runs, prompt_tokens):
                 rows.append(row)

@@ -3,18 +3,19 @@
 Environment (added 2026-12-06, session 26): CTX the context (default 256); WARM_<NAME>=1 that process's pool
 populated whole before its first prompt; PROMPT_N=n each turn two prompts of n tokens not seen before instead of
 the decodes (their "p10" column is then the prompt's ms per token, so ratio.py reads both alike)."""
-import math, os, sys, time
+import os, sys, time
 from dataclasses import replace
 from pathlib import Path
 from bmoe_edge.boards import profiles
-from bmoe_edge.engine import Engine, info, report, settings
+from bmoe_edge.engine import Engine, report, settings
+from bmoe_edge.bench import kernels
 from bmoe_edge.bench.kernels import PROMPT, WARMUP_TOKENS
 model = Path(os.path.expanduser(sys.argv[1])); t = int(sys.argv[2]); mode = sys.argv[3]; me, other = sys.argv[4], sys.argv[5]; rounds = int(sys.argv[6])
 extra = dict(a.split("=", 1) for a in sys.argv[7:] if ":" not in a.split("=")[0])
 extra.update(dict(a.split(":", 1)[1].split("=", 1) for a in sys.argv[7:] if a.split("=")[0].startswith(sys.argv[4] + ":")))
 base = settings.resolve(profiles.load_profile(profiles.machine_board()).engine, {})
-full_mb = math.ceil(info.model_summary(model).expert_bytes * 1.02 / 2**20 + 1)
-cfg = replace(base, threads=t, repack="auto", ctx=int(os.environ.get("CTX", "256")), flash_attn=False, cache_mb=float(full_mb))
+cfg = replace(base, threads=t, repack="auto", ctx=int(os.environ.get("CTX", "256")), flash_attn=False,
+              cache_mb=kernels.full_cache_mb(model))
 if mode == "resident": cfg = replace(cfg, stream=False)
 for k, v in extra.items(): cfg = replace(cfg, **{k: type(getattr(cfg, k))(v) if not isinstance(getattr(cfg, k), bool) else v == "1"})
 turn = Path("/tmp/diag/turn")

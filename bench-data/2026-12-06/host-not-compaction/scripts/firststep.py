@@ -1,16 +1,12 @@
 """Per-step decode times of the engine's runs as bench kernels makes them: the first decode after the prompt
 against the rest. python firststep.py MODEL THREADS MODE [runs]"""
-import math, os, statistics as st, sys
-from dataclasses import replace
+import os, statistics as st, sys
 from pathlib import Path
-from bmoe_edge.boards import profiles
-from bmoe_edge.engine import Engine, info, report, settings
+from bmoe_edge.engine import Engine, report
+from full_cache import config
 from bmoe_edge.bench.kernels import PROMPT, WARMUP_TOKENS
 model = Path(os.path.expanduser(sys.argv[1])); t = int(sys.argv[2]); mode = sys.argv[3]; runs = int(sys.argv[4]) if len(sys.argv) > 4 else 8
-base = settings.resolve(profiles.load_profile(profiles.machine_board()).engine, {})
-full_mb = math.ceil(info.model_summary(model).expert_bytes * 1.02 / 2**20 + 1)
-cfg = replace(base, threads=t, repack="auto", ctx=256, flash_attn=False, cache_mb=float(full_mb))
-if mode == "resident": cfg = replace(cfg, stream=False)
+cfg = config(model, t, mode=mode)
 with Engine(model, cfg) as e:
     e.run(PROMPT, WARMUP_TOKENS)
     for r in range(runs):

@@ -1,15 +1,12 @@
 """A warm streamed engine (every expert cached), then prompts of N tokens it has not seen, each after a pause
 (bench kernels runs llama-bench between them): python promptpause.py MODEL THREADS N PAUSE_S COUNT"""
-import math, os, sys, time
-from dataclasses import replace
+import os, sys, time
 from pathlib import Path
-from bmoe_edge.boards import profiles
-from bmoe_edge.engine import Engine, info, report, settings
+from bmoe_edge.engine import Engine, report
+from full_cache import config
 from bmoe_edge.bench.kernels import PROMPT, WARMUP_TOKENS, _prompt_ids
 model = Path(os.path.expanduser(sys.argv[1])); t = int(sys.argv[2]); n = int(sys.argv[3]); pause = float(sys.argv[4]); count = int(sys.argv[5])
-base = settings.resolve(profiles.load_profile(profiles.machine_board()).engine, {})
-full_mb = math.ceil(info.model_summary(model).expert_bytes * 1.02 / 2**20 + 1)
-cfg = replace(base, threads=t, repack="auto", ctx=n + 64, flash_attn=False, cache_mb=float(full_mb))
+cfg = config(model, t, ctx=n + 64)
 with Engine(model, cfg) as e:
     e.run(PROMPT, WARMUP_TOKENS)
     e.run(_prompt_ids(e.tokenize, n, 99), 1)

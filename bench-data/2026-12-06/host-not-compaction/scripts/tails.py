@@ -1,16 +1,13 @@
 """The tails of the engine's decode steps against llama-bench's 1-token decodes at the same positions, taking turns
 in one window: python tails.py MODEL THREADS ROUNDS"""
-import math, os, statistics as st, sys
-from dataclasses import replace
+import os, statistics as st, sys
 from pathlib import Path
-from bmoe_edge.boards import profiles
-from bmoe_edge.engine import Engine, info, settings
+from bmoe_edge.engine import Engine
+from full_cache import config
 from bmoe_edge.bench import llama_bench, kernels
 from bmoe_edge.bench.kernels import PROMPT, WARMUP_TOKENS
 model = Path(os.path.expanduser(sys.argv[1])); t = int(sys.argv[2]); rounds = int(sys.argv[3])
-base = settings.resolve(profiles.load_profile(profiles.machine_board()).engine, {})
-full_mb = math.ceil(info.model_summary(model).expert_bytes * 1.02 / 2**20 + 1)
-cfg = replace(base, threads=t, repack="auto", ctx=256, flash_attn=False, cache_mb=float(full_mb))
+cfg = config(model, t)
 def q(v, f): v = sorted(v); return v[int(f * (len(v) - 1))]
 with Engine(model, cfg) as e:
     n = len(e.run(PROMPT, WARMUP_TOKENS).prompt_tokens)
