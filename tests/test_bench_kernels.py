@@ -42,6 +42,16 @@ def test_summary_reports_the_per_token_medians_and_a_dash_without_them() -> None
     assert line.count("|") == text.splitlines()[-1].count("|")  # the same columns either way
 
 
+def test_summary_dashes_the_prompt_cells_when_no_prompt_was_measured() -> None:
+    """`--prompt-tokens 0` measures decode alone: its prompt cells say so, not a speed and a ratio of 0."""
+    decode_only = next(x for x in kernels.summary([ROW]).splitlines() if x.startswith("| m.gguf"))
+    assert decode_only.endswith("| - | - | - | 1 |") and "0.000" not in decode_only
+    with_prompt = replace(ROW, prompt_tok_s=90.0, llama_bench_prompt_tok_s=100.0)
+    line = next(x for x in kernels.summary([with_prompt]).splitlines() if x.startswith("| m.gguf"))
+    assert line.endswith("| 90.0 | 100.0 | 0.900 | 1 |")
+    assert line.count("|") == decode_only.count("|")
+
+
 def test_write_keeps_the_per_token_columns(tmp_path) -> None:
     kernels.write([ROW], tmp_path)
     header = (tmp_path / "kernels.csv").read_text().splitlines()[0].split(",")

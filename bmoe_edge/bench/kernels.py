@@ -186,8 +186,9 @@ def run(models: Sequence[Path], base: Any, threads: Sequence[int], repacks: Sequ
                 rows.append(row)
                 say(f"{model.name} t={t} fa={fa} repack={repack} #{row.repeat}: decode {row.decode_tok_s:.2f} vs "
                     f"{row.llama_bench_decode_tok_s:.2f} tok/s ({row.decode_ratio:.3f}x; per token p10 "
-                    f"{row.decode_token_ms:.2f} vs {row.llama_bench_token_ms:.2f} ms, {row.token_ratio:.3f}x), prompt "
-                    f"{row.prompt_tok_s:.1f} vs {row.llama_bench_prompt_tok_s:.1f} ({row.prompt_ratio:.3f}x)")
+                    f"{row.decode_token_ms:.2f} vs {row.llama_bench_token_ms:.2f} ms, {row.token_ratio:.3f}x)"
+                    + (f", prompt {row.prompt_tok_s:.1f} vs {row.llama_bench_prompt_tok_s:.1f} "
+                       f"({row.prompt_ratio:.3f}x)" if prompt_tokens else ""))
     return rows
 
 
@@ -269,6 +270,16 @@ def _per_token(group: Sequence[KernelRow]) -> str:
             f"{statistics.median(r.token_ratio for r in measured):.3f}")
 
 
+def _prompt_cells(group: Sequence[KernelRow]) -> str:
+    """The group's three prompt cells (engine, llama-bench, ratio): dashes where no prompt was measured
+    (`--prompt-tokens 0`), not a speed of 0."""
+    if not any(r.prompt_tok_s > 0 for r in group):
+        return "- | - | -"
+    return (f"{statistics.median(r.prompt_tok_s for r in group):.1f} | "
+            f"{statistics.median(r.llama_bench_prompt_tok_s for r in group):.1f} | "
+            f"{statistics.median(r.prompt_ratio for r in group):.3f}")
+
+
 def summary(rows: Sequence[KernelRow]) -> str:
     """Medians per model, threads and --repack: the engine's tok/s, llama-bench's, and the paired ratios; and
     the fastest run of each side."""
@@ -304,7 +315,5 @@ def summary(rows: Sequence[KernelRow]) -> str:
             f"{med([r.decode_ratio for r in group]):.3f} | "
             f"{best:.2f} / {best_anchor:.2f}: {_ratio(best, best_anchor):.3f} | "
             f"{_per_token(group)} | "
-            f"{med([r.prompt_tok_s for r in group]):.1f} | {med([r.llama_bench_prompt_tok_s for r in group]):.1f} | "
-            f"{med([r.prompt_ratio for r in group]):.3f} | "
-            f"{len(group)} |")
+            f"{_prompt_cells(group)} | {len(group)} |")
     return "\n".join(lines) + "\n"
