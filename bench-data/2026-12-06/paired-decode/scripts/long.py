@@ -4,7 +4,8 @@ MODE=stream|resident python long.py MODEL THREADS REPS ROUNDS (the engine: full_
 import os, sys, time, statistics as st
 from pathlib import Path
 from bmoe_edge.engine import Engine
-from full_cache import config
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "host-not-compaction" / "scripts"))
+from full_cache import config  # session 26's engine settings, shared, not copied
 from bmoe_edge.bench import llama_bench
 from bmoe_edge.bench.kernels import PROMPT, WARMUP_TOKENS
 MODE = os.environ.get("MODE", "stream")

@@ -3,7 +3,8 @@ python perrun.py MODEL THREADS RUNS"""
 import os, sys, time, statistics as st
 from pathlib import Path
 from bmoe_edge.engine import Engine
-from full_cache import config
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "host-not-compaction" / "scripts"))
+from full_cache import config  # session 26's engine settings, shared, not copied
 from bmoe_edge.bench.kernels import PROMPT, WARMUP_TOKENS
 model = Path(os.path.expanduser(sys.argv[1])); t = int(sys.argv[2]); runs = int(sys.argv[3])
 pid = os.getpid()

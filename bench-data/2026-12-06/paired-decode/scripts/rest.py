@@ -2,7 +2,8 @@
 import os, sys, time
 from pathlib import Path
 from bmoe_edge.engine import Engine
-from full_cache import config
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "host-not-compaction" / "scripts"))
+from full_cache import config  # session 26's engine settings, shared, not copied
 from bmoe_edge.bench.kernels import PROMPT, WARMUP_TOKENS
 model = Path(os.path.expanduser(sys.argv[1])); t = int(sys.argv[2]); rounds = int(sys.argv[3]); rest = float(sys.argv[4])
 def ts(g):
