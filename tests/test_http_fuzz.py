@@ -112,6 +112,10 @@ def test_streams_and_errors_are_checked_in_their_apis_shapes() -> None:
     assert not http_checks.is_error_object(openai_error, "/v1/messages?x=1")
     assert http_checks.is_error_object(openai_error, "/v1/responses")
     assert not http_checks.is_error_object(anthropic_error, "/v1/chat/completions")
+    # judged by the path the server routes: percent-decoded (seed 2 of the 1,000-request campaign sent this one)
+    assert http_checks.is_error_object(anthropic_error, "/v1/messages%2F")
+    assert not http_checks.is_error_object(openai_error, "/v1/messages%2F?x=1")
+    assert http_checks.is_error_object(openai_error, "/v1/chat%2Fcompletions")
 
 
 def test_an_answer_to_head_is_judged_by_its_headers() -> None:

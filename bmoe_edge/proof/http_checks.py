@@ -4,6 +4,7 @@ is a well-formed body or event stream that ends as its API ends one."""
 from __future__ import annotations
 
 import json
+from urllib.parse import unquote
 
 from bmoe_edge.serve import ui
 from bmoe_edge.serve.api_errors import speaks_anthropic
@@ -13,7 +14,8 @@ PAGE_TYPES = tuple(media_type.split(";")[0] for media_type in ui.MEDIA_TYPES.val
 
 def is_error_object(data: bytes, path: str) -> bool:
     """The body is the error object of the API whose route `path` is: Anthropic's ({"type": "error", "error":
-    {"type", "message"}}) on its routes, OpenAI's elsewhere."""
+    {"type", "message"}}) on its routes, OpenAI's elsewhere. The path as the server routes it: percent-decoded, as
+    uvicorn hands it to the app ("/v1/messages%2F" is "/v1/messages/", under Anthropic's routes)."""
     try:
         body = json.loads(data)
     except ValueError:
@@ -21,7 +23,7 @@ def is_error_object(data: bytes, path: str) -> bool:
     error = body.get("error") if isinstance(body, dict) else None
     if not (isinstance(error, dict) and isinstance(error.get("message"), str) and isinstance(error.get("type"), str)):
         return False
-    if speaks_anthropic(path.split("?", 1)[0]):
+    if speaks_anthropic(unquote(path.split("?", 1)[0])):
         return body.get("type") == "error" and set(error) == {"type", "message"}
     return set(error) == {"message", "type", "param", "code"}
 
