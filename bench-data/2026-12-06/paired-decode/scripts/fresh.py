@@ -3,7 +3,8 @@
 new process per repeat; `held`, one streamed engine held across the repeats (bench kernels' design); `held-resident`,
 the same engine without streaming (llama.cpp's own buffers and kernels, no seam). Two threads, flash attention off,
 llama-bench at the engine's depth.
-python fresh.py MODEL ROUNDS PHASES(fresh, held: the streamed engine, held-resident: the same without streaming)"""
+python fresh.py MODEL ROUNDS PHASES (comma list of fresh; held: the streamed engine; held-resident: the same without
+streaming; llama-bench: llama-bench in the engine's place)"""
 import json, os, statistics as st, subprocess, sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "host-not-compaction" / "scripts"))
@@ -48,6 +49,8 @@ for phase in phases:
         held.run(PROMPT, WARMUP_TOKENS)
     for r in range(rounds):
         def mine():
+            if phase == "llama-bench":
+                return lb(depth)   # the anchor against itself: what the pairing reads for two equal programs
             return engine_runs(held) if held else fresh_engine()["runs"]
         if r % 2 == 0:
             a = mine(); b = lb(depth)
