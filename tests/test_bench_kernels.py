@@ -3,9 +3,14 @@ side's 1-token decode times, so a host's stalls on a few tokens stay out of it) 
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
+
+import pytest
 
 from bmoe_edge.bench import kernels, llama_bench
+from bmoe_edge.errors import BmoeError
 
 ROW = kernels.KernelRow(
     model="m.gguf", threads=2, repack="auto", repeat=0, decode_tok_s=55.0, prompt_tok_s=0.0, prompt_reused=0,
@@ -75,3 +80,25 @@ def test_llama_bench_s_tests_of_several_depths_are_one_sample_set() -> None:
     out = llama_bench.parse_tests(tests)
     assert out["decode_samples"] == [69.0, 71.0, 79.0, 81.0] and out["decode_tok_s"] == 75.0
     assert out["prompt_samples"] == [90.0] and out["prompt_tok_s"] == 90.0
+
+
+def test_an_installed_release_refuses_the_anchor_in_one_line_before_any_engine_loads(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A board's release is an installed wheel: the engine built from the pin, not the pin's source, so there is
+    no llama-bench to build. `bench kernels` says so in one line before it loads a model, and `bench stream`'s
+    anchor cell records it as its error (no traceback; the campaign's other cells go on)."""
+    from bmoe_edge import llama_source
+    from bmoe_edge.bench import cells
+
+    monkeypatch.setattr(llama_source, "LLAMA_DIR", tmp_path / "site-packages-parent" / "third_party" / "llama.cpp")
+    absent = tmp_path / "not-loaded.gguf"   # never opened: the refusal comes first
+    said: list[str] = []
+    with pytest.raises(BmoeError, match="an installed release does not"):
+        kernels.run([absent], None, [2], ["auto"], repeats=1, decode_tokens=2, prompt_tokens=0, say=said.append)
+    assert said == []
+
+    spec = {"label": "llama-bench", "kind": "llama-bench", "model": str(absent), "config": {"threads": 1},
+            "tokens": 2}
+    assert cells.cell_main(json.dumps(spec)) == 1
+    record = json.loads(capsys.readouterr().out.strip().removeprefix(cells.RECORD_PREFIX))
+    assert record["status"] == "error" and record["error"] == llama_bench.NO_SOURCE

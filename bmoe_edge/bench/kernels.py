@@ -174,6 +174,7 @@ def run(models: Sequence[Path], base: Any, threads: Sequence[int], repacks: Sequ
         say: Callable[[str], None] = print) -> list[KernelRow]:
     """`base`: the StreamConfig every engine starts from (the machine's defaults); threads, flash attention (both
     sides), --repack and the context vary."""
+    llama_bench.binary(say)  # the anchor built (once) or refused before any engine loads
     rows: list[KernelRow] = []
     for model in models:
         # A fixed cache of every expert: the kernels measured, not the adaptive budget's answer to llama-bench

@@ -38,8 +38,21 @@ def _tool(name: str) -> str:
     return found
 
 
+# An installed release (a board's) carries the engine built from the pin, not the pin's source to build from.
+NO_SOURCE = ("llama-bench (the anchor) is built from the pin's llama.cpp source, which a checkout carries "
+             "(third_party/llama.cpp/PIN) and an installed release does not: run the anchor from a checkout "
+             "(scripts/setup.sh)")
+
+
+def _pin() -> llama_source.Pin:
+    try:
+        return llama_source.read_pin(llama_source.LLAMA_DIR)
+    except FileNotFoundError as exc:
+        raise BmoeError(NO_SOURCE) from exc
+
+
 def build_dir() -> Path:
-    pin = llama_source.read_pin()
+    pin = _pin()
     key = hashlib.sha256(" ".join((pin.sha256, *SWITCHES)).encode()).hexdigest()[:12]
     return llama_source.cache_dir() / "llama-bench" / f"{pin.version}-{key}"
 
