@@ -12,11 +12,13 @@ import getpass
 import json
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from bmoe_edge.bench import llama_bench
 from bmoe_edge.cli import app
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import bench_run, emulated_board, remote
@@ -250,3 +252,16 @@ def test_a_model_missing_on_the_board_and_a_wrong_install_dir_are_one_line(
                      "/nonexistent/m.gguf", *CAMPAIGN, "--out", str(out), env=env, timeout=120)
     assert_one_error(result, b.target, "nothing is deployed")
     assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.emulated
+def test_the_llama_bench_anchor_on_an_installed_release_is_one_line(
+        deployed_plain: emulated_board.EmulatedBoard, lab: Path) -> None:  # noqa: F811
+    """A board's release is an installed wheel (the engine, not llama.cpp's source): `bench kernels`, all anchor,
+    refuses in one line before it loads a model, run on the board as its user runs it (bin/bmoe-edge, over SSH)."""
+    b = deployed_plain
+    command = f"{b.install_dir}/bin/bmoe-edge bench kernels -m /nonexistent/m.gguf --thread-counts 1"
+    result = subprocess.run(["ssh", "-F", str(lab / "ssh_config"), "-p", str(b.port), f"{b.user}@127.0.0.1",
+                             command], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert_clean_error(result, llama_bench.NO_SOURCE)
