@@ -82,23 +82,33 @@ def test_llama_bench_s_tests_of_several_depths_are_one_sample_set() -> None:
     assert out["prompt_samples"] == [90.0] and out["prompt_tok_s"] == 90.0
 
 
-def test_an_installed_release_refuses_the_anchor_in_one_line_before_any_engine_loads(
+def test_an_installed_release_runs_the_anchor_beside_its_module_or_says_in_one_line_that_it_has_none(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A board's release is an installed wheel: the engine built from the pin, not the pin's source, so there is
-    no llama-bench to build. `bench kernels` says so in one line before it loads a model, and `bench stream`'s
-    anchor cell records it as its error (no traceback; the campaign's other cells go on)."""
+    """A board's release is an installed wheel: the engine built from the pin, not the pin's source, so its anchor
+    is the llama-bench its build put beside the native module. Without one, `bench kernels` says so in one line
+    before it loads a model, and `bench stream`'s anchor cell records the line as its error (no traceback; the
+    campaign's other cells go on)."""
     from bmoe_edge import llama_source
     from bmoe_edge.bench import cells
+    from bmoe_edge.engine import native
 
-    monkeypatch.setattr(llama_source, "LLAMA_DIR", tmp_path / "site-packages-parent" / "third_party" / "llama.cpp")
+    site = tmp_path / "site" / "bmoe_edge"
+    site.mkdir(parents=True)
+    monkeypatch.setattr(llama_source, "LLAMA_DIR", tmp_path / "site" / "third_party" / "llama.cpp")  # no PIN
+    monkeypatch.setattr(native, "module_dir", lambda: site)
     absent = tmp_path / "not-loaded.gguf"   # never opened: the refusal comes first
     said: list[str] = []
-    with pytest.raises(BmoeError, match="an installed release does not"):
+    with pytest.raises(BmoeError, match="this installation has no llama-bench") as refused:
         kernels.run([absent], None, [2], ["auto"], repeats=1, decode_tokens=2, prompt_tokens=0, say=said.append)
-    assert said == []
+    assert said == [] and "\n" not in str(refused.value) and llama_bench.NOT_INSTALLED in str(refused.value)
 
     spec = {"label": "llama-bench", "kind": "llama-bench", "model": str(absent), "config": {"threads": 1},
             "tokens": 2}
     assert cells.cell_main(json.dumps(spec)) == 1
     record = json.loads(capsys.readouterr().out.strip().removeprefix(cells.RECORD_PREFIX))
-    assert record["status"] == "error" and record["error"] == llama_bench.NO_SOURCE
+    assert record["status"] == "error" and record["error"] == str(refused.value)
+
+    installed = site / "llama-bench"   # as a wheel unpacked without its file modes leaves it
+    installed.write_text("#!/bin/sh\n")
+    installed.chmod(0o644)
+    assert llama_bench.binary() == installed and installed.stat().st_mode & 0o111

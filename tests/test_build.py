@@ -238,8 +238,10 @@ def test_qemu_arm64_bundle_verifies_and_carries_an_aarch64_extension(qemu_bundle
     assert ext.name == "_native.cpython-311-aarch64-linux-gnu.so"
     assert checks.elf_machine(ext) == "aarch64"
     assert manifest.extra["rpc_server"] == checks.RPC_SERVER  # llama.cpp's RPC worker, checked like the extension
+    assert manifest.extra["llama_bench"] == checks.LLAMA_BENCH  # and its llama-bench, bench's anchor on a board
     with zipfile.ZipFile(qemu_bundle / manifest.wheel) as zf:
-        assert checks.elf_machine(Path(zf.extract(checks.RPC_SERVER, tmp_path))) == "aarch64"
+        for program in checks.PROGRAMS:
+            assert checks.elf_machine(Path(zf.extract(program, tmp_path))) == "aarch64"
     assert manifest.cmake_flags["GGML_RPC"] == "ON"
     assert "ARM aarch64" in subprocess.run(["file", "-b", str(ext)], capture_output=True, text=True).stdout
     assert manifest.cmake_flags["ggml_cpu_march_used"] == A76

@@ -14,6 +14,7 @@ import pytest
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
+from bmoe_edge.boards import checks
 from bmoe_edge.boards.profile_schema import SCHEMA, Field
 
 from conftest import REPO
@@ -163,7 +164,7 @@ def test_every_relative_link_resolves(page: Path) -> None:
 # writes (git-ignored: `third_party/llama.cpp/src-stock` exists only after a stock fetch).
 TOP = ("bmoe_edge/", "native/", "scripts/", "tests/", "board_profiles/", "deploy/", "toolchains/", "third_party/",
        "bench-data/", "docs/", ".ci/")
-IN_THE_WHEEL = {"bmoe_edge/rpc-server", "bmoe_edge/board_profiles/"}
+IN_THE_WHEEL = {*checks.PROGRAMS, "bmoe_edge/board_profiles/"}   # the programs the build installs beside the module
 PLACEHOLDER = re.compile(r"[*{<]|(?<![A-Za-z])(CLASS|BOARD|NAME|DATE|RUN)(?![A-Za-z])")
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from bmoe_edge.bench import llama_bench
 from bmoe_edge.cli import app
 from bmoe_edge.errors import BmoeError
 from bmoe_edge.fleet import bench_run, emulated_board, remote
@@ -256,12 +255,20 @@ def test_a_model_missing_on_the_board_and_a_wrong_install_dir_are_one_line(
 
 @pytest.mark.slow
 @pytest.mark.emulated
-def test_the_llama_bench_anchor_on_an_installed_release_is_one_line(
+def test_bench_kernels_on_the_board_runs_the_anchor_its_release_carries(
         deployed_plain: emulated_board.EmulatedBoard, lab: Path) -> None:  # noqa: F811
-    """A board's release is an installed wheel (the engine, not llama.cpp's source): `bench kernels`, all anchor,
-    refuses in one line before it loads a model, run on the board as its user runs it (bin/bmoe-edge, over SSH)."""
+    """A board's release has no llama.cpp source to build the pin's llama-bench from: `bench kernels`, run on the
+    board as its user runs it (bin/bmoe-edge, over SSH), pairs the engine with the llama-bench the board's build
+    put beside the native module (aarch64, the board's flags), both sides measured."""
     b = deployed_plain
-    command = f"{b.install_dir}/bin/bmoe-edge bench kernels -m /nonexistent/m.gguf --thread-counts 1"
+    out = b.home / "kernels"
+    command = (f"{b.install_dir}/bin/bmoe-edge bench kernels -m {b.install_dir}/current/fixtures/{TINY} "
+               "--thread-counts 1 --repack-settings auto --repeats 1 --decode-runs 1 --tokens 2 --prompt-tokens 0 "
+               f"--flash-attn-settings off --out {out}")
     result = subprocess.run(["ssh", "-F", str(lab / "ssh_config"), "-p", str(b.port), f"{b.user}@127.0.0.1",
-                             command], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert_clean_error(result, llama_bench.NO_SOURCE)
+                             command], capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "building the pin's llama-bench" not in result.stdout + result.stderr   # the release's own, not built
+    (row,) = _csv(out / "kernels.csv")[1]
+    assert row["model"] == TINY and float(row["decode_tok_s"]) > 0 and float(row["llama_bench_decode_tok_s"]) > 0
+    assert f"| {TINY} | 1 |" in result.stdout

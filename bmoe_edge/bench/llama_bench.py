@@ -1,10 +1,13 @@
-"""The real anchor: stock llama.cpp's own `llama-bench`, built from the pin (no patches of ours), run with its
-defaults (the model resident, repacked kernels on). `bench stream`'s `llama-bench` cell and `bench kernels`
-compare the engine against it.
+"""The real anchor: stock llama.cpp's own `llama-bench`, built from the pin, run with its defaults (the model
+resident, repacked kernels on). `bench stream`'s `llama-bench` cell and `bench kernels` compare the engine
+against it.
 
-The binary is built once per pin and set of switches under the cache (`$BMOE_EDGE_CACHE/llama-bench/`), with
-the engine's own build switches for this machine (no `-march=native`, ggml's default x86 ISA: what the
-engine's host build compiles), so the two run the same kernels.
+In a checkout it is built from the pin's source (no patches of ours) once per pin and set of switches under the
+cache (`$BMOE_EDGE_CACHE/llama-bench/`), with the engine's own build switches for this machine (no
+`-march=native`, ggml's default x86 ISA: what the engine's host build compiles), so the two run the same
+kernels. An installed release (a board's) has no llama.cpp source: there it is the llama-bench its build made
+beside the native module, from the same pin's tree and ggml as the engine, with the board's CPU flags (our
+patches leave its kernels as they are: the expert-ready hook is unset, the work buffer kept below 32 MiB).
 """
 
 from __future__ import annotations
@@ -39,27 +42,32 @@ def _tool(name: str) -> str:
 
 
 # An installed release (a board's) carries the engine built from the pin, not the pin's source to build from.
-NO_SOURCE = ("llama-bench (the anchor) is built from the pin's llama.cpp source, which a checkout carries "
-             "(third_party/llama.cpp/PIN) and an installed release does not: run the anchor from a checkout "
-             "(scripts/setup.sh)")
+NOT_INSTALLED = ("an installed release's anchor is the llama-bench its build puts beside the native module: "
+                 "rebuild and redeploy it, or run the anchor from a checkout (scripts/setup.sh)")
 
 
-def _pin() -> llama_source.Pin:
-    try:
-        return llama_source.read_pin(llama_source.LLAMA_DIR)
-    except FileNotFoundError as exc:
-        raise BmoeError(NO_SOURCE) from exc
-
-
-def build_dir() -> Path:
-    pin = _pin()
+def build_dir(pin: llama_source.Pin) -> Path:
     key = hashlib.sha256(" ".join((pin.sha256, *SWITCHES)).encode()).hexdigest()[:12]
     return llama_source.cache_dir() / "llama-bench" / f"{pin.version}-{key}"
 
 
+def _source_pin() -> llama_source.Pin | None:
+    """The pin whose source a checkout carries; None in an installed release."""
+    try:
+        return llama_source.read_pin(llama_source.LLAMA_DIR)
+    except FileNotFoundError:
+        return None
+
+
 def binary(say: Any = print) -> Path:
-    """The pin's llama-bench, built first if it is not there (a few minutes on two cores; ccache helps)."""
-    out = build_dir()
+    """The anchor: in a checkout the pin's own llama-bench, built first if it is not there (a few minutes on two
+    cores; ccache helps); in an installed release the one beside the native module."""
+    pin = _source_pin()
+    if pin is None:
+        from bmoe_edge.engine import native
+
+        return native.installed_binary("llama-bench", NOT_INSTALLED)
+    out = build_dir(pin)
     exe = out / "bin" / "llama-bench"
     if exe.exists():
         return exe
@@ -74,6 +82,15 @@ def binary(say: Any = print) -> Path:
             tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
             raise BmoeError(f"building llama-bench failed ({' '.join(cmd[:2])}):\n{tail}")
     return exe
+
+
+def launcher(say: Any = print) -> list[str]:
+    """The command that starts the anchor: an installed release's as the board runs its own programs (an emulated
+    board's through its exec wrapper), a checkout's built one as it is."""
+    from bmoe_edge.boards import profiles
+
+    prefix = [] if _source_pin() is not None else profiles.exec_prefix_here()
+    return [*prefix, str(binary(say))]
 
 
 # llama.cpp pads a context to this many cells (llama-context.cpp: GGML_PAD(n_ctx, 256)).
@@ -98,7 +115,7 @@ def run(model: Path, *, threads: int, decode_tokens: int, prompt_tokens: int, re
     llama.cpp's defaults but the thread count and, for a comparison, `repack` and `flash_attn` (off, on, auto:
     llama-bench's default). The depth matters with flash attention: its CPU kernel skips the masked cells, so a
     token attends as many cells as precede it (without it every cell of the context is computed)."""
-    cmd = [str(binary()), "-m", str(model), "-t", str(threads), "-r", str(repetitions), "-o", "json",
+    cmd = [*launcher(), "-m", str(model), "-t", str(threads), "-r", str(repetitions), "-o", "json",
            "--repack", "1" if repack else "0", "-fa", flash_attn, "-n", str(decode_tokens), "-p", str(prompt_tokens),
            "-d", ",".join(str(d) for d in depths)]
     try:

@@ -39,7 +39,7 @@ from packaging.version import Version
 
 from bmoe_edge import __version__, llama_source
 from bmoe_edge.boards import bundle, profiles, signing, sysroot
-from bmoe_edge.boards.checks import RPC_SERVER, BuildChecks, check_build, cmake_flags
+from bmoe_edge.boards.checks import LLAMA_BENCH, RPC_SERVER, BuildChecks, check_build, cmake_flags
 from bmoe_edge.boards.compile import binutil, compile_wheel, compilers, locked
 from bmoe_edge.boards.plan import PROJECT_ROOT, TARGETS, BuildPlan, plan_build
 from bmoe_edge.boards.profiles import BoardProfile
@@ -304,7 +304,7 @@ def build_board(
                         for p in llama_source.patch_files())
         extra: dict[str, object] = {"build_dir": show_path(plan.build_dir), "cross": plan.cross,
                                     "soabi": plan.soabi, "extension": f"bmoe_edge/{checks.ext_name}",
-                                    "rpc_server": RPC_SERVER, "hook": checks.hook,
+                                    "rpc_server": RPC_SERVER, "llama_bench": LLAMA_BENCH, "hook": checks.hook,
                                     # signed with the rest: a board refuses an older bundle over a newer one
                                     "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if plan.sysroot is not None:

@@ -24,6 +24,11 @@ ELF_MACHINES = {62: "x86_64", 183: "aarch64"}
 # llama.cpp's RPC worker, installed beside the extension (`bmoe-edge rpc-worker` runs it): checked
 # like the extension (ELF machine, glibc, NEEDED libraries).
 RPC_SERVER = "bmoe_edge/rpc-server"
+# llama.cpp's llama-bench from the same tree: an installed release's `bench` anchor (bench/llama_bench.py).
+LLAMA_BENCH = "bmoe_edge/llama-bench"
+# The programs the build installs beside the native module, each checked as the module is (the board's ELF,
+# glibc and libraries): what each is, for the line when one is missing.
+PROGRAMS = {RPC_SERVER: "llama.cpp's RPC worker", LLAMA_BENCH: "llama.cpp's llama-bench (bench's anchor)"}
 # CMake cache entries that define a build (recorded in the manifest).
 _FLAG_PREFIXES = ("GGML_", "LLAMA_", "BMOE_")
 _FLAG_NAMES = ("CMAKE_BUILD_TYPE", "CMAKE_TOOLCHAIN_FILE", "CMAKE_C_COMPILER", "CMAKE_CXX_COMPILER",
@@ -115,11 +120,12 @@ def check_build(plan: BuildPlan, wheel: Path) -> BuildChecks:
         if want not in exts:
             raise BmoeError(f"{wheel.name} has no {want} (extensions: {', '.join(exts) or 'none'}); "
                             "the extension suffix is not the board Python's")
-        if RPC_SERVER not in zf.namelist():
-            raise BmoeError(f"{wheel.name} has no {RPC_SERVER}: the build did not install llama.cpp's RPC worker")
+        for program, what in PROGRAMS.items():
+            if program not in zf.namelist():
+                raise BmoeError(f"{wheel.name} has no {program}: the build did not install {what}")
         glibc: list[str] = []
         needed: list[str] = []
-        for name in [*exts, RPC_SERVER]:
+        for name in [*exts, *PROGRAMS]:
             path = Path(zf.extract(name, tmp))
             machine = elf_machine(path)
             if machine != p.arch:

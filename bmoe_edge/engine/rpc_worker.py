@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -30,19 +29,8 @@ INSECURE_NOTE = ("warning: the RPC protocol has no authentication or encryption:
 
 
 def server_binary() -> Path:
-    """The rpc-server installed beside the native module (a wheel unpacked without its file modes gets
-    its executable bit back here)."""
-    module = getattr(native.load(), "__file__", None)
-    path = Path(module).parent / "rpc-server" if module else None
-    if path is None or not path.is_file():
-        raise BmoeError(f"this installation has no rpc-server (looked for {path}): rebuild bmoe-edge "
-                        "(the build makes it beside the native module)")
-    if not os.access(path, os.X_OK):
-        try:
-            path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-        except OSError as exc:
-            raise BmoeError(f"{path} is not executable and cannot be made so ({exc.strerror})") from None
-    return path
+    """The rpc-server installed beside the native module."""
+    return native.installed_binary("rpc-server", "rebuild bmoe-edge (the build makes it beside the native module)")
 
 
 def command(port: int = DEFAULT_PORT, bind: str = "127.0.0.1", threads: int = 0, mem_mb: int = 0,
