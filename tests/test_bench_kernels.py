@@ -112,3 +112,28 @@ def test_an_installed_release_runs_the_anchor_beside_its_module_or_says_in_one_l
     installed.write_text("#!/bin/sh\n")
     installed.chmod(0o644)
     assert llama_bench.binary() == installed and installed.stat().st_mode & 0o111
+
+
+def test_an_installed_releases_anchor_runs_through_the_machines_wrapper(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`bench stream`'s anchor cell as a release runs it: the llama-bench its build installed beside the module
+    (here this machine's own build), started through the wrapper the cell's spec carries (`env`, standing in for
+    an emulated board's qemu-aarch64), measured on a real model."""
+    from bmoe_edge import llama_source
+    from bmoe_edge.bench import cells
+    from bmoe_edge.engine import native
+    from bmoe_edge.synthetic import tinymoe
+
+    installed = native.module_dir() / "llama-bench"
+    if not installed.is_file():
+        pytest.skip(f"this build installed no llama-bench beside the module ({installed})")
+    monkeypatch.setattr(llama_source, "LLAMA_DIR", installed.parent / "no-checkout-here")  # an installed release
+    started: list[list[str]] = []
+    real_run = llama_bench.subprocess.run
+    monkeypatch.setattr(llama_bench.subprocess, "run", lambda cmd, **kw: started.append(cmd) or real_run(cmd, **kw))
+    spec = {"label": "llama-bench", "kind": "llama-bench", "model": str(tinymoe.fixture("qwen3moe", "Q8_0")),
+            "config": {"threads": 1}, "tokens": 2, "wrapper": ["env"]}
+    assert cells.cell_main(json.dumps(spec)) == 0, capsys.readouterr()
+    record = json.loads(capsys.readouterr().out.strip().removeprefix(cells.RECORD_PREFIX))
+    assert record["status"] == "ok" and record["tok_s"] > 0
+    assert started and started[0][:2] == ["env", str(installed)]

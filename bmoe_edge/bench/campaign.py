@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bmoe_edge.bench.cells import DEFAULTS_RIVALS, PREFETCH_RIVALS, TOKEN_COLUMNS, BenchCell, spawn_cell
+from bmoe_edge.bench.cells import DEFAULTS_RIVALS, PREFETCH_RIVALS, TOKEN_COLUMNS, BenchCell, python_through, spawn_cell
 from bmoe_edge.bench.io import io_sweep
 from bmoe_edge.bench.layout import GgufLayout, gguf_layout
 from bmoe_edge.bench.machine import ctx_for, machine_info, write_rows
@@ -183,7 +183,12 @@ class Campaign:
     seed: int = 0
     log: Any = None
     storage: StorageTarget | None = None  # every cell's reads throttled to it (None: the drive as it is)
-    python: Sequence[str] = ()  # how a cell's Python starts (an emulated board's exec wrapper; () = sys.executable)
+    wrapper: Sequence[str] = ()  # how this machine starts its own programs (an emulated board's exec wrapper)
+
+    @property
+    def python(self) -> list[str]:
+        """How a cell's Python starts: through the wrapper."""
+        return python_through(self.wrapper)
 
 
 def stream_campaign(c: Campaign) -> dict[str, Any]:
@@ -249,7 +254,7 @@ def stream_campaign(c: Campaign) -> dict[str, Any]:
                 cap = make_cap(c.cap_bytes if cell.capped else 0, c.cap_method, limit, python=c.python)
                 timeout = 120 + cell.warmup * 2 + cell.tokens * (30 if cell.kind == "mmap" else 8) + cell.prompt_tokens
                 tokens_csv = raw / f"{cell.label}-r{rep}.csv"
-                record = spawn_cell(cell, c.model, cap, tokens_csv, timeout, python=c.python)
+                record = spawn_cell(cell, c.model, cap, tokens_csv, timeout, wrapper=c.wrapper)
                 flat = _flatten(record, c.model.name, rep)
                 flat["storage"] = c.storage.name if c.storage else NATIVE
                 flat.update(check_verdict(flat, c.storage) if cell.kind == "storage-check" else {})

@@ -176,7 +176,8 @@ def _llama_bench_cell(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[s
     from bmoe_edge.bench import llama_bench
 
     got = llama_bench.run(Path(spec["model"]), threads=int(spec["config"].get("threads", 1)),
-                          decode_tokens=spec["tokens"], prompt_tokens=spec.get("prompt_tokens") or 0)
+                          decode_tokens=spec["tokens"], prompt_tokens=spec.get("prompt_tokens") or 0,
+                          wrapper=spec.get("wrapper", ()))
     out: dict[str, Any] = {"decode_tokens": spec["tokens"], "tok_s": round(got.get("decode_tok_s", 0.0), 4)}
     if "prompt_tok_s" in got:
         out |= {"prompt_tokens": spec["prompt_tokens"], "prompt_tok_s": round(got["prompt_tok_s"], 3)}
@@ -282,6 +283,11 @@ def cell_main(spec_json: str) -> int:
     return 0 if record["status"] == "ok" else 1
 
 
+def python_through(wrapper: Sequence[str]) -> list[str]:
+    """This Python, started as this machine starts its own programs (an emulated board's exec wrapper first)."""
+    return [*wrapper, sys.executable]
+
+
 def cell_command(spec: dict[str, Any], python: Sequence[str] = ()) -> list[str]:
     """The command that runs one cell's `spec` in a Python of its own, started as `python` says (an emulated
     board's exec wrapper first; () = sys.executable)."""
@@ -289,12 +295,12 @@ def cell_command(spec: dict[str, Any], python: Sequence[str] = ()) -> list[str]:
 
 
 def spawn_cell(cell: BenchCell, model: Path, cap: MemCap, tokens_csv: Path | None, timeout: float,
-               env: dict[str, str] | None = None, python: Sequence[str] = ()) -> dict[str, Any]:
-    """Run a cell in a fresh process (inside the cap), cold: the model's pages dropped first. `python`: how
-    this machine starts its Python (an emulated board's exec wrapper first; default: sys.executable)."""
+               env: dict[str, str] | None = None, wrapper: Sequence[str] = ()) -> dict[str, Any]:
+    """Run a cell in a fresh process (inside the cap), cold: the model's pages dropped first. `wrapper`: how
+    this machine starts its own programs (an emulated board's exec wrapper): the cell's Python, its llama-bench."""
     drop_page_cache(model)
     cap.prepare()
-    cmd = cell_command(cell.spec(model, tokens_csv), python)
+    cmd = cell_command(cell.spec(model, tokens_csv) | {"wrapper": list(wrapper)}, python_through(wrapper))
     t0 = time.perf_counter()
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -171,9 +171,9 @@ def _pairs(repeats: int, measure_engine: Callable[[int], Any],
 
 def run(models: Sequence[Path], base: Any, threads: Sequence[int], repacks: Sequence[str], *, repeats: int,
         decode_tokens: int, prompt_tokens: int, decode_runs: int = 5, flash_attns: Sequence[str] = ("off", "auto"),
-        say: Callable[[str], None] = print) -> list[KernelRow]:
+        say: Callable[[str], None] = print, wrapper: Sequence[str] = ()) -> list[KernelRow]:
     """`base`: the StreamConfig every engine starts from (the machine's defaults); threads, flash attention (both
-    sides), --repack and the context vary."""
+    sides), --repack and the context vary. `wrapper`: how this machine starts its own programs (llama-bench)."""
     llama_bench.binary(say)  # the anchor built (once) or refused before any engine loads
     rows: list[KernelRow] = []
     for model in models:
@@ -183,7 +183,8 @@ def run(models: Sequence[Path], base: Any, threads: Sequence[int], repacks: Sequ
         for t, fa, repack in ((t, fa, repack) for t in threads for fa in flash_attns for repack in repacks):
             config = replace(base, threads=t, repack=repack, cache_mb=full_mb,
                              flash_attn=settings.BY_NAME["flash_attn"].from_native(fa))
-            for row in _measure_setting(model, config, fa, repeats, decode_tokens, decode_runs, prompt_tokens):
+            for row in _measure_setting(model, config, fa, repeats, decode_tokens, decode_runs, prompt_tokens,
+                                        wrapper):
                 rows.append(row)
                 say(f"{model.name} t={t} fa={fa} repack={repack} #{row.repeat}: decode {row.decode_tok_s:.2f} vs "
                     f"{row.llama_bench_decode_tok_s:.2f} tok/s ({row.decode_ratio:.3f}x; per token p10 "
@@ -194,13 +195,13 @@ def run(models: Sequence[Path], base: Any, threads: Sequence[int], repacks: Sequ
 
 
 def _measure_setting(model: Path, config: Any, fa: str, repeats: int, decode_tokens: int, decode_runs: int,
-                     prompt_tokens: int) -> list[KernelRow]:
+                     prompt_tokens: int, wrapper: Sequence[str] = ()) -> list[KernelRow]:
     """The two phases of one setting: an engine each, in the context of llama-bench's test it is paired with."""
     from bmoe_edge.engine import Engine
 
     def anchor(decode: int, prompt: int, repetitions: int = 1, depths: Sequence[int] = (0,)) -> dict[str, Any]:
         return llama_bench.run(model, threads=config.threads, decode_tokens=decode, prompt_tokens=prompt,
-                               flash_attn=fa, repetitions=repetitions, depths=depths)
+                               flash_attn=fa, repetitions=repetitions, depths=depths, wrapper=wrapper)
 
     # The decode's engine holds the short prompt besides: llama-bench's tokens sit at the same positions (-d).
     decode_ctx = llama_bench.context_cells(0, decode_tokens + PROMPT_ROOM)

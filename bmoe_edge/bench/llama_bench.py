@@ -84,15 +84,6 @@ def binary(say: Any = print) -> Path:
     return exe
 
 
-def launcher(say: Any = print) -> list[str]:
-    """The command that starts the anchor: an installed release's as the board runs its own programs (an emulated
-    board's through its exec wrapper), a checkout's built one as it is."""
-    from bmoe_edge.boards import profiles
-
-    prefix = [] if _source_pin() is not None else profiles.exec_prefix_here()
-    return [*prefix, str(binary(say))]
-
-
 # llama.cpp pads a context to this many cells (llama-context.cpp: GGML_PAD(n_ctx, 256)).
 CONTEXT_PAD = 256
 
@@ -108,14 +99,15 @@ def context_cells(prompt_tokens: int, decode_tokens: int, depth: int = 0) -> int
 
 def run(model: Path, *, threads: int, decode_tokens: int, prompt_tokens: int, repetitions: int = 1,
         repack: bool = True, flash_attn: str = "auto", depths: Sequence[int] = (0,),
-        timeout: float = 3600) -> dict[str, Any]:
+        timeout: float = 3600, wrapper: Sequence[str] = ()) -> dict[str, Any]:
     """llama-bench's tg<decode_tokens> and pp<prompt_tokens> (0: skipped) on `model`, each after each of `depths`
     tokens already in the context (`-d`: untimed, processed once per depth): tok/s of each (`decode_tok_s`,
     `prompt_tok_s`: the mean over every depth's repetitions; `decode_samples`, `prompt_samples`: each one's), with
     llama.cpp's defaults but the thread count and, for a comparison, `repack` and `flash_attn` (off, on, auto:
     llama-bench's default). The depth matters with flash attention: its CPU kernel skips the masked cells, so a
-    token attends as many cells as precede it (without it every cell of the context is computed)."""
-    cmd = [*launcher(), "-m", str(model), "-t", str(threads), "-r", str(repetitions), "-o", "json",
+    token attends as many cells as precede it (without it every cell of the context is computed). `wrapper`: how
+    this machine starts its own programs (an emulated board's exec wrapper; the caller's profile says)."""
+    cmd = [*wrapper, str(binary()), "-m", str(model), "-t", str(threads), "-r", str(repetitions), "-o", "json",
            "--repack", "1" if repack else "0", "-fa", flash_attn, "-n", str(decode_tokens), "-p", str(prompt_tokens),
            "-d", ",".join(str(d) for d in depths)]
     try:

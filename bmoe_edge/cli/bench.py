@@ -207,10 +207,11 @@ def bench_stream_cmd(
                                     defaults=defaults,
                                     long_prompts=_long_prompt_configs(tokens, board, _lengths(long_prompts)))
     matrix = _only_cells(matrix, cells)
-    # Each cell is a Python of its own: on an emulated board (a release under qemu-user) through its exec wrapper.
-    python = [*profiles.exec_prefix_here(), sys.executable]
+    # Each cell is a Python of its own, and the anchor a program: on an emulated board (a release under qemu-user)
+    # both start through its exec wrapper.
     campaign.stream_campaign(campaign.Campaign(model, out, cap, cap_method, matrix, repeats, io_seconds=io_seconds,
-                                         routing_tokens=routing_tokens, storage=target, python=python))
+                                         routing_tokens=routing_tokens, storage=target,
+                                         wrapper=profiles.exec_prefix_here()))
     typer.echo(results.write_summary(out).read_text(), nl=False)
 
 
@@ -378,7 +379,7 @@ def bench_kernels_cmd(
         fail(f"--flash-attn-settings {flash_attn!r}: a comma list of {', '.join(kernels.FLASH_ATTN_SETTINGS)}")
     rows = kernels.run(model, base, counts, [r.strip() for r in repack.split(",") if r.strip()],
                        repeats=repeats, decode_tokens=tokens, prompt_tokens=prompt_tokens, decode_runs=decode_runs,
-                       flash_attns=settings_fa, say=typer.echo)
+                       flash_attns=settings_fa, say=typer.echo, wrapper=profiles.exec_prefix_here())
     kernels.write(rows, out)
     typer.echo(kernels.summary(rows), nl=False)
 
